@@ -1,0 +1,35 @@
+# The two commands a fresh machine needs: `make run` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU machines: this pin is the CPU build. GPU machines: see README ("GPU machines").
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+
+.PHONY: install run test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q '$(TORCH_SPEC)' $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+run: install
+	$(BIN)/accelgen generate jobs/configs/default.yaml
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: install
+	$(BIN)/accelgen bench
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,1 @@
+"""Command-line entry points, shipped job configs and assets, and benchmarks."""

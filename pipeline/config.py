@@ -1,0 +1,170 @@
+"""The typed job configuration: one schema, YAML plus `key=value` overrides, checked before any work.
+
+Every field carries its help text in `metadata["help"]`; `describe()` turns the schema into the
+`--help` listing, so the documentation of a key cannot drift from its definition. Options of one
+strategy nest under its name (`strategy.<name>.<option>`); options shared by several strategies sit
+directly under `strategy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from pipeline.errors import JobError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+
+
+def _opt(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with its help text; mutable defaults go through `default_factory`."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+    return field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclass
+class InputConfig:
+    url: str = _opt(MISSING, "Parquet input: a file, a directory or a glob; any fsspec URL (s3://, gs://, …).")
+    prompt_column: str = _opt("prompt", "Column holding the prompt text.")
+    id_column: str | None = _opt(
+        None, "Column holding a unique row id. Empty: ids are derived from shard path and row index."
+    )
+    keep_columns: list[str] = _opt([], "Input columns copied unchanged into the output.")
+    storage_options: dict[str, Any] = _opt({}, "fsspec storage options for the input (endpoint, credentials).")
+    rows_per_unit: int = _opt(
+        4096, "Shards with more rows are split into work units of whole row groups up to about this size."
+    )
+
+
+@dataclass
+class OutputConfig:
+    url: str = _opt(MISSING, "Output folder; any fsspec URL. Parts, manifest, _SUCCESS and _logs/ go here.")
+    storage_options: dict[str, Any] = _opt({}, "fsspec storage options for the output.")
+
+
+@dataclass
+class ModelConfig:
+    target: str = _opt(MISSING, "Hugging Face causal LM: a local directory or an fsspec URL of one.")
+    draft: str | None = _opt(None, "Draft model for speculative strategies (local directory or fsspec URL).")
+    dtype: str = _opt("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
+    trust_remote_code: bool = _opt(False, "Allow model code shipped with the checkpoint to run.")
+    cache_dir: str = _opt("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")
+
+
+@dataclass
+class StrategyConfig:
+    name: str = _opt("autoregressive", "Decoding strategy; an unknown name lists the available ones.")
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = _opt(128, "Most tokens generated per row (finish_reason=length when reached).")
+    temperature: float = _opt(0.0, "0: greedy decoding. >0: sampling at this temperature.")
+    top_p: float = _opt(1.0, "Nucleus sampling mass, in (0, 1].")
+    top_k: int = _opt(0, "Sample among the k most likely tokens; 0: no limit.")
+    stop: list[str] = _opt([], "Stop strings: end the row (finish_reason=stop); not part of the completion.")
+    seed: int = _opt(0, "Sampling seed; a row's draws are keyed by (seed, row_id, position).")
+    ignore_eos: bool = _opt(False, "Keep generating past EOS (fixed-length runs, benchmarks).")
+
+
+@dataclass
+class WorkersConfig:
+    num_actors: int = _opt(0, "Generator actors. 0: one per GPU of the cluster, or one CPU actor without GPUs.")
+    batch_size: int = _opt(16, "Most rows decoded together in one batch.")
+    num_gpus_per_actor: float = _opt(1.0, "GPUs reserved per actor when the cluster has GPUs.")
+    num_cpus_per_actor: float = _opt(
+        1.0, "CPUs reserved per actor. At least one CPU of the cluster always stays free for Ray's own tasks."
+    )
+    torch_threads: int = _opt(0, "torch intra-op threads per actor. 0: the node's cores shared among its actors.")
+    actor_start_timeout_s: float = _opt(
+        300.0, "Fail the job when the actors are not scheduled and loaded within this many seconds."
+    )
+    max_unit_attempts: int = _opt(3, "Attempts per work unit before the unit is reported failed.")
+
+
+@dataclass
+class RayConfig:
+    address: str = _opt("", "Ray cluster to join (auto, ray://host:port). Empty: start an embedded local one.")
+
+
+@dataclass
+class JobConfig:
+    input: InputConfig = field(default_factory=InputConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+T = typing.TypeVar("T")
+
+
+def load_config(base: T, yaml_path: str | None, overrides: list[str]) -> T:
+    """Merge `base` (a dataclass instance holding the defaults), a YAML file and `key=value` overrides.
+
+    Unknown keys, wrong types and missing required keys are `JobError`s naming the key and the source.
+    """
+    schema = OmegaConf.structured(base)
+    layers: list[tuple[str, DictConfig]] = []
+    if yaml_path:
+        try:
+            layers.append((yaml_path, OmegaConf.load(yaml_path)))
+        except FileNotFoundError:
+            raise JobError(f"config file {yaml_path} does not exist") from None
+        except Exception as exc:
+            raise JobError(f"config file {yaml_path} is not valid YAML: {exc}") from None
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise JobError(f"overrides must be key=value, got {bad!r} (example: generation.max_new_tokens=64)")
+    try:
+        layers.append(("command line", OmegaConf.from_dotlist(overrides)))
+    except OmegaConfBaseException as exc:
+        raise JobError(f"could not parse overrides {overrides!r}: {exc}") from None
+    merged = schema
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as exc:
+            raise JobError(f"{source}: {_omegaconf_message(exc)}") from None
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:
+        raise JobError(f"missing required config keys: {', '.join(missing)} (set them in the YAML or as key=value)")
+    return typing.cast(T, OmegaConf.to_object(merged))
+
+
+def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None)
+    first_line = str(exc).splitlines()[0]
+    return f"config key '{key}': {first_line}" if key else first_line
+
+
+def describe(config: Any, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, help) for every leaf of a config dataclass, in declaration order."""
+    rows = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            rows.extend(describe(value, key + "."))
+        else:
+            default = "(required)" if value == MISSING else repr(value)
+            rows.append((key, default, f.metadata.get("help", "")))
+    return rows
+
+
+def to_plain_dict(config: Any) -> dict[str, Any]:
+    """The config as plain JSON-able data, with every storage option's value redacted."""
+    data = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    for section in ("input", "output"):
+        options = data.get(section, {}).get("storage_options")
+        if options:
+            data[section]["storage_options"] = {k: "<redacted>" for k in options}
+    return data

@@ -1,0 +1,149 @@
+"""A KV cache of shared slots with per-row validity: rows of one batch keep different lengths.
+
+Design. All rows of a batch share one slot axis: a forward over `n` new tokens appends `n` slots to
+every row. Which slots a row attends to is a boolean `valid[B, S]`, and a row's next position is
+its count of valid slots. So
+
+- prompts of mixed lengths are left-padded: padding slots are simply invalid;
+- rolling a row back after a rejected draft is marking its rejected slots invalid — O(1) data
+  movement, no copy, and rows of one step can accept different numbers of tokens;
+- a tree draft writes all its nodes; the slots off the accepted path become invalid.
+
+Invalid slots waste memory and attention work, so the cache compacts: `select_rows` drops finished
+rows, trims slot columns that no remaining row uses, and `compact` gathers each row's valid slots
+to the left when the waste passes a threshold. Storage is preallocated and grown by doubling, so an
+append writes in place instead of concatenating the whole cache every step.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class SlotLayer(CacheLayerMixin):
+    """One decoder layer's keys and values in growable storage `[B, H, capacity, D]`."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self) -> None:
+        # The mixin's __init__ would assign `keys`/`values`, which are views of the storage here.
+        self.is_initialized = False
+        self._k: torch.Tensor | None = None  # [B, H, capacity, D]
+        self._v: torch.Tensor | None = None
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.dtype = key_states.dtype
+        self.is_initialized = True
+
+    def _reserve(self, needed: int, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
+        capacity = 0 if self._k is None else self._k.shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity, 64)
+        b, h, _, d = like_k.shape
+        k = like_k.new_empty(b, h, new_capacity, d)
+        v = like_v.new_empty(b, h, new_capacity, like_v.shape[-1])
+        if self.length:
+            k[:, :, : self.length] = self._k[:, :, : self.length]
+            v[:, :, : self.length] = self._v[:, :, : self.length]
+        self._k, self._v = k, v
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        self._reserve(self.length + n, key_states, value_states)
+        self._k[:, :, self.length : self.length + n] = key_states
+        self._v[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        return self.keys, self.values
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self._k[:, :, : self.length]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._v[:, :, : self.length]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    get_max_cache_shape = get_max_length  # the name before transformers 5.2x
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def select(self, rows: torch.Tensor, slots: torch.Tensor | None) -> None:
+        """Keep `rows` [B'] (and, per kept row, slot indices `slots` [B', S'] in order) — a copy."""
+        if self._k is None:
+            return
+        k, v = self.keys[rows], self.values[rows]  # [B', H, S, D]
+        if slots is not None:
+            index = slots[:, None, :, None]  # [B', 1, S', 1]
+            k = k.gather(2, index.expand(-1, k.shape[1], -1, k.shape[3]))
+            v = v.gather(2, index.expand(-1, v.shape[1], -1, v.shape[3]))
+        self._k, self._v = k.contiguous(), v.contiguous()
+        self.length = k.shape[2]
+
+
+class RaggedKV:
+    """The cache of one batch: shared slots, per-row validity and per-row next position."""
+
+    def __init__(self, num_layers: int, batch_size: int, device: torch.device) -> None:
+        self.layers = [SlotLayer() for _ in range(num_layers)]
+        self.cache = Cache(layers=self.layers)
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, S]
+        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+
+    @property
+    def num_slots(self) -> int:
+        return self.valid.shape[1]
+
+    def append(self, new_valid: torch.Tensor) -> None:
+        """Record the slots a forward just wrote: `new_valid` [B, n]."""
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        self.next_pos += new_valid.sum(dim=1)
+
+    def invalidate(self, slots: torch.Tensor) -> None:
+        """Roll rows back: `slots` [B, S] marks valid slots that no longer belong to their row."""
+        dropped = slots & self.valid
+        self.valid = self.valid & ~slots
+        self.next_pos -= dropped.sum(dim=1)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` [B'] (indices, in order) and drop slot columns no kept row uses."""
+        valid = self.valid[rows]  # [B', S]
+        used = valid.any(dim=0)
+        first = int(used.int().argmax()) if bool(used.any()) else valid.shape[1]
+        slots = None
+        if first > 0:
+            slots = torch.arange(first, valid.shape[1], device=valid.device).expand(len(rows), -1)
+            valid = valid[:, first:]
+        for layer in self.layers:
+            layer.select(rows, slots)
+        self.valid = valid
+        self.next_pos = self.next_pos[rows]
+
+    def waste(self) -> float:
+        """Share of slots that no row attends to."""
+        return 1.0 - float(self.valid.float().mean()) if self.valid.numel() else 0.0
+
+    def compact(self) -> None:
+        """Move each row's valid slots to the left, in order, and drop the columns freed."""
+        keep = int(self.valid.sum(dim=1).max()) if self.valid.numel() else 0
+        # A stable sort of "invalid" puts valid slots first and keeps their order.
+        order = torch.sort((~self.valid).int(), dim=1, stable=True).indices[:, :keep]  # [B, keep]
+        rows = torch.arange(self.valid.shape[0], device=self.valid.device)
+        for layer in self.layers:
+            layer.select(rows, order)
+        self.valid = self.valid.gather(1, order)
