@@ -81,6 +81,9 @@ class WorkersConfig:
     num_cpus_per_actor: float = _opt(
         1.0, "CPUs reserved per actor. At least one CPU of the cluster always stays free for Ray's own tasks."
     )
+    custom_resources: dict[str, float] = _opt(
+        {}, "Ray custom resources each actor needs (e.g. {accelerator_type_H100: 0.001}) to pin actors to nodes."
+    )
     torch_threads: int = _opt(0, "torch intra-op threads per actor. 0: the node's cores shared among its actors.")
     actor_start_timeout_s: float = _opt(
         300.0, "Fail the job when the actors are not scheduled and loaded within this many seconds."

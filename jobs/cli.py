@@ -1,0 +1,90 @@
+"""`accelgen`: the command line.
+
+    accelgen generate [CONFIG.yaml] [key=value ...]   run a generation job
+    accelgen bench [key=value ...]                     time strategies against transformers' generate
+    accelgen train {tokenizer,lm,draft,eval} ...       build the shipped model family
+
+A `JobError` is printed as one message and exits with status 2; an incomplete job exits with 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pipeline.config import JobConfig, ModelConfig, describe, load_config
+from pipeline.errors import JobError
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+SHIPPED_TARGET = ASSETS / "models" / "target"
+SHIPPED_DRAFT = ASSETS / "models" / "draft"
+SAMPLE_PROMPTS = ASSETS / "prompts" / "sample.parquet"
+
+USAGE = """usage: accelgen <command> [args]
+
+commands:
+  generate [CONFIG.yaml] [key=value ...]   run a generation job (accelgen generate --help lists every key)
+  bench [key=value ...]                     benchmark strategies against transformers (accelgen bench --help)
+  train <job> [CONFIG.yaml] [key=value ...] build the shipped model family (accelgen train --help)
+"""
+
+
+def default_job_config() -> JobConfig:
+    """The schema's defaults, with the shipped model family as the default model."""
+    draft = str(SHIPPED_DRAFT) if (SHIPPED_DRAFT / "config.json").is_file() else None
+    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft))
+
+
+def print_keys(title: str, config: object) -> None:
+    print(title)
+    rows = describe(config)
+    width = max(len(key) for key, _, _ in rows)
+    for key, default, help_text in rows:
+        print(f"  {key:<{width}}  {help_text}\n  {'':<{width}}  default: {default}")
+
+
+def split_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """An optional leading YAML path, then key=value overrides."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def generate(args: list[str]) -> int:
+    if "-h" in args or "--help" in args:
+        print_keys("usage: accelgen generate [CONFIG.yaml] [key=value ...]\n\nkeys:", default_job_config())
+        return 0
+    from pipeline.driver import run_job
+
+    yaml_path, overrides = split_args(args)
+    config = load_config(default_job_config(), yaml_path, overrides)
+    outcome = run_job(config)
+    return 1 if outcome.status == "failed" else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, args = argv[0], argv[1:]
+    try:
+        if command == "generate":
+            return generate(args)
+        if command == "bench":
+            from jobs.bench import main as bench_main
+
+            return bench_main(args)
+        if command == "train":
+            from jobs.train.cli import main as train_main
+
+            return train_main(args)
+    except JobError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"error: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Byte-level BPE tokenizer, trained on the corpus' train split and saved as a transformers fast tokenizer.
+
+Byte-level: every byte string has an encoding, so no prompt is ever untokenizable. One special
+token, `<|endoftext|>`, both separates documents in training and starts every encoded text (as
+BOS): a prompt then looks exactly like the start of a training document. `<|pad|>` is separate,
+so padding can never be mistaken for an end of text.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from jobs.train.config import TokenizerJobConfig
+from jobs.train.corpus import Document, load_corpus
+from pipeline.errors import JobError
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+
+
+def train_tokenizer(config: TokenizerJobConfig) -> Path:
+    """Train the tokenizer described by `config`, save it to `config.output_dir`, and return that path."""
+    if config.vocab_size < 260:
+        raise JobError(f"vocab_size={config.vocab_size}: use at least 260 (256 bytes plus special tokens)")
+    corpus = load_corpus(config.corpus)
+    start = time.perf_counter()
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator((d.text for d in corpus.train), trainer, length=len(corpus.train))
+    eos_id = bpe.token_to_id(EOS)
+    bpe.post_processor = processors.TemplateProcessing(
+        single=f"{EOS} $A", pair=f"{EOS} $A {EOS} $B", special_tokens=[(EOS, eos_id)]
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS, pad_token=PAD)
+    out = Path(config.output_dir)
+    tokenizer.save_pretrained(out)
+    heldout_bytes = sum(len(d.text.encode()) for d in corpus.heldout)
+    heldout_tokens = sum(len(ids) for ids in tokenizer([d.text for d in corpus.heldout]).input_ids)
+    print(
+        f"tokenizer: {len(tokenizer)} tokens from {len(corpus.train)} documents of {corpus.source} "
+        f"in {time.perf_counter() - start:.1f} s; held-out: {heldout_bytes / max(heldout_tokens, 1):.2f} "
+        f"bytes/token; saved to {out}"
+    )
+    return out
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer saved at `path`, checked to have the EOS and pad tokens the training jobs rely on."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise JobError(f"no tokenizer at {path} ({exc}); run `accelgen train tokenizer` first") from None
+    if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+        raise JobError(f"tokenizer at {path} lacks an EOS or pad token; retrain it with `accelgen train tokenizer`")
+    return tokenizer
+
+
+def encode_documents(tokenizer: PreTrainedTokenizerBase, documents: list[Document]) -> torch.Tensor:
+    """All documents as one packed token stream, each starting with `<|endoftext|>`: [N] int32.
+
+    The separator ends the previous document and starts the next, so the model learns both to stop
+    and to begin a text from it.
+    """
+    ids = tokenizer([d.text for d in documents], add_special_tokens=False).input_ids
+    bos = tokenizer.eos_token_id
+    return torch.tensor([t for doc in ids for t in (bos, *doc)], dtype=torch.int32)

@@ -1,0 +1,132 @@
+"""The output folder and its commit protocol: staged parts, one committer, manifest and `_SUCCESS` last.
+
+Layout of `output.url`:
+
+    _job.json                       identity of the job that owns the folder (written first)
+    part-<unit_id>.parquet          one committed part per work unit (deterministic name)
+    _commits/<unit_id>.json         commit record of a part: rows, sha256, bytes (written after it)
+    _staging/<unit_id>/<attempt>    parts staged by actors, never read by users
+    _logs/batches/<unit_id>/…jsonl  per-batch throughput records (at least once; attempt in each)
+    _manifest.json                  every part with rows and checksum, config, versions (written last
+    _SUCCESS                        but one, then this)
+
+Actors only stage; the driver alone publishes, one unit at a time, so a stale attempt can never
+overwrite a committed part. A unit counts as committed when its commit record exists and its part
+has the recorded size: a crash between publishing a part and recording it just reruns the unit,
+which republishes the same name.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pipeline.errors import JobError
+from workers.spec import UnitResult
+from workers.storage import filesystem, join, protocol_prefix, write_bytes
+
+JOB_FILE = "_job.json"
+MANIFEST_FILE = "_manifest.json"
+SUCCESS_FILE = "_SUCCESS"
+
+
+def part_name(unit_id: str) -> str:
+    return f"part-{unit_id}.parquet"
+
+
+class OutputFolder:
+    def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
+        self.url = url.rstrip("/")
+        self.fs, self.path = filesystem(self.url, storage_options)
+        self.prefix = protocol_prefix(self.fs)
+
+    def _p(self, *parts: str) -> str:
+        return join(self.path, *parts)
+
+    def staged_url(self, unit_id: str) -> str:
+        """A fresh staging name per attempt: attempts of different runs never collide."""
+        return self.prefix + self._p("_staging", unit_id, f"{uuid.uuid4().hex}.parquet")
+
+    def batch_log_url(self, unit_id: str, attempt: int) -> str:
+        return self.prefix + self._p("_logs", "batches", unit_id, f"attempt-{attempt}-{uuid.uuid4().hex[:8]}.jsonl")
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.fs.cat_file(self._p(name)))
+        except FileNotFoundError:
+            return None
+
+    def write_json(self, name: str, data: dict[str, Any]) -> None:
+        write_bytes(self.fs, self._p(name), (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+    def claim(self, fingerprint: str, job_record: dict[str, Any]) -> bool:
+        """Make the folder this job's, or fail if it holds something else. True if the job already finished."""
+        existing = self.read_json(JOB_FILE)
+        if existing is None:
+            if self.fs.exists(self.path) and self.fs.ls(self.path, detail=False):
+                raise JobError(
+                    f"output.url {self.url} is not empty and holds no accelgen job ({JOB_FILE} missing): "
+                    "choose a new or empty folder"
+                )
+            self.fs.makedirs(self.path, exist_ok=True)
+            self.write_json(JOB_FILE, job_record)
+            return False
+        if existing.get("fingerprint") != fingerprint:
+            raise JobError(
+                f"output.url {self.url} holds the results of a different job (fingerprint "
+                f"{existing.get('fingerprint', '?')[:12]}, this job {fingerprint[:12]}): the input, model, "
+                "generation or strategy settings differ. Choose a new output.url, or delete the folder to redo it"
+            )
+        return self.fs.exists(self._p(SUCCESS_FILE))
+
+    def committed(self) -> dict[str, dict[str, Any]]:
+        """Commit records of the units whose parts are in place, by unit id."""
+        try:
+            names = self.fs.ls(self._p("_commits"), detail=False)
+        except FileNotFoundError:
+            return {}
+        records = {}
+        for name in names:
+            record = json.loads(self.fs.cat_file(name))
+            try:
+                size = self.fs.size(self._p(record["part"]))
+            except FileNotFoundError:
+                continue
+            if size == record["bytes"]:
+                records[record["unit_id"]] = record
+        return records
+
+    def publish(self, result: UnitResult) -> dict[str, Any]:
+        """Move a staged part to its final name, then record the commit. Returns the record."""
+        name = part_name(result.unit_id)
+        staged = result.staged_url.removeprefix(self.prefix)
+        if self.prefix:
+            # Object stores have no atomic rename: copy to the final key (one atomic object write), then drop.
+            self.fs.copy(staged, self._p(name))
+            self.fs.rm(staged)
+        else:
+            self.fs.mv(staged, self._p(name))
+        record = {
+            "unit_id": result.unit_id,
+            "part": name,
+            "rows": result.num_rows,
+            "error_rows": result.num_errors,
+            "sha256": result.sha256,
+            "bytes": result.num_bytes,
+            "attempt": result.attempt,
+        }
+        self.write_json(f"_commits/{result.unit_id}.json", record)
+        return record
+
+    def discard(self, staged_url: str) -> None:
+        staged = staged_url.removeprefix(self.prefix)
+        if self.fs.exists(staged):
+            self.fs.rm(staged)
+
+    def finish(self, manifest: dict[str, Any]) -> None:
+        """Write the manifest, drop leftover staging, then `_SUCCESS` — the last write of a job."""
+        self.write_json(MANIFEST_FILE, manifest)
+        if self.fs.exists(self._p("_staging")):
+            self.fs.rm(self._p("_staging"), recursive=True)
+        write_bytes(self.fs, self._p(SUCCESS_FILE), b"")

@@ -1,0 +1,335 @@
+"""The driver: check, plan, start the actor pool, feed it units, commit what comes back, summarise.
+
+Everything that can fail a job fails before the first write (config, input, output ownership,
+resources). Then units go to idle actors, staged parts are committed one at a time, and a failed
+attempt is retried on the same or a restarted actor up to `workers.max_unit_attempts` times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+from tqdm import tqdm
+
+from pipeline.commit import OutputFolder
+from pipeline.config import DTYPES, JobConfig, to_plain_dict
+from pipeline.errors import JobError
+from pipeline.fingerprint import fingerprint, identity
+from pipeline.shards import check_columns, check_ids, list_shards, plan_units
+from strategies import registry
+from workers.generator import Generator, UnitInputError
+from workers.model_loading import model_weights_hash
+from workers.spec import UnitResult, WorkerSpec, WorkUnit
+
+# CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
+RESERVED_CPUS = 1.0
+PROGRESS_POLL_S = 1.0
+
+
+@dataclass
+class JobOutcome:
+    status: str  # "succeeded" | "already_complete" | "failed"
+    summary: dict[str, Any]
+
+
+def validate(config: JobConfig) -> None:
+    """Checks of values that types alone cannot express."""
+    g, w = config.generation, config.workers
+    problems = []
+    if g.max_new_tokens <= 0:
+        problems.append(f"generation.max_new_tokens must be > 0, got {g.max_new_tokens}")
+    if g.temperature < 0:
+        problems.append(f"generation.temperature must be >= 0, got {g.temperature}")
+    if not 0 < g.top_p <= 1:
+        problems.append(f"generation.top_p must be in (0, 1], got {g.top_p}")
+    if g.top_k < 0:
+        problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
+    if config.model.dtype not in DTYPES:
+        problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
+    if config.strategy.name not in registry.available():
+        problems.append(
+            f"strategy.name {config.strategy.name!r} is unknown; available: {', '.join(registry.available())}"
+        )
+    if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:
+        problems.append("workers.batch_size, workers.max_unit_attempts and input.rows_per_unit must be > 0")
+    if w.num_cpus_per_actor <= 0 or w.num_gpus_per_actor < 0 or w.torch_threads < 0:
+        problems.append("workers.num_cpus_per_actor must be > 0; num_gpus_per_actor and torch_threads >= 0")
+    if problems:
+        raise JobError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def run_job(config: JobConfig) -> JobOutcome:
+    validate(config)
+    shards = list_shards(config.input.url, config.input.storage_options)
+    check_columns(shards, config.input.prompt_column, config.input.id_column, list(config.input.keep_columns))
+    if config.input.id_column:
+        check_ids(shards, config.input.id_column, config.input.storage_options)
+    units = plan_units(shards, config.input.rows_per_unit)
+    hashes = {"target": _model_hash(config.model.target, "model.target")}
+    if config.model.draft:
+        hashes["draft"] = _model_hash(config.model.draft, "model.draft")
+    ident = identity(config, shards, hashes)
+    job_id = fingerprint(ident)
+    output = OutputFolder(config.output.url, config.output.storage_options)
+    job_record = {"fingerprint": job_id, "identity": ident, "config": to_plain_dict(config), "versions": _versions()}
+    total_rows = sum(u.num_rows for u in units)
+    if output.claim(job_id, job_record):
+        print(f"job {job_id[:12]} already complete in {config.output.url}: nothing to do")
+        return JobOutcome("already_complete", {"rows": total_rows})
+    committed = output.committed()
+    todo = [u for u in units if u.unit_id not in committed]
+    if committed:
+        print(f"resuming job {job_id[:12]}: {len(units) - len(todo)} of {len(units)} units already committed")
+
+    failures: dict[str, str] = {}
+    results: list[UnitResult] = []
+    started = time.perf_counter()
+    if todo:
+        pool = ActorPool(config, _worker_spec(config, job_id))
+        try:
+            results, failures = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
+        finally:
+            pool.shutdown()
+    wall_s = time.perf_counter() - started
+    committed = output.committed()
+    summary = _summary(results, committed, wall_s, total_rows)
+    if failures or len(committed) != len(units):
+        for unit_id, message in sorted(failures.items()):
+            print(f"unit {unit_id} failed: {message}", file=sys.stderr)
+        summary["failed_units"] = failures
+        _print_summary(summary)
+        print(
+            f"job {job_id[:12]} incomplete: {len(units) - len(committed)} of {len(units)} units not committed; "
+            "fix the cause and run the same command again to resume",
+            file=sys.stderr,
+        )
+        return JobOutcome("failed", summary)
+    parts = [committed[u.unit_id] for u in units]
+    output.finish({**job_record, "parts": parts, "total_rows": sum(p["rows"] for p in parts), "summary": summary})
+    _print_summary(summary)
+    return JobOutcome("succeeded", summary)
+
+
+def _model_hash(url: str, key: str) -> str:
+    try:
+        return model_weights_hash(url)
+    except FileNotFoundError as exc:
+        raise JobError(f"{key}: {exc}") from None
+
+
+def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
+    g = config.generation
+    return WorkerSpec(
+        job_id=job_id,
+        model_target=config.model.target,
+        model_draft=config.model.draft,
+        dtype=config.model.dtype,
+        trust_remote_code=config.model.trust_remote_code,
+        cache_dir=config.model.cache_dir,
+        strategy=config.strategy.name,
+        max_new_tokens=g.max_new_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        stop=tuple(g.stop),
+        seed=g.seed,
+        ignore_eos=g.ignore_eos,
+        prompt_column=config.input.prompt_column,
+        id_column=config.input.id_column,
+        keep_columns=tuple(config.input.keep_columns),
+        batch_size=config.workers.batch_size,
+        torch_threads=config.workers.torch_threads,
+        input_storage_options=dict(config.input.storage_options),
+        output_storage_options=dict(config.output.storage_options),
+    )
+
+
+class ActorPool:
+    """Generator actors on Ray, sized so they never starve Ray's own tasks, fed one unit at a time."""
+
+    def __init__(self, config: JobConfig, spec: WorkerSpec) -> None:
+        self.config = config
+        _init_ray(config.ray.address)
+        resources = ray.cluster_resources()
+        cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+        w = config.workers
+        use_gpus = gpus > 0 and w.num_gpus_per_actor > 0
+        n = w.num_actors or (max(1, int(gpus // w.num_gpus_per_actor)) if use_gpus else 1)
+        if n * w.num_cpus_per_actor > cpus - RESERVED_CPUS:
+            raise JobError(
+                f"workers.num_actors={n} × workers.num_cpus_per_actor={w.num_cpus_per_actor} reserves "
+                f"{n * w.num_cpus_per_actor:g} CPUs, but the cluster has {cpus:g} and {RESERVED_CPUS:g} must stay "
+                "free for Ray's own tasks: lower workers.num_cpus_per_actor (fractions such as 0.5 work) or "
+                "workers.num_actors"
+            )
+        if not use_gpus and spec.torch_threads == 0:
+            spec = dataclasses.replace(spec, torch_threads=max(1, int(cpus // n)))
+        options: dict[str, Any] = {
+            "num_cpus": w.num_cpus_per_actor,
+            "num_gpus": w.num_gpus_per_actor if use_gpus else 0,
+            "max_restarts": w.max_unit_attempts,
+            "max_concurrency": 2,  # run_unit, and progress() polls beside it
+            "resources": dict(w.custom_resources),
+        }
+        remote = ray.remote(Generator).options(**options)
+        self.actors = [remote.remote(spec, f"actor-{i}") for i in range(n)]
+        self.resources_per_actor = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
+        self._wait_ready(w.actor_start_timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Ray waits forever for an actor it cannot schedule; the job gives up after `timeout_s`."""
+        refs = {actor.ready.remote(): i for i, actor in enumerate(self.actors)}
+        done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        for ref in done:
+            try:
+                info = ray.get(ref)
+            except (RayActorError, RayTaskError) as exc:
+                raise JobError(f"generator actor {refs[ref]} failed to start: {_cause(exc)}") from None
+            print(f"actor {info['actor']} ready on {info['device']} ({info['dtype']}, {info['torch_threads']} threads)")
+        if pending:
+            raise JobError(
+                f"{len(pending)} of {len(refs)} generator actors were not running after "
+                f"workers.actor_start_timeout_s={timeout_s:g}s. Each asks for {self.resources_per_actor}; "
+                f"the cluster has {ray.available_resources()} free. Lower workers.num_cpus_per_actor / "
+                "workers.num_gpus_per_actor / workers.num_actors, add nodes, or raise the time-out if the "
+                "model takes that long to load"
+            )
+
+    def run(
+        self, units: list[WorkUnit], output: OutputFolder, total_rows: int, rows_before: int
+    ) -> tuple[list[UnitResult], dict[str, str]]:
+        """Feed every unit to an idle actor, commit each staged part; returns results and failed units."""
+        max_attempts = self.config.workers.max_unit_attempts
+        queue: deque[tuple[WorkUnit, int]] = deque((u, 1) for u in units)
+        idle = list(range(len(self.actors)))
+        inflight: dict[ray.ObjectRef, tuple[WorkUnit, int, int]] = {}
+        results: list[UnitResult] = []
+        failures: dict[str, str] = {}
+        baseline = [0] * len(self.actors)  # actor progress at assignment: rows of the unit in flight
+        committed_rows = rows_before
+        bar = tqdm(total=total_rows, initial=rows_before, unit="row", desc="generate", dynamic_ncols=True)
+        started = time.perf_counter()
+        try:
+            while queue or inflight:
+                while queue and idle:
+                    unit, attempt = queue.popleft()
+                    a = idle.pop(0)
+                    baseline[a] = self._progress()[a][0]
+                    ref = self.actors[a].run_unit.remote(
+                        unit, attempt, output.staged_url(unit.unit_id), output.batch_log_url(unit.unit_id, attempt)
+                    )
+                    inflight[ref] = (unit, attempt, a)
+                done, _ = ray.wait(list(inflight), num_returns=1, timeout=PROGRESS_POLL_S)
+                for ref in done:
+                    unit, attempt, a = inflight.pop(ref)
+                    idle.append(a)
+                    try:
+                        result: UnitResult = ray.get(ref)
+                    except (RayActorError, RayTaskError) as exc:
+                        message = _cause(exc)
+                        retry = attempt < max_attempts and not _is_input_error(exc)
+                        tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
+                        if retry:
+                            queue.append((unit, attempt + 1))
+                        else:
+                            failures[unit.unit_id] = message
+                        continue
+                    output.publish(result)
+                    results.append(result)
+                    committed_rows += result.num_rows
+                snapshot = self._progress()
+                in_flight_rows = sum(max(0, snapshot[a][0] - baseline[a]) for _, _, a in inflight.values())
+                bar.n = min(total_rows, committed_rows + in_flight_rows)
+                elapsed = time.perf_counter() - started
+                bar.set_postfix(tok_s=f"{sum(g for _, g in snapshot) / elapsed:.1f}")
+                bar.refresh()
+        finally:
+            bar.close()
+        return results, failures
+
+    def _progress(self) -> list[tuple[int, int]]:
+        """(rows, tokens) done by each actor; a restarting actor reports (0, 0) this round."""
+        refs = [actor.progress.remote() for actor in self.actors]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=PROGRESS_POLL_S)
+        snapshot = []
+        for ref in refs:
+            try:
+                snapshot.append(tuple(ray.get(ref)) if ref in done else (0, 0))
+            except (RayActorError, RayTaskError):
+                snapshot.append((0, 0))
+        return snapshot
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def _init_ray(address: str) -> None:
+    if ray.is_initialized():
+        return
+    if address:
+        import strategies
+        import workers
+
+        # The actors of a remote cluster get this project's code with the job (the driver's own
+        # modules stay here); the cluster's image must hold the dependencies.
+        runtime_env = {"py_modules": [workers, strategies]}
+        ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
+    else:
+        ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
+
+
+def _cause(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)
+    return str(cause) if cause is not None else str(exc).splitlines()[0]
+
+
+def _is_input_error(exc: BaseException) -> bool:
+    return isinstance(getattr(exc, "cause", None), UnitInputError)
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("accelgen", "torch", "transformers", "ray", "pyarrow", "fsspec", "omegaconf"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _summary(results: list[UnitResult], committed: dict[str, Any], wall_s: float, total_rows: int) -> dict[str, Any]:
+    generated = sum(r.generated_tokens for r in results)
+    by_strategy: dict[str, int] = {}
+    for r in results:
+        for name, n in r.tokens_by_strategy.items():
+            by_strategy[name] = by_strategy.get(name, 0) + n
+    return {
+        "rows": total_rows,
+        "rows_committed": sum(c["rows"] for c in committed.values()),
+        "error_rows": sum(c.get("error_rows", 0) for c in committed.values()),
+        "rows_this_run": sum(r.num_rows for r in results),
+        "generated_tokens_this_run": generated,
+        "wall_s": round(wall_s, 3),
+        "tokens_per_s": round(generated / wall_s, 2) if wall_s > 0 else None,
+        "generated_tokens_by_strategy": by_strategy,
+    }
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    print(
+        f"rows {summary['rows_committed']}/{summary['rows']} committed, {summary['error_rows']} error rows; "
+        f"this run: {summary['rows_this_run']} rows, {summary['generated_tokens_this_run']} tokens in "
+        f"{summary['wall_s']:.1f}s ({summary['tokens_per_s'] or 0:.1f} tokens/s)"
+    )
+    for name, tokens in sorted(summary["generated_tokens_by_strategy"].items()):
+        print(f"  {name}: {tokens} tokens")

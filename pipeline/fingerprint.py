@@ -1,0 +1,44 @@
+"""A job's identity: a hash of everything that decides its output rows, and nothing else.
+
+In: the input listing (names, sizes, modification stamps), the columns read, the model (path and
+weights hash, draft too), the dtype, and the generation and strategy settings. Out: credentials and
+storage options, actor counts, batch sizes, the Ray address — changing those must resume a job,
+not start a different one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from pipeline.config import JobConfig
+from pipeline.shards import Shard
+
+FORMAT_VERSION = 1
+
+
+def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str]) -> dict[str, Any]:
+    """The fields the fingerprint hashes, as data (kept in `_job.json` so a mismatch can be explained)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "input": [[s.name, s.size, s.stamp] for s in shards],
+        "columns": {
+            "prompt": config.input.prompt_column,
+            "id": config.input.id_column,
+            "keep": list(config.input.keep_columns),
+        },
+        "model": {
+            "target": config.model.target,
+            "draft": config.model.draft,
+            "dtype": config.model.dtype,
+            "weights_sha256": model_hashes,
+        },
+        "generation": dataclasses.asdict(config.generation),
+        "strategy": dataclasses.asdict(config.strategy),
+    }
+
+
+def fingerprint(ident: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()

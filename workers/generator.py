@@ -1,0 +1,242 @@
+"""The generator: one loaded model decoding work units into staged output parts.
+
+`Generator` is a plain class so it runs in-process in tests and benchmarks; the driver wraps it as
+a Ray actor. It never publishes anything: it stages one part per attempt and returns a
+`UnitResult`, and the driver alone commits (DESIGN.md, "Data flow").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from transformers.utils import logging as transformers_logging
+
+from strategies import registry
+from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest
+from strategies.runner import ModelRunner
+from strategies.sampling import SamplingParams, row_key
+from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
+from workers.rows import StopStrings, as_text, completion_text, prompt_problem, too_long_message
+from workers.spec import UnitResult, WorkerSpec, WorkUnit
+from workers.storage import filesystem, write_bytes
+
+FINISH_ERROR = "error"
+
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("row_id", pa.string()),
+        ("completion", pa.string()),
+        ("finish_reason", pa.string()),
+        ("error", pa.string()),
+        ("num_prompt_tokens", pa.int64()),
+        ("num_generated_tokens", pa.int64()),
+        ("strategy", pa.string()),
+    ]
+)
+
+
+class UnitInputError(Exception):
+    """The unit's input data cannot be read: retrying will not help until the file is fixed."""
+
+
+def derived_row_id(shard_name: str, index: int) -> str:
+    """The row id of row `index` of a shard when the input has no id column."""
+    return f"{shard_name}#{index}"
+
+
+class Generator:
+    """Loads the tokenizer and model once, then decodes units on request."""
+
+    def __init__(self, spec: WorkerSpec, actor_name: str = "") -> None:
+        self.spec = spec
+        self.actor = actor_name or f"{socket.gethostname()}:{os.getpid()}"
+        # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
+        torch.set_num_threads(spec.torch_threads if spec.torch_threads > 0 else os.cpu_count() or 1)
+        transformers_logging.disable_progress_bar()  # one progress bar per job, the driver's
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = resolve_dtype(spec.dtype, self.device)
+        model_dir = resolve_model_dir(spec.model_target, spec.cache_dir)
+        model, self.tokenizer = load_model(model_dir, self.dtype, self.device, spec.trust_remote_code)
+        self.runner = ModelRunner(model)
+        self.strategy = registry.create(spec.strategy, self.runner)
+        self.params = GenerationParams(
+            max_new_tokens=spec.max_new_tokens,
+            sampling=SamplingParams(spec.temperature, spec.top_k, spec.top_p, spec.seed),
+            eos_token_ids=frozenset(_eos_ids(model, self.tokenizer)),
+            ignore_eos=spec.ignore_eos,
+        )
+        self.stop_strings = StopStrings(self.tokenizer, list(spec.stop))
+        self._lock = threading.Lock()
+        self._rows_done = 0
+        self._generated = 0
+
+    def ready(self) -> dict[str, Any]:
+        return {
+            "actor": self.actor,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "torch_threads": torch.get_num_threads(),
+        }
+
+    def progress(self) -> tuple[int, int]:
+        """(rows finished, tokens generated) since the actor started, including failed attempts."""
+        with self._lock:
+            return self._rows_done, self._generated
+
+    def run_unit(self, unit: WorkUnit, attempt: int, staged_url: str, log_url: str) -> UnitResult:
+        started = time.perf_counter()
+        table = self._read_unit(unit)
+        columns, records = self.decode_table(table, unit, attempt)
+        out = pa.table(columns, schema=_output_schema(table, self.spec.keep_columns))
+        buffer = io.BytesIO()
+        pq.write_table(out, buffer)
+        data = buffer.getvalue()
+        _write(staged_url, data, self.spec.output_storage_options)
+        _write(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output_storage_options)
+        by_strategy: dict[str, int] = {}
+        for name, n in zip(columns["strategy"], columns["num_generated_tokens"], strict=True):
+            if name is not None:
+                by_strategy[name] = by_strategy.get(name, 0) + n
+        return UnitResult(
+            unit_id=unit.unit_id,
+            attempt=attempt,
+            staged_url=staged_url,
+            num_rows=out.num_rows,
+            num_errors=columns["finish_reason"].count(FINISH_ERROR),
+            sha256=hashlib.sha256(data).hexdigest(),
+            num_bytes=len(data),
+            prompt_tokens=sum(n or 0 for n in columns["num_prompt_tokens"]),
+            generated_tokens=sum(n or 0 for n in columns["num_generated_tokens"]),
+            wall_s=time.perf_counter() - started,
+            actor=self.actor,
+            device=str(self.device),
+            tokens_by_strategy=by_strategy,
+        )
+
+    def _read_unit(self, unit: WorkUnit) -> pa.Table:
+        spec = self.spec
+        wanted = [spec.prompt_column, *([spec.id_column] if spec.id_column else []), *spec.keep_columns]
+        try:
+            fs, path = filesystem(unit.shard_url, spec.input_storage_options)
+            with fs.open(path, "rb") as f:
+                table = pq.ParquetFile(f).read_row_groups(list(unit.row_groups), columns=list(dict.fromkeys(wanted)))
+        except Exception as exc:
+            raise UnitInputError(
+                f"cannot read row groups {list(unit.row_groups)} of {unit.shard_url}: {exc}; "
+                "fix or replace the file and run the same command again to resume"
+            ) from exc
+        if table.num_rows != unit.num_rows:
+            raise UnitInputError(
+                f"{unit.shard_url}: row groups {list(unit.row_groups)} hold {table.num_rows} rows, the footer "
+                f"said {unit.num_rows}; the file changed during the job: start a new job for the new input"
+            )
+        return table
+
+    def decode_table(self, table: pa.Table, unit: WorkUnit, attempt: int) -> tuple[dict[str, list], list[dict]]:
+        """Output columns for every input row (input order), and one throughput record per batch."""
+        spec = self.spec
+        n = table.num_rows
+        prompts = table.column(spec.prompt_column).to_pylist()
+        if spec.id_column:
+            row_ids = [str(v) for v in table.column(spec.id_column).to_pylist()]
+        else:
+            row_ids = [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(n)]
+        columns: dict[str, list] = {
+            "row_id": row_ids,
+            "completion": [None] * n,
+            "finish_reason": [FINISH_ERROR] * n,
+            "error": [None] * n,
+            "num_prompt_tokens": [None] * n,
+            "num_generated_tokens": [None] * n,
+            "strategy": [None] * n,
+        }
+        for name in spec.keep_columns:
+            columns[name] = table.column(name).to_pylist()
+
+        decodable: list[int] = []
+        for i, prompt in enumerate(prompts):
+            problem = prompt_problem(prompt)
+            if problem:
+                columns["error"][i] = problem
+            else:
+                decodable.append(i)
+        encoded = self.tokenizer([as_text(prompts[i]) for i in decodable])["input_ids"] if decodable else []
+        token_ids: dict[int, list[int]] = {}
+        for i, ids in zip(decodable, encoded, strict=True):
+            columns["num_prompt_tokens"][i] = len(ids)
+            if len(ids) >= self.runner.max_context:
+                columns["error"][i] = too_long_message(len(ids), self.runner.max_context)
+            else:
+                token_ids[i] = ids
+
+        # Rows of similar length share a batch, so padding wastes little.
+        order = sorted(token_ids, key=lambda i: len(token_ids[i]))
+        records = []
+        for start in range(0, len(order), spec.batch_size):
+            batch = order[start : start + spec.batch_size]
+            requests = [RowRequest(token_ids[i], row_key(row_ids[i]), self.stop_strings.for_row()) for i in batch]
+            began = time.perf_counter()
+            result = self.strategy.generate(requests, self.params)
+            wall_s = time.perf_counter() - began
+            generated = 0
+            for i, row in zip(batch, result.rows, strict=True):
+                columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(spec.stop))
+                columns["finish_reason"][i] = row.finish_reason
+                columns["num_generated_tokens"][i] = len(row.tokens)
+                columns["strategy"][i] = result.strategy
+                generated += len(row.tokens)
+            with self._lock:
+                self._rows_done += len(batch)
+                self._generated += generated
+            records.append(
+                {
+                    "job_id": spec.job_id,
+                    "unit_id": unit.unit_id,
+                    "attempt": attempt,
+                    "actor": self.actor,
+                    "device": str(self.device),
+                    "strategy": result.strategy,
+                    "batch_size": len(batch),
+                    "prompt_tokens": sum(len(r.prompt) for r in requests),
+                    "generated_tokens": generated,
+                    "target_forwards": result.target_forwards,
+                    "rows_at_length": sum(r.finish_reason == FINISH_LENGTH for r in result.rows),
+                    "wall_s": round(wall_s, 6),
+                    "tokens_per_s": round(generated / wall_s, 3) if wall_s > 0 else None,
+                    "time": time.time(),
+                    **result.stats,
+                }
+            )
+        with self._lock:
+            self._rows_done += n - len(order)
+        return columns, records
+
+
+def _write(url: str, data: bytes, storage_options: dict[str, Any]) -> None:
+    write_bytes(*filesystem(url, storage_options), data)
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
+    """EOS ids from the generation config (may be a list) and the tokenizer."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+def _output_schema(table: pa.Table, keep_columns: tuple[str, ...]) -> pa.Schema:
+    return pa.schema(list(OUTPUT_SCHEMA) + [table.schema.field(name) for name in keep_columns])

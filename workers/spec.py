@@ -1,0 +1,64 @@
+"""What the driver hands an actor: the job's worker settings once, then one work unit at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """A shard, or a run of its row groups: the unit of scheduling, retry and commit."""
+
+    unit_id: str  # deterministic from the input listing (never from row content)
+    shard_url: str  # where to read it (fsspec URL or path)
+    shard_name: str  # path relative to the input root; derived row ids start from it
+    row_groups: tuple[int, ...]
+    first_row: int  # index within the shard of the unit's first row
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything an actor needs to decode any unit of the job. Holds credentials: never log it."""
+
+    job_id: str
+    model_target: str
+    model_draft: str | None
+    dtype: str
+    trust_remote_code: bool
+    cache_dir: str
+    strategy: str
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    stop: tuple[str, ...]
+    seed: int
+    ignore_eos: bool
+    prompt_column: str
+    id_column: str | None
+    keep_columns: tuple[str, ...]
+    batch_size: int
+    torch_threads: int
+    input_storage_options: dict[str, Any] = field(default_factory=dict)
+    output_storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class UnitResult:
+    """What an attempt of a unit staged, for the driver to commit."""
+
+    unit_id: str
+    attempt: int
+    staged_url: str
+    num_rows: int
+    num_errors: int
+    sha256: str
+    num_bytes: int
+    prompt_tokens: int
+    generated_tokens: int
+    wall_s: float
+    actor: str
+    device: str
+    tokens_by_strategy: dict[str, int] = field(default_factory=dict)
