@@ -23,6 +23,7 @@ import uuid
 from typing import Any
 
 from pipeline.errors import JobError
+from pipeline.fingerprint import changed_shards
 from workers.spec import UnitResult
 from workers.storage import filesystem, join, protocol_prefix, write_bytes
 
@@ -61,7 +62,11 @@ class OutputFolder:
         write_bytes(self.fs, self._p(name), (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
     def claim(self, fingerprint: str, job_record: dict[str, Any]) -> bool:
-        """Make the folder this job's, or fail if it holds something else. True if the job already finished."""
+        """Make the folder this job's, or fail if it holds something else. True if the job already finished.
+
+        The one accepted difference: input shards that changed but have no committed unit yet
+        (`fingerprint.changed_shards`); the folder then takes the new identity.
+        """
         existing = self.read_json(JOB_FILE)
         if existing is None:
             if self.fs.exists(self.path) and self.fs.ls(self.path, detail=False):
@@ -73,6 +78,11 @@ class OutputFolder:
             self.write_json(JOB_FILE, job_record)
             return False
         if existing.get("fingerprint") != fingerprint:
+            changed = changed_shards(existing.get("identity", {}), job_record["identity"])
+            committed_shards = {int(unit_id.split("-")[0]) for unit_id in self.committed()}
+            if changed is not None and not changed & committed_shards and not self.fs.exists(self._p(SUCCESS_FILE)):
+                self.write_json(JOB_FILE, job_record)
+                return False
             raise JobError(
                 f"output.url {self.url} holds the results of a different job (fingerprint "
                 f"{existing.get('fingerprint', '?')[:12]}, this job {fingerprint[:12]}): the input, model, "

@@ -42,3 +42,17 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
 
 def fingerprint(ident: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def changed_shards(old: dict[str, Any], new: dict[str, Any]) -> set[int] | None:
+    """Indices of shards whose size or stamp changed, when nothing else differs; None otherwise.
+
+    A job may resume over such a change if none of those shards has a committed unit: the rows
+    already committed were decided by files that did not change (a corrupt shard fixed after its
+    unit failed is the usual case).
+    """
+    same_rest = {k: v for k, v in old.items() if k != "input"} == {k: v for k, v in new.items() if k != "input"}
+    old_input, new_input = old.get("input", []), new.get("input", [])
+    if not same_rest or [s[0] for s in old_input] != [s[0] for s in new_input]:
+        return None
+    return {i for i, (a, b) in enumerate(zip(old_input, new_input, strict=True)) if a != b}

@@ -1,0 +1,175 @@
+"""End-to-end jobs on an embedded Ray with a tiny model: the output contract, bad rows, resume, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from jobs.cli import default_job_config
+from pipeline.config import load_config
+from pipeline.driver import run_job
+from pipeline.errors import JobError
+
+GOOD = [
+    "def add(a, b):",
+    "import os\nimport sys\n",
+    "x",
+    "class Stack:\n    def push(self, item):\n        self.items.append(",
+    "for i in range(10):",
+    "return",
+]
+BAD = {"null": None, "empty": "", "blank": "  \n\t ", "too_long": "word " * 200}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def embedded_ray():
+    yield
+    ray.shutdown()
+
+
+def _write_input(folder: Path) -> dict[str, str | None]:
+    """Three shards (one split into row groups); returns prompt by id."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [(f"good-{i}", p) for i, p in enumerate(GOOD)] + [(f"bad-{k}", v) for k, v in BAD.items()]
+    shards = [rows[0:4], rows[4:8], rows[8:]]
+    for n, shard in enumerate(shards):
+        table = pa.table({"id": [r[0] for r in shard], "prompt": [r[1] for r in shard], "n": [n] * len(shard)})
+        pq.write_table(table, folder / f"shard-{n}.parquet", row_group_size=2)
+    return dict(rows)
+
+
+def _config(tmp_path: Path, model: Path, *extra: str):
+    return load_config(
+        default_job_config(),
+        None,
+        [
+            f"input.url={tmp_path / 'in'}",
+            f"output.url={tmp_path / 'out'}",
+            f"model.target={model}",
+            "model.dtype=float64",
+            "input.id_column=id",
+            "input.keep_columns=[n]",
+            "input.rows_per_unit=2",
+            "generation.max_new_tokens=12",
+            "generation.ignore_eos=true",
+            "workers.batch_size=3",
+            *extra,
+        ],
+    )
+
+
+def _read_output(out: Path) -> pa.Table:
+    manifest = json.loads((out / "_manifest.json").read_text())
+    return pa.concat_tables([pq.read_table(out / p["part"]) for p in manifest["parts"]])
+
+
+def _part_hashes(out: Path) -> dict[str, str]:
+    return {p["part"]: p["sha256"] for p in json.loads((out / "_manifest.json").read_text())["parts"]}
+
+
+def test_job_output_contract_and_oracle(tmp_path, tiny_model_dir):
+    prompts = _write_input(tmp_path / "in")
+    outcome = run_job(_config(tmp_path, tiny_model_dir))
+    assert outcome.status == "succeeded"
+    out = tmp_path / "out"
+    assert (out / "_SUCCESS").exists() and not (out / "_staging").exists()
+    rows = {r["row_id"]: r for r in _read_output(out).to_pylist()}
+    assert sorted(rows) == sorted(prompts)  # exactly one output row per input row
+    for key in BAD:
+        row = rows[f"bad-{key}"]
+        assert row["finish_reason"] == "error" and row["error"] and row["completion"] is None
+    assert "leaving no room to generate" in rows["bad-too_long"]["error"]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for i, prompt in enumerate(GOOD):
+        row = rows[f"good-{i}"]
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        expected = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert row["completion"] == tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+        assert row["finish_reason"] == "length" and row["num_generated_tokens"] == 12
+        assert row["num_prompt_tokens"] == ids.shape[1] and row["strategy"] == "autoregressive"
+        assert row["n"] == (0 if i < 4 else 1)
+
+    logs = [
+        json.loads(line) for f in (out / "_logs" / "batches").rglob("*.jsonl") for line in f.read_text().splitlines()
+    ]
+    assert sum(r["generated_tokens"] for r in logs) == 12 * len(GOOD)
+    assert {
+        "job_id",
+        "unit_id",
+        "attempt",
+        "actor",
+        "device",
+        "strategy",
+        "batch_size",
+        "wall_s",
+        "tokens_per_s",
+    } <= set(logs[0])
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["versions"]["torch"] and manifest["identity"]["model"]["weights_sha256"]["target"]
+
+    assert run_job(_config(tmp_path, tiny_model_dir)).status == "already_complete"
+    with pytest.raises(JobError, match="different job"):
+        run_job(_config(tmp_path, tiny_model_dir, "generation.max_new_tokens=5"))
+    # Actor count and batch size are not part of the job's identity.
+    assert run_job(_config(tmp_path, tiny_model_dir, "workers.batch_size=1")).status == "already_complete"
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, tiny_model_dir):
+    _write_input(tmp_path / "in")
+    assert run_job(_config(tmp_path, tiny_model_dir)).status == "succeeded"
+    out = tmp_path / "out"
+    reference = _part_hashes(out)
+    # An interruption: two units never committed, no manifest, no _SUCCESS.
+    for unit in ("00000-00000", "00002-00000"):
+        (out / f"part-{unit}.parquet").unlink()
+        (out / "_commits" / f"{unit}.json").unlink()
+    (out / "_SUCCESS").unlink()
+    (out / "_manifest.json").unlink()
+    outcome = run_job(_config(tmp_path, tiny_model_dir, "workers.batch_size=2"))
+    assert outcome.status == "succeeded" and outcome.summary["rows_this_run"] == 4
+    assert _part_hashes(out) == reference
+
+
+def test_corrupt_shard_fails_its_unit_only_and_rerun_resumes(tmp_path, tiny_model_dir):
+    _write_input(tmp_path / "in")
+    shard = tmp_path / "in" / "shard-2.parquet"  # one unit: 00002-00000
+    good_bytes = shard.read_bytes()
+    meta = pq.ParquetFile(shard).metadata
+    corrupt = bytearray(good_bytes)
+    start = meta.row_group(0).column(1).data_page_offset  # prompt column of the first row group
+    corrupt[start : start + 40] = b"\xab" * 40
+    shard.write_bytes(bytes(corrupt))
+    outcome = run_job(_config(tmp_path, tiny_model_dir))
+    out = tmp_path / "out"
+    assert outcome.status == "failed" and not (out / "_SUCCESS").exists()
+    assert list(outcome.summary["failed_units"]) == ["00002-00000"]
+    assert "shard-2.parquet" in outcome.summary["failed_units"]["00002-00000"]
+    assert (out / "part-00000-00000.parquet").exists()
+    # Fixing the file changes its stamp; the job still resumes, since no unit of it was committed.
+    shard.write_bytes(good_bytes)
+    outcome = run_job(_config(tmp_path, tiny_model_dir))
+    assert outcome.status == "succeeded" and outcome.summary["rows_this_run"] == 2
+    # A shard that changes after its units were committed makes a different job.
+    (tmp_path / "in" / "shard-0.parquet").touch()
+    with pytest.raises(JobError, match="different job"):
+        run_job(_config(tmp_path, tiny_model_dir))
+
+
+def test_actors_that_cannot_be_scheduled_fail_the_job_quickly(tmp_path, tiny_model_dir):
+    _write_input(tmp_path / "in")
+    with pytest.raises(JobError, match="reserves 64 CPUs"):
+        run_job(_config(tmp_path, tiny_model_dir, "workers.num_actors=64"))
+    config = _config(
+        tmp_path, tiny_model_dir, "workers.custom_resources={no_such_node: 1}", "workers.actor_start_timeout_s=3"
+    )
+    with pytest.raises(JobError, match=r"not running after workers\.actor_start_timeout_s=3s"):
+        run_job(config)
