@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strategies import llama_forward
 from strategies.kv_cache import RaggedKV
 
 
@@ -36,6 +37,8 @@ class ModelRunner:
         # transformers renamed `past_key_values` to `cache` during 5.x; take whichever this version has.
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # Llama-family models take the lean forward; any other causal LM runs through its own code.
+        self._fast = llama_forward.LlamaForward(model) if llama_forward.supports(model) else None
 
     def new_kv(self, batch_size: int) -> RaggedKV:
         return RaggedKV(self.num_layers, batch_size, self.device)
@@ -64,6 +67,10 @@ class ModelRunner:
         allowed = torch.cat([kv.valid[:, None, :].expand(b, n, kv.num_slots), attend], dim=2)  # [B, n, S+n]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        if self._fast is not None:
+            logits, hidden = self._fast(input_ids, positions, mask[:, None], kv.layers, logits_to_keep)
+            kv.append(new_valid)
+            return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask[:, None],  # [B, 1, n, S+n]

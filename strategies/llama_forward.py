@@ -1,0 +1,145 @@
+"""A lean forward pass for Llama-family models (Llama, Mistral without sliding window, Qwen2).
+
+Why: on a CPU, and at small batch on any device, a decode step of a small model is dominated by
+per-module overhead, not arithmetic. This forward reads the Hugging Face model's own weights and
+computes the same function with fewer, larger operations: Q, K and V in one matmul, gate and up in
+one matmul, rotary tables computed once per step for all layers, no per-call mask building.
+Numerics follow transformers' Llama code (RMSNorm and rotary tables in float32, then cast back), so
+greedy tokens equal those of the reference implementation; `tests/test_llama_forward.py` checks
+logits against it in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from strategies.kv_cache import SlotLayer
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass
+class _Layer:
+    norm_attn: torch.Tensor  # [D]
+    w_qkv: torch.Tensor  # [(Hq + 2 Hkv) * hd, D]
+    b_qkv: torch.Tensor | None
+    w_o: torch.Tensor  # [D, Hq * hd]
+    norm_mlp: torch.Tensor  # [D]
+    w_gate_up: torch.Tensor  # [2 F, D]
+    w_down: torch.Tensor  # [D, F]
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """True when this forward computes exactly what `model` computes."""
+    config = model.config
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES or config.hidden_act != "silu":
+        return False
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        return False
+    rope_type = (getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}).get(
+        "rope_type", "default"
+    )
+    inner = getattr(model, "model", None)
+    return (
+        rope_type in _STATIC_ROPE_TYPES
+        and inner is not None
+        and hasattr(inner, "rotary_emb")
+        and not hasattr(inner.layers[0].self_attn, "q_norm")
+        and getattr(inner.layers[0].mlp, "gate_proj", None) is not None
+    )
+
+
+def _fuse(params: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate parameters along dim 0 and make each a view of the result, so memory is not doubled."""
+    fused = torch.cat([p.detach() for p in params])
+    start = 0
+    for p in params:
+        p.data = fused[start : start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
+class LlamaForward:
+    """The forward of a supported model over `SlotLayer` caches; weights are shared, not copied twice."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        inner = model.model
+        config = model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.embed = inner.embed_tokens.weight  # [V, D]
+        self.final_norm = inner.norm.weight
+        self.lm_head = model.lm_head.weight  # [V, D]
+        self.inv_freq = inner.rotary_emb.inv_freq.float()  # [hd / 2]
+        self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+        self.layers = []
+        with torch.no_grad():
+            for layer in inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+                w_qkv = _fuse([m.weight for m in qkv])
+                b_qkv = _fuse([m.bias for m in qkv]) if all(m.bias is not None for m in qkv) else None
+                self.layers.append(
+                    _Layer(
+                        norm_attn=layer.input_layernorm.weight,
+                        w_qkv=w_qkv,
+                        b_qkv=b_qkv,
+                        w_o=attn.o_proj.weight,
+                        norm_mlp=layer.post_attention_layernorm.weight,
+                        w_gate_up=_fuse([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                        w_down=mlp.down_proj.weight,
+                    )
+                )
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * x32.to(x.dtype)
+
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, n, hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, n, hd]
+        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,  # [B, n]
+        positions: torch.Tensor,  # [B, n]
+        mask: torch.Tensor,  # [B, 1, n, S + n] additive
+        caches: list[SlotLayer],
+        logits_to_keep: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, n_kept, V], last hidden states [B, n, D])."""
+        b, n = input_ids.shape
+        x = F.embedding(input_ids, self.embed)  # [B, n, D]
+        cos, sin = self._rope_tables(positions, x.dtype)
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        for layer, cache in zip(self.layers, caches, strict=True):
+            qkv = F.linear(self._norm(x, layer.norm_attn), layer.w_qkv, layer.b_qkv)  # [B, n, (Hq+2Hkv) hd]
+            q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
+            q = self._rotate(q.view(b, n, self.num_heads, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq, n, hd]
+            k = self._rotate(k.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            v = v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, n, hd]
+            keys, values = cache.update(k, v)  # [B, Hkv, S+n, hd]
+            attn = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
+            )  # [B, Hq, n, hd]
+            x = x + F.linear(attn.transpose(1, 2).reshape(b, n, q_width), layer.w_o)
+            gate, up = F.linear(self._norm(x, layer.norm_mlp), layer.w_gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        hidden = self._norm(x, self.final_norm)
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return F.linear(kept, self.lm_head), hidden
