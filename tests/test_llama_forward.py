@@ -1,0 +1,71 @@
+"""The lean Llama-family forward computes what transformers computes (float64, chains and trees)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from strategies import llama_forward
+from strategies.autoregressive import AutoregressiveStrategy
+from strategies.base import GenerationParams, RowRequest
+from strategies.runner import ModelRunner
+from strategies.sampling import SamplingParams
+
+SMALL = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
+def _models():
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(**SMALL, rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    qwen = Qwen2ForCausalLM(Qwen2Config(**SMALL, use_sliding_window=False))  # q/k/v biases
+    return [m.double().eval() for m in (llama, qwen)]
+
+
+def _both_runners(model):
+    fast = ModelRunner(model)
+    reference = ModelRunner(model)
+    reference._fast = None
+    assert fast._fast is not None
+    return fast, reference
+
+
+@pytest.mark.parametrize("model", _models(), ids=["llama", "qwen2"])
+def test_prefill_and_tree_step_match_transformers(model):
+    fast, reference = _both_runners(model)
+    prompts = [[3, 4, 5, 6, 7], [8, 9]]
+    # A tree of 4 nodes per row: 0 -> 1, 0 -> 2 -> 3 (each node sees only its ancestors).
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    nodes = torch.tensor([[10, 11, 12, 13], [14, 15, 16, 17]])
+    results = []
+    for runner in (fast, reference):
+        kv = runner.new_kv(2)
+        first = runner.prefill(kv, prompts)
+        depth = torch.tensor([0, 1, 1, 2])
+        out = runner.forward(
+            kv, nodes, kv.next_pos[:, None] + depth, torch.ones_like(nodes, dtype=torch.bool), tree.expand(2, 4, 4)
+        )
+        results.append((first, out.logits))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-10)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-10)
+
+
+def test_unsupported_architectures_take_the_transformers_path():
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64)).double().eval()
+    assert not llama_forward.supports(gpt2)
+    runner = ModelRunner(gpt2)
+    assert runner._fast is None
+    params = GenerationParams(8, SamplingParams(), frozenset(), ignore_eos=True)
+    rows = AutoregressiveStrategy(runner).generate([RowRequest([3, 4, 5], 1), RowRequest([6], 2)], params).rows
+    for prompt, row in zip(([3, 4, 5], [6]), rows, strict=True):
+        expected = gpt2.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        assert row.tokens == expected[0, len(prompt) :].tolist()
