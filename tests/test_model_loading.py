@@ -1,0 +1,36 @@
+"""Models load from a local folder or any fsspec URL (downloaded once into a cache)."""
+
+from __future__ import annotations
+
+import fsspec
+import pytest
+
+from workers.model_loading import model_weights_hash, resolve_model_dir
+
+
+def test_remote_model_is_downloaded_once_into_the_cache(tmp_path, tiny_model_dir):
+    fs = fsspec.filesystem("memory")
+    for path in tiny_model_dir.iterdir():
+        fs.pipe(f"/models/tiny/{path.name}", path.read_bytes())
+    local = resolve_model_dir("memory://models/tiny", cache_dir=str(tmp_path / "cache"))
+    assert sorted(p.name for p in local.iterdir()) == sorted(p.name for p in tiny_model_dir.iterdir())
+    fs.rm("/models/tiny/config.json")  # a second resolve uses the cache, not the URL
+    assert resolve_model_dir("memory://models/tiny", cache_dir=str(tmp_path / "cache")) == local
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_model_dir("memory://models/tiny", cache_dir=str(tmp_path / "other-cache"))
+
+
+def test_weights_hash_follows_contents(tmp_path, tiny_model_dir):
+    first = model_weights_hash(str(tiny_model_dir))
+    assert first == model_weights_hash(str(tiny_model_dir))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in tiny_model_dir.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    assert model_weights_hash(str(copy)) == first
+    weights = bytearray((copy / "model.safetensors").read_bytes())
+    weights[-1] ^= 1
+    (copy / "model.safetensors").write_bytes(bytes(weights))
+    assert model_weights_hash(str(copy)) != first
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        model_weights_hash(str(tmp_path))
