@@ -22,6 +22,7 @@ from pipeline.config import _opt, load_config
 from pipeline.errors import JobError
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
+from strategies.options import StrategyOptions
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams, row_key
 from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
@@ -85,7 +86,12 @@ def run(config: BenchConfig) -> list[dict]:
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
             with torch.inference_mode():
                 out = model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    pad_token_id=pad,
                 )
             return out[:, width:].tolist()
 
@@ -93,7 +99,7 @@ def run(config: BenchConfig) -> list[dict]:
         if config.baseline:
             contenders["transformers.generate"] = hf_generate
         for name in config.strategies:
-            strategy = registry.create(name, runner)
+            strategy = registry.create(StrategyOptions(name=name), runner)
             requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
             contenders[name] = lambda s=strategy, r=requests: [row.tokens for row in s.generate(r, params).rows]
         for fn in contenders.values():  # warm-up: first calls allocate and pick kernels
@@ -109,7 +115,10 @@ def run(config: BenchConfig) -> list[dict]:
             wall_s = statistics.median(times[name])
             same = None
             if config.baseline:
-                same = sum(a == b for a, b in zip(outputs[name], outputs["transformers.generate"], strict=True)) / batch_size
+                same = (
+                    sum(a == b for a, b in zip(outputs[name], outputs["transformers.generate"], strict=True))
+                    / batch_size
+                )
             rows.append(
                 {
                     "batch_size": batch_size,

@@ -17,6 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.errors import JobError
+from strategies.options import StrategyOptions
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
@@ -58,11 +59,6 @@ class ModelConfig:
 
 
 @dataclass
-class StrategyConfig:
-    name: str = _opt("autoregressive", "Decoding strategy; an unknown name lists the available ones.")
-
-
-@dataclass
 class GenerationConfig:
     max_new_tokens: int = _opt(128, "Most tokens generated per row (finish_reason=length when reached).")
     temperature: float = _opt(0.0, "0: greedy decoding. >0: sampling at this temperature.")
@@ -101,7 +97,7 @@ class JobConfig:
     input: InputConfig = field(default_factory=InputConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    strategy: StrategyOptions = field(default_factory=StrategyOptions)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     ray: RayConfig = field(default_factory=RayConfig)

@@ -59,6 +59,12 @@ def validate(config: JobConfig) -> None:
         problems.append(
             f"strategy.name {config.strategy.name!r} is unknown; available: {', '.join(registry.available())}"
         )
+    if config.strategy.name in registry.NEEDS_DRAFT and not config.model.draft:
+        problems.append(f"strategy.name={config.strategy.name} needs a draft model: set model.draft")
+    if config.strategy.num_speculative_tokens < 0 or config.strategy.specdec.top_beta < 1:
+        problems.append("strategy.num_speculative_tokens must be >= 0 and strategy.specdec.top_beta >= 1")
+    if config.strategy.name == "specdec" and g.temperature > 0:
+        problems.append("strategy.name=specdec relaxes greedy verification: use generation.temperature=0")
     if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:
         problems.append("workers.batch_size, workers.max_unit_attempts and input.rows_per_unit must be > 0")
     if w.num_cpus_per_actor <= 0 or w.num_gpus_per_actor < 0 or w.torch_threads < 0:
@@ -135,7 +141,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         cache_dir=config.model.cache_dir,
-        strategy=config.strategy.name,
+        strategy=config.strategy,
         max_new_tokens=g.max_new_tokens,
         temperature=g.temperature,
         top_p=g.top_p,

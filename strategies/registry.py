@@ -6,18 +6,42 @@ from collections.abc import Callable
 
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import Strategy
+from strategies.draft_model import DraftModelProposer
+from strategies.options import StrategyOptions
 from strategies.runner import ModelRunner
+from strategies.speculative import RelaxedRule, SpeculativeStrategy
 
-_REGISTRY: dict[str, Callable[[ModelRunner], Strategy]] = {
-    AutoregressiveStrategy.name: AutoregressiveStrategy,
+
+def _speculative(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None) -> Strategy:
+    proposer = DraftModelProposer(_need_draft(draft, options.name), target.vocab_size)
+    return SpeculativeStrategy("speculative", target, proposer, options.num_speculative_tokens, relaxed=None)
+
+
+def _specdec(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None) -> Strategy:
+    proposer = DraftModelProposer(_need_draft(draft, options.name), target.vocab_size)
+    rule = RelaxedRule(options.specdec.top_beta, options.specdec.tolerance)
+    return SpeculativeStrategy("specdec", target, proposer, options.num_speculative_tokens, relaxed=rule)
+
+
+def _need_draft(draft: ModelRunner | None, name: str) -> ModelRunner:
+    if draft is None:
+        raise ValueError(f"strategy {name!r} needs a draft model: set model.draft")
+    return draft
+
+
+_REGISTRY: dict[str, Callable[[StrategyOptions, ModelRunner, ModelRunner | None], Strategy]] = {
+    "autoregressive": lambda options, target, draft: AutoregressiveStrategy(target),
+    "speculative": _speculative,
+    "specdec": _specdec,
 }
+NEEDS_DRAFT = frozenset({"speculative", "specdec"})
 
 
 def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create(name: str, runner: ModelRunner) -> Strategy:
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown strategy {name!r}; available: {', '.join(available())}")
-    return _REGISTRY[name](runner)
+def create(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None = None) -> Strategy:
+    if options.name not in _REGISTRY:
+        raise KeyError(f"unknown strategy {options.name!r}; available: {', '.join(available())}")
+    return _REGISTRY[options.name](options, target, draft)

@@ -49,3 +49,9 @@ def build_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 3
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A smaller random model with the same tokenizer: a draft that is mostly wrong."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-draft"), seed=1, layers=1, hidden=16)

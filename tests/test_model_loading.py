@@ -16,7 +16,7 @@ def test_remote_model_is_downloaded_once_into_the_cache(tmp_path, tiny_model_dir
     assert sorted(p.name for p in local.iterdir()) == sorted(p.name for p in tiny_model_dir.iterdir())
     fs.rm("/models/tiny/config.json")  # a second resolve uses the cache, not the URL
     assert resolve_model_dir("memory://models/tiny", cache_dir=str(tmp_path / "cache")) == local
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         resolve_model_dir("memory://models/tiny", cache_dir=str(tmp_path / "other-cache"))
 
 
@@ -32,5 +32,5 @@ def test_weights_hash_follows_contents(tmp_path, tiny_model_dir):
     weights[-1] ^= 1
     (copy / "model.safetensors").write_bytes(bytes(weights))
     assert model_weights_hash(str(copy)) != first
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         model_weights_hash(str(tmp_path))

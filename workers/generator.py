@@ -68,7 +68,18 @@ class Generator:
         model_dir = resolve_model_dir(spec.model_target, spec.cache_dir)
         model, self.tokenizer = load_model(model_dir, self.dtype, self.device, spec.trust_remote_code)
         self.runner = ModelRunner(model)
-        self.strategy = registry.create(spec.strategy, self.runner)
+        draft = None
+        if spec.strategy.name in registry.NEEDS_DRAFT and spec.model_draft:
+            draft_model, draft_tokenizer = load_model(
+                resolve_model_dir(spec.model_draft, spec.cache_dir), self.dtype, self.device, spec.trust_remote_code
+            )
+            if draft_tokenizer.get_vocab() != self.tokenizer.get_vocab():
+                raise ValueError(
+                    f"model.draft {spec.model_draft} has a different tokenizer than model.target {spec.model_target}: "
+                    "a draft must share the target's vocabulary"
+                )
+            draft = ModelRunner(draft_model)
+        self.strategy = registry.create(spec.strategy, self.runner, draft)
         self.params = GenerationParams(
             max_new_tokens=spec.max_new_tokens,
             sampling=SamplingParams(spec.temperature, spec.top_k, spec.top_p, spec.seed),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from strategies.options import StrategyOptions
+
 
 @dataclass(frozen=True)
 class WorkUnit:
@@ -28,7 +30,7 @@ class WorkerSpec:
     dtype: str
     trust_remote_code: bool
     cache_dir: str
-    strategy: str
+    strategy: StrategyOptions
     max_new_tokens: int
     temperature: float
     top_p: float

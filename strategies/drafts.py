@@ -1,0 +1,78 @@
+"""Draft trees: what every proposer returns and what the one verifier checks.
+
+A draft for one row is a tree of proposed tokens hanging below the row's pending token (the last
+token chosen, not yet in the cache). `parents[i]` is the index of node i's parent, -1 for the
+pending token. A chain of k tokens is `parents = [-1, 0, 1, …, k-2]`. Nodes are listed parents
+first (a parent's index is smaller than its children's), so depth and ancestry are one pass.
+
+Verification feeds `[pending, node_0, …, node_{N-1}]` in one forward: slot 0 is the pending token,
+slot i+1 is node i. Each slot sees the row's cache, its ancestors and itself (`tree_attention`), at
+position `next_pos + depth` (`tree_depths`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    parents: list[int]  # -1: child of the pending token
+    # Draft probabilities of the proposed tokens [N, V] (speculative sampling needs them); None for
+    # deterministic drafts (lookup, trees).
+    probs: torch.Tensor | None = None
+
+    @staticmethod
+    def chain(tokens: list[int], probs: torch.Tensor | None = None) -> Draft:
+        return Draft(tokens=list(tokens), parents=list(range(-1, len(tokens) - 1)), probs=probs)
+
+    @staticmethod
+    def empty() -> Draft:
+        return Draft(tokens=[], parents=[])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def draft_problem(draft: Draft, vocab_size: int, max_tokens: int) -> str | None:
+    """Why a proposer's draft cannot be verified as given, or None. Such a row takes an AR step."""
+    if len(draft.tokens) != len(draft.parents):
+        return "tokens and parents differ in length"
+    if len(draft.tokens) > max_tokens:
+        return f"{len(draft.tokens)} tokens, at most {max_tokens} allowed"
+    if any(not 0 <= t < vocab_size for t in draft.tokens):
+        return "token id outside the vocabulary"
+    if any(not -1 <= p < i for i, p in enumerate(draft.parents)):
+        return "a parent index does not precede its node"
+    if draft.probs is not None and tuple(draft.probs.shape) != (len(draft.tokens), vocab_size):
+        return f"probs of shape {tuple(draft.probs.shape)}, expected {(len(draft.tokens), vocab_size)}"
+    return None
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    """Depth of each slot: 0 for the pending token, 1 for its children, … (length N + 1)."""
+    depths = [0]
+    for p in parents:
+        depths.append(depths[p + 1] + 1)
+    return depths
+
+
+def tree_attention(parents: list[int], width: int) -> torch.Tensor:
+    """[width, width] bool: slot i may see slot j (j is i, or an ancestor of i). Slots past the tree are
+    padding (they see only themselves)."""
+    allowed = torch.eye(width, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        slot = i + 1
+        allowed[slot] |= allowed[p + 1]
+    return allowed
+
+
+def children_by_slot(draft: Draft) -> list[dict[int, int]]:
+    """For each slot, its children's tokens mapped to their slots (first child wins on a repeated token)."""
+    children: list[dict[int, int]] = [{} for _ in range(len(draft) + 1)]
+    for i, (token, p) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+        children[p + 1].setdefault(token, i + 1)
+    return children

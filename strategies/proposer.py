@@ -1,0 +1,40 @@
+"""The proposer contract: drafts below each row's pending token, told afterwards what was emitted.
+
+A proposer never touches the target model or its cache. The speculative loop asks it for one
+`Draft` per row, verifies all rows in one target forward, and reports each row's emitted tokens
+(accepted draft tokens, then the target's token, which becomes the next pending token). A proposer
+that raises, or returns a draft that fails `drafts.draft_problem`, costs that step its speed-up,
+never a row: the rows concerned take one ordinary autoregressive step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from strategies.base import GenerationParams
+from strategies.drafts import Draft
+
+
+@dataclass
+class ProposalContext:
+    pending: list[int]  # per row: the token chosen last, not yet in the target's cache
+    generated: list[int]  # per row: tokens generated so far, the pending one included
+    budgets: list[int]  # per row: most draft tokens worth proposing (context and max_new_tokens clamp)
+
+
+class Proposer(Protocol):
+    name: str
+
+    def start(self, prompts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
+        """A new batch: one prompt per row; `keys` [B] are the rows' sampling keys."""
+
+    def propose(self, context: ProposalContext) -> list[Draft]: ...
+
+    def accepted(self, emitted: list[list[int]]) -> None:
+        """Per row, the tokens emitted this step; the last one is the row's new pending token."""
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only these rows (batch indices, in order) stay in the batch."""

@@ -1,0 +1,72 @@
+"""Acceptance rules and draft trees on literal inputs, and the distribution speculative sampling keeps."""
+
+from __future__ import annotations
+
+import torch
+
+from strategies.acceptance import rejection_chain, relaxed_walk, walk
+from strategies.drafts import Draft, children_by_slot, draft_problem, tree_attention, tree_depths
+
+
+def test_tree_helpers_on_a_literal_tree():
+    # pending -> a(0) -> c(2);  pending -> b(1) -> d(3) -> e(4)
+    parents = [-1, -1, 0, 1, 3]
+    assert tree_depths(parents) == [0, 1, 1, 2, 2, 3]
+    allowed = tree_attention(parents, width=7).int().tolist()
+    assert allowed[5] == [1, 0, 1, 0, 1, 1, 0]  # e sees pending, b, d and itself
+    assert allowed[3] == [1, 1, 0, 1, 0, 0, 0]  # c sees pending, a and itself
+    assert allowed[6] == [0, 0, 0, 0, 0, 0, 1]  # padding sees only itself
+    draft = Draft(tokens=[10, 11, 12, 13, 14], parents=parents)
+    assert children_by_slot(draft)[0] == {10: 1, 11: 2}
+    assert draft_problem(draft, vocab_size=100, max_tokens=5) is None
+    assert "vocabulary" in draft_problem(Draft([100], [-1]), 100, 5)
+    assert "at most" in draft_problem(Draft.chain([1, 2, 3]), 100, 2)
+    assert "parent" in draft_problem(Draft([1, 2], [-1, 1]), 100, 5)
+
+
+def test_walk_follows_the_targets_choices():
+    draft = Draft(tokens=[10, 11, 12, 13], parents=[-1, -1, 1, 2])  # two branches below the pending token
+    # Target picks 11 at the root, then 12, then something off the tree.
+    verdict = walk(draft, chosen=[11, 99, 12, 13, 42])
+    assert verdict.path == [2, 3, 4] and verdict.tokens == [11, 12, 13, 42]
+    assert walk(draft, chosen=[7, 0, 0, 0, 0]).tokens == [7]  # nothing accepted: the correction only
+    chain = Draft.chain([5, 6, 7])
+    assert walk(chain, chosen=[5, 6, 7, 8]).tokens == [5, 6, 7, 8]  # all accepted, plus the bonus
+
+
+def test_relaxed_walk_accepts_near_ties_only_within_beta_and_tolerance():
+    chain = Draft.chain([1, 2])
+    logits = torch.tensor([[5.0, 4.5, 0.0, 0.0], [0.0, 0.0, 3.0, 3.2], [9.0, 0.0, 0.0, 0.0]])
+    assert relaxed_walk(chain, logits, top_beta=1, tolerance=0.0).tokens == [0]  # exact greedy: reject 1
+    assert relaxed_walk(chain, logits, top_beta=2, tolerance=1.0).tokens == [1, 2, 0]
+    assert relaxed_walk(chain, logits, top_beta=2, tolerance=0.1).tokens == [0]  # gap 0.5 > 0.1
+
+
+def test_rejection_chain_on_literal_numbers():
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.1, 0.2, 0.7]], dtype=torch.float64)
+    q = torch.tensor([[0.25, 0.75, 0.0]], dtype=torch.float64)
+    draft = Draft.chain([1], probs=q)
+    # p/q for token 1 = 2/3: accepted when u < 2/3, then the bonus is drawn from p[1].
+    accepted = rejection_chain(draft, p, torch.tensor([0.5]), torch.tensor([0.0]), bonus_u=0.95)
+    assert accepted.tokens == [1, 2] and accepted.path == [1]
+    # Rejected: the residual max(0, p - q) = [0.25, 0, 0] puts all mass on token 0.
+    rejected = rejection_chain(draft, p, torch.tensor([0.9]), torch.tensor([0.99]), bonus_u=0.0)
+    assert rejected.tokens == [0] and rejected.path == []
+
+
+def test_speculative_sampling_preserves_the_target_distribution():
+    """Chi-square over 20000 trials of a 2-token chain on a 4-token vocabulary with known p and q."""
+    torch.manual_seed(0)
+    p = torch.tensor([[0.1, 0.4, 0.3, 0.2], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    q = torch.tensor([[0.4, 0.1, 0.1, 0.4], [0.1, 0.6, 0.2, 0.1]], dtype=torch.float64)
+    trials = 20000
+    counts = torch.zeros(4, dtype=torch.float64)
+    for _ in range(trials):
+        first = int(torch.multinomial(q[0], 1))
+        second = int(torch.multinomial(q[1], 1))
+        u = torch.rand(5, dtype=torch.float64)
+        verdict = rejection_chain(Draft.chain([first, second], probs=q), p, u[:2], u[2:4], float(u[4]))
+        counts[verdict.tokens[0]] += 1  # the first emitted token must follow p[0]
+    expected = p[0] * trials
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 16.27, (chi2, counts)  # 3 degrees of freedom, p = 0.001

@@ -1,0 +1,176 @@
+"""Speculative decoding is greedy decoding, faster: equivalence in float64 is its specification."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from strategies.autoregressive import AutoregressiveStrategy
+from strategies.base import FINISH_LENGTH, FINISH_STOP, GenerationParams, RowRequest
+from strategies.draft_model import DraftModelProposer
+from strategies.drafts import Draft
+from strategies.proposer import ProposalContext
+from strategies.runner import ModelRunner
+from strategies.sampling import SamplingParams
+from strategies.speculative import RelaxedRule, SpeculativeStrategy
+
+K = 4
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 11, 12],
+    [13],
+    [14, 15, 16],
+    [17, 18, 19, 20, 21, 22],
+    [23, 24],
+    [25] * 11,
+    [26, 27],
+    [28],
+]
+
+
+def _load(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir):
+    return ModelRunner(_load(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def random_draft(tiny_draft_dir):
+    return ModelRunner(_load(tiny_draft_dir))
+
+
+def _params(n=24, eos=frozenset(), ignore_eos=True, **sampling):
+    return GenerationParams(n, SamplingParams(**sampling), eos_token_ids=eos, ignore_eos=ignore_eos)
+
+
+def _requests(prompts):
+    return [RowRequest(prompt=list(p), key=i) for i, p in enumerate(prompts)]
+
+
+def _tokens(strategy, prompts, params):
+    return [r.tokens for r in strategy.generate(_requests(prompts), params).rows]
+
+
+class ScriptedProposer:
+    """Proposes from the known greedy continuation: right (the continuation) or wrong (never the argmax)."""
+
+    name = "scripted"
+
+    def __init__(self, reference: list[list[int]], vocab_size: int, right: bool) -> None:
+        self.reference, self.vocab_size, self.right = reference, vocab_size, right
+
+    def start(self, prompts, keys, params):
+        self.rows = list(range(len(prompts)))
+
+    def propose(self, context: ProposalContext) -> list[Draft]:
+        drafts = []
+        for row, g, budget in zip(self.rows, context.generated, context.budgets, strict=True):
+            truth = self.reference[row][g : g + budget]
+            drafts.append(Draft.chain(truth if self.right else [(t + 1) % self.vocab_size for t in truth]))
+        return drafts
+
+    def accepted(self, emitted):
+        pass
+
+    def keep_rows(self, rows):
+        self.rows = [self.rows[r] for r in rows]
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
+def test_speculative_equals_autoregressive(target, random_draft, tiny_model_dir, prompts):
+    params = _params()
+    reference = _tokens(AutoregressiveStrategy(target), prompts, params)
+    same_model = ModelRunner(_load(tiny_model_dir))
+    for draft in (same_model, random_draft):
+        spec = SpeculativeStrategy("speculative", target, DraftModelProposer(draft, target.vocab_size), K, None)
+        out = spec.generate(_requests(prompts), params)
+        assert [r.tokens for r in out.rows] == reference
+        if draft is same_model:  # every draft accepted: k+1 tokens per forward until the end
+            assert out.stats["accepted_tokens"] == out.stats["draft_tokens"]
+            assert out.target_forwards <= len(prompts) * -(-(params.max_new_tokens - 1) // (K + 1))
+    for right in (True, False):
+        proposer = ScriptedProposer(reference, target.vocab_size, right)
+        out = SpeculativeStrategy("scripted", target, proposer, K, None).generate(_requests(prompts), params)
+        assert [r.tokens for r in out.rows] == reference
+        if right:
+            assert out.stats["mean_accepted_length"] > K
+        else:
+            assert out.stats["accepted_tokens"] == 0 and out.stats["draft_tokens"] > 0
+
+
+def test_boundaries_eos_in_a_draft_max_tokens_mid_draft_and_context_end(target, tiny_model_dir):
+    same_model = ModelRunner(_load(tiny_model_dir))
+    spec = SpeculativeStrategy("speculative", target, DraftModelProposer(same_model, target.vocab_size), K, None)
+    ar = AutoregressiveStrategy(target)
+    free = _tokens(ar, PROMPTS, _params(12))
+    # EOS = the 6th generated token of row 0: inside the second draft chain.
+    eos = frozenset({free[0][5]})
+    params = _params(12, eos=eos, ignore_eos=False)
+    ar_rows = ar.generate(_requests(PROMPTS), params).rows
+    spec_rows = spec.generate(_requests(PROMPTS), params).rows
+    assert [r.tokens for r in spec_rows] == [r.tokens for r in ar_rows]
+    assert spec_rows[0].finish_reason == FINISH_STOP and spec_rows[0].tokens[-1] in eos
+    # max_new_tokens not a multiple of k+1: the last chain is clamped.
+    for n in (1, 2, 7):
+        assert _tokens(spec, PROMPTS, _params(n)) == _tokens(ar, PROMPTS, _params(n))
+    # A prompt 3 tokens short of the context: drafts are clamped to the room left.
+    near = [[5] * (target.max_context - 3), [6, 7]]
+    rows = spec.generate(_requests(near), _params(30)).rows
+    assert [r.tokens for r in rows] == _tokens(ar, near, _params(30))
+    assert len(rows[0].tokens) == 3 and rows[0].finish_reason == FINISH_LENGTH
+
+
+def test_specdec(target, random_draft):
+    params = _params()
+    reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
+    proposer = DraftModelProposer(random_draft, target.vocab_size)
+    exact = SpeculativeStrategy("specdec", target, proposer, K, RelaxedRule(top_beta=1, tolerance=0.0))
+    assert _tokens(exact, PROMPTS, params) == reference
+    # From the same state (one step, the same drafts), β > 1 accepts at least as many tokens.
+    one_step = _params(K + 1)
+    strict = exact.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"]
+    loose = SpeculativeStrategy("specdec", target, proposer, K, RelaxedRule(top_beta=4, tolerance=3.0))
+    assert loose.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"] >= strict
+    with pytest.raises(ValueError, match="temperature 0"):
+        exact.generate(_requests(PROMPTS), _params(temperature=1.0))
+
+
+def test_seeded_sampling_is_deterministic_and_independent_of_the_batch(target, random_draft):
+    spec = SpeculativeStrategy("speculative", target, DraftModelProposer(random_draft, target.vocab_size), K, None)
+    params = _params(16, temperature=0.8, top_k=40, seed=3)
+    first = _tokens(spec, PROMPTS, params)
+    assert first == _tokens(spec, PROMPTS, params)
+    assert first != _tokens(spec, PROMPTS, _params(16, temperature=0.8, top_k=40, seed=4))
+    alone = spec.generate([_requests(PROMPTS)[3]], params).rows[0].tokens
+    assert alone == first[3]
+
+
+class BrokenProposer(ScriptedProposer):
+    """Raises on its second proposal, or returns out-of-vocabulary ids."""
+
+    def __init__(self, reference, vocab_size, mode):
+        super().__init__(reference, vocab_size, right=True)
+        self.mode, self.calls = mode, 0
+
+    def propose(self, context):
+        self.calls += 1
+        if self.mode == "raise" and self.calls == 2:
+            raise RuntimeError("proposer failed")
+        drafts = super().propose(context)
+        if self.mode == "invalid":
+            drafts[0] = Draft.chain([self.vocab_size + 5])
+        return drafts
+
+
+@pytest.mark.parametrize("mode", ["raise", "invalid"])
+def test_proposer_faults_fall_back_to_autoregressive_steps(target, mode):
+    params = _params()
+    reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
+    spec = SpeculativeStrategy("scripted", target, BrokenProposer(reference, target.vocab_size, mode), K, None)
+    out = spec.generate(_requests(PROMPTS), params)
+    assert [r.tokens for r in out.rows] == reference
+    if mode == "invalid":
+        assert out.stats["fallbacks"] > 0
