@@ -70,6 +70,10 @@ def _read_output(out: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(out / p["part"]) for p in manifest["parts"]])
 
 
+def _read_logs(out: Path) -> list[dict]:
+    return [json.loads(line) for f in (out / "_logs").rglob("*.jsonl") for line in f.read_text().splitlines()]
+
+
 def _part_hashes(out: Path) -> dict[str, str]:
     return {p["part"]: p["sha256"] for p in json.loads((out / "_manifest.json").read_text())["parts"]}
 
@@ -173,3 +177,23 @@ def test_actors_that_cannot_be_scheduled_fail_the_job_quickly(tmp_path, tiny_mod
     )
     with pytest.raises(JobError, match=r"not running after workers\.actor_start_timeout_s=3s"):
         run_job(config)
+
+
+def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_dir, tiny_draft_dir):
+    _write_input(tmp_path / "in")
+    assert run_job(_config(tmp_path, tiny_model_dir)).status == "succeeded"
+    greedy = {r["row_id"]: r["completion"] for r in _read_output(tmp_path / "out").to_pylist()}
+    spec = [f"model.draft={tiny_draft_dir}", "strategy.name=speculative", "strategy.num_speculative_tokens=3"]
+    config = _config(tmp_path, tiny_model_dir, *spec, f"output.url={tmp_path / 'spec'}")
+    assert run_job(config).status == "succeeded"
+    rows = _read_output(tmp_path / "spec").to_pylist()
+    assert {r["row_id"]: r["completion"] for r in rows} == greedy
+    assert {r["strategy"] for r in rows if r["finish_reason"] != "error"} == {"speculative"}
+    metrics = {"draft_tokens", "accepted_tokens", "acceptance_by_position", "mean_accepted_length"}
+    assert all(metrics <= set(r) for r in _read_logs(tmp_path / "spec"))
+
+    sampled = _config(tmp_path, tiny_model_dir, *spec, "generation.temperature=0.8", f"output.url={tmp_path / 's'}")
+    assert run_job(sampled).status == "succeeded"
+    assert len(_read_output(tmp_path / "s")) == len(rows)
+    with pytest.raises(JobError, match="needs a draft model"):
+        run_job(_config(tmp_path, tiny_model_dir, "strategy.name=speculative", f"output.url={tmp_path / 'x'}"))
