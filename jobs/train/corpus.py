@@ -86,8 +86,10 @@ def _list_files(fs: fsspec.AbstractFileSystem, path: str, config: CorpusConfig) 
         root = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rpartition("/")[0]
         paths = [p for p in fs.glob(path) if fs.isfile(p)]
     elif fs.isdir(path):
-        root = path
-        paths = [p for p in fs.find(path) if any(fnmatch.fnmatch(p.rpartition("/")[2], pat) for pat in config.include)]
+        root, paths = path, []
+        for parent, dirs, names in fs.walk(path):
+            dirs[:] = [d for d in dirs if d not in config.exclude_dirs]  # pruned, never listed
+            paths += [f"{parent}/{n}" for n in names if any(fnmatch.fnmatch(n, pat) for pat in config.include)]
     elif fs.isfile(path):
         root, paths = path.rpartition("/")[0], [path]
     else:

@@ -47,7 +47,7 @@ def train_tokenizer(config: TokenizerJobConfig) -> Path:
     out = Path(config.output_dir)
     tokenizer.save_pretrained(out)
     heldout_bytes = sum(len(d.text.encode()) for d in corpus.heldout)
-    heldout_tokens = sum(len(ids) for ids in tokenizer([d.text for d in corpus.heldout]).input_ids)
+    heldout_tokens = len(encode_documents(tokenizer, corpus.heldout)) - len(corpus.heldout)  # minus separators
     print(
         f"tokenizer: {len(tokenizer)} tokens from {len(corpus.train)} documents of {corpus.source} "
         f"in {time.perf_counter() - start:.1f} s; held-out: {heldout_bytes / max(heldout_tokens, 1):.2f} "
@@ -57,11 +57,13 @@ def train_tokenizer(config: TokenizerJobConfig) -> Path:
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer saved at `path`, checked to have the EOS and pad tokens the training jobs rely on."""
+    """The tokenizer saved in local directory `path`, checked to have the EOS and pad tokens training relies on."""
+    if not Path(path).is_dir():
+        raise JobError(f"{path} is not a directory; run `accelgen train tokenizer` (or `train lm`) to create it")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise JobError(f"no tokenizer at {path} ({exc}); run `accelgen train tokenizer` first") from None
+        raise JobError(f"{path} holds no loadable tokenizer ({exc}); run `accelgen train tokenizer`") from None
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
         raise JobError(f"tokenizer at {path} lacks an EOS or pad token; retrain it with `accelgen train tokenizer`")
     return tokenizer
@@ -73,6 +75,6 @@ def encode_documents(tokenizer: PreTrainedTokenizerBase, documents: list[Documen
     The separator ends the previous document and starts the next, so the model learns both to stop
     and to begin a text from it.
     """
-    ids = tokenizer([d.text for d in documents], add_special_tokens=False).input_ids
+    encodings = tokenizer.backend_tokenizer.encode_batch([d.text for d in documents], add_special_tokens=False)
     bos = tokenizer.eos_token_id
-    return torch.tensor([t for doc in ids for t in (bos, *doc)], dtype=torch.int32)
+    return torch.tensor([t for e in encodings for t in (bos, *e.ids)], dtype=torch.int32)
