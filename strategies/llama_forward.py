@@ -99,9 +99,8 @@ class LlamaForward:
                 )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * x32.to(x.dtype)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # in float32, as transformers does
+        return weight * normed.to(x.dtype)
 
     def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, n, hd/2]
@@ -129,9 +128,10 @@ class LlamaForward:
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         for layer, cache in zip(self.layers, caches, strict=True):
             qkv = F.linear(self._norm(x, layer.norm_attn), layer.w_qkv, layer.b_qkv)  # [B, n, (Hq+2Hkv) hd]
-            q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
-            q = self._rotate(q.view(b, n, self.num_heads, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq, n, hd]
-            k = self._rotate(k.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
+            # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
+            qk = self._rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             v = v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, n, hd]
             keys, values = cache.update(k, v)  # [B, Hkv, S+n, hd]
             attn = F.scaled_dot_product_attention(
