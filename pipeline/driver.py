@@ -26,6 +26,7 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.shards import check_columns, check_ids, list_shards, plan_units
 from strategies import registry
+from strategies.lookahead import MODES
 from workers.generator import Generator, UnitInputError
 from workers.model_loading import model_weights_hash
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
@@ -63,6 +64,11 @@ def validate(config: JobConfig) -> None:
         problems.append(f"strategy.name={config.strategy.name} needs a draft model: set model.draft")
     if config.strategy.num_speculative_tokens < 0 or config.strategy.specdec.top_beta < 1:
         problems.append("strategy.num_speculative_tokens must be >= 0 and strategy.specdec.top_beta >= 1")
+    la, pl = config.strategy.lookahead, config.strategy.prompt_lookup
+    if la.mode not in MODES or min(la.decoding_length, la.branch_length, la.max_query_length, la.max_nodes) < 1:
+        problems.append(f"strategy.lookahead: mode must be one of {', '.join(MODES)}; lengths and max_nodes >= 1")
+    if not 1 <= pl.min_ngram <= pl.max_ngram:
+        problems.append("strategy.prompt_lookup: need 1 <= min_ngram <= max_ngram")
     if config.strategy.name == "specdec" and g.temperature > 0:
         problems.append("strategy.name=specdec relaxes greedy verification: use generation.temperature=0")
     if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:

@@ -104,6 +104,8 @@ class DraftModelProposer:
             self.kv.compact()
 
     def keep_rows(self, rows: list[int]) -> None:
+        if not rows:
+            return
         self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.draft.device))
         self.keys = self.keys[rows]
         self.unfed = [self.unfed[r] for r in rows]

@@ -37,16 +37,22 @@ class Draft:
         return len(self.tokens)
 
 
-def draft_problem(draft: Draft, vocab_size: int, max_tokens: int) -> str | None:
-    """Why a proposer's draft cannot be verified as given, or None. Such a row takes an AR step."""
+def draft_problem(draft: Draft, vocab_size: int, max_nodes: int, max_depth: int) -> str | None:
+    """Why a proposer's draft cannot be verified as given, or None. Such a row takes an AR step.
+
+    `max_nodes` bounds the verify forward's width; `max_depth` bounds the tokens a path can emit
+    (the row's room before `max_new_tokens` or the context end).
+    """
     if len(draft.tokens) != len(draft.parents):
         return "tokens and parents differ in length"
-    if len(draft.tokens) > max_tokens:
-        return f"{len(draft.tokens)} tokens, at most {max_tokens} allowed"
+    if len(draft.tokens) > max_nodes:
+        return f"{len(draft.tokens)} tokens, at most {max_nodes} allowed"
     if any(not 0 <= t < vocab_size for t in draft.tokens):
         return "token id outside the vocabulary"
     if any(not -1 <= p < i for i, p in enumerate(draft.parents)):
         return "a parent index does not precede its node"
+    if draft.tokens and max(tree_depths(draft.parents)) > max_depth:
+        return f"a branch deeper than the {max_depth} tokens the row can still emit"
     if draft.probs is not None and tuple(draft.probs.shape) != (len(draft.tokens), vocab_size):
         return f"probs of shape {tuple(draft.probs.shape)}, expected {(len(draft.tokens), vocab_size)}"
     return None

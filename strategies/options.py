@@ -22,6 +22,28 @@ class SpecDecOptions:
 
 
 @dataclass
+class PromptLookupOptions:
+    max_ngram: int = field(default=3, metadata={"help": "Longest suffix n-gram looked up in the row's context."})
+    min_ngram: int = field(default=1, metadata={"help": "Shortest suffix n-gram tried before giving up."})
+
+
+@dataclass
+class LookaheadOptions:
+    decoding_length: int = field(default=16, metadata={"help": "Most draft tree nodes verified per row and step."})
+    branch_length: int = field(default=8, metadata={"help": "Deepest draft branch (tokens a step can accept)."})
+    max_query_length: int = field(
+        default=6, metadata={"help": "Longest context suffix matched in the trie (longest match first)."}
+    )
+    mode: str = field(default="hier", metadata={"help": "hier: a tree of the best continuations; one: one branch."})
+    max_nodes: int = field(
+        default=300_000, metadata={"help": "Trie size cap per actor; beyond it output counts decay and prune."}
+    )
+    own_prompt_weight: float = field(
+        default=3.0, metadata={"help": "Weight of a count from the row's own prompt vs other rows and outputs (1)."}
+    )
+
+
+@dataclass
 class StrategyOptions:
     name: str = field(
         default="autoregressive", metadata={"help": "Decoding strategy; an unknown name lists the available ones."}
@@ -30,3 +52,5 @@ class StrategyOptions:
         default=4, metadata={"help": "Draft tokens proposed per step (chain length) by drafting strategies."}
     )
     specdec: SpecDecOptions = field(default_factory=SpecDecOptions)
+    prompt_lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
+    lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)

@@ -22,7 +22,7 @@ from strategies.drafts import Draft
 class ProposalContext:
     pending: list[int]  # per row: the token chosen last, not yet in the target's cache
     generated: list[int]  # per row: tokens generated so far, the pending one included
-    budgets: list[int]  # per row: most draft tokens worth proposing (context and max_new_tokens clamp)
+    budgets: list[int]  # per row: deepest useful draft path (chain length; clamped to the row's room left)
 
 
 class Proposer(Protocol):
@@ -37,4 +37,4 @@ class Proposer(Protocol):
         """Per row, the tokens emitted this step; the last one is the row's new pending token."""
 
     def keep_rows(self, rows: list[int]) -> None:
-        """Only these rows (batch indices, in order) stay in the batch."""
+        """Only these rows (batch indices, in order) stay in the batch; the others finished (maybe all)."""

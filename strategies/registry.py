@@ -7,7 +7,9 @@ from collections.abc import Callable
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import Strategy
 from strategies.draft_model import DraftModelProposer
+from strategies.lookahead import LookaheadProposer
 from strategies.options import StrategyOptions
+from strategies.prompt_lookup import PromptLookupProposer
 from strategies.runner import ModelRunner
 from strategies.speculative import RelaxedRule, SpeculativeStrategy
 
@@ -23,6 +25,20 @@ def _specdec(options: StrategyOptions, target: ModelRunner, draft: ModelRunner |
     return SpeculativeStrategy("specdec", target, proposer, options.num_speculative_tokens, relaxed=rule)
 
 
+def _prompt_lookup(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None) -> Strategy:
+    o = options.prompt_lookup
+    proposer = PromptLookupProposer(o.min_ngram, o.max_ngram)
+    return SpeculativeStrategy("prompt_lookup", target, proposer, options.num_speculative_tokens)
+
+
+def _lookahead(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None) -> Strategy:
+    o = options.lookahead
+    proposer = LookaheadProposer(
+        o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
+    )
+    return SpeculativeStrategy("lookahead", target, proposer, o.branch_length, max_nodes=o.decoding_length)
+
+
 def _need_draft(draft: ModelRunner | None, name: str) -> ModelRunner:
     if draft is None:
         raise ValueError(f"strategy {name!r} needs a draft model: set model.draft")
@@ -33,6 +49,8 @@ _REGISTRY: dict[str, Callable[[StrategyOptions, ModelRunner, ModelRunner | None]
     "autoregressive": lambda options, target, draft: AutoregressiveStrategy(target),
     "speculative": _speculative,
     "specdec": _specdec,
+    "prompt_lookup": _prompt_lookup,
+    "lookahead": _lookahead,
 }
 NEEDS_DRAFT = frozenset({"speculative", "specdec"})
 

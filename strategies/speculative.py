@@ -83,11 +83,21 @@ class RelaxedRule:
 class SpeculativeStrategy:
     """Speculative decoding with any proposer; `relaxed` turns exact greedy verification into SpecDec's."""
 
-    def __init__(self, name: str, runner: ModelRunner, proposer: Proposer, max_draft: int, relaxed: RelaxedRule | None):
+    def __init__(
+        self,
+        name: str,
+        runner: ModelRunner,
+        proposer: Proposer,
+        max_depth: int,
+        relaxed: RelaxedRule | None = None,
+        max_nodes: int | None = None,
+    ):
+        """`max_depth`: longest draft path (chain length); `max_nodes`: most nodes of a tree (default: chains)."""
         self.name = name
         self.runner = runner
         self.proposer = proposer
-        self.max_draft = max_draft
+        self.max_depth = max_depth
+        self.max_nodes = max_depth if max_nodes is None else max_nodes
         self.relaxed = relaxed
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
@@ -149,7 +159,7 @@ class SpeculativeStrategy:
                 kv.select_rows(torch.tensor(still, dtype=torch.long, device=runner.device))
                 keys = keys[still]
                 active = [active[row] for row in still]
-                if proposer_ok and active:
+                if proposer_ok:
                     try:
                         self.proposer.keep_rows(still)
                     except Exception:
@@ -162,7 +172,7 @@ class SpeculativeStrategy:
     def _budget(self, request: RowRequest, output: list[int], params: GenerationParams) -> int:
         """Draft tokens that can still be emitted: a step emits them plus one target token."""
         room = min(params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
-        return max(0, min(self.max_draft, room))
+        return max(0, min(self.max_depth, room))
 
     def _drafts(self, context: ProposalContext, proposer_ok: bool, stats: SpecStats) -> list[Draft] | None:
         """The proposer's drafts, each checked; None when the proposer failed (it is off for the batch)."""
@@ -176,7 +186,7 @@ class SpeculativeStrategy:
             return None
         checked = []
         for draft, budget in zip(drafts, context.budgets, strict=True):
-            if draft_problem(draft, self.runner.vocab_size, budget) is not None:
+            if draft_problem(draft, self.runner.vocab_size, self.max_nodes, budget) is not None:
                 stats.fallbacks += 1
                 draft = Draft.empty()
             checked.append(draft)

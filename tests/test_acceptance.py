@@ -18,10 +18,11 @@ def test_tree_helpers_on_a_literal_tree():
     assert allowed[6] == [0, 0, 0, 0, 0, 0, 1]  # padding sees only itself
     draft = Draft(tokens=[10, 11, 12, 13, 14], parents=parents)
     assert children_by_slot(draft)[0] == {10: 1, 11: 2}
-    assert draft_problem(draft, vocab_size=100, max_tokens=5) is None
-    assert "vocabulary" in draft_problem(Draft([100], [-1]), 100, 5)
-    assert "at most" in draft_problem(Draft.chain([1, 2, 3]), 100, 2)
-    assert "parent" in draft_problem(Draft([1, 2], [-1, 1]), 100, 5)
+    assert draft_problem(draft, vocab_size=100, max_nodes=5, max_depth=3) is None
+    assert "deeper" in draft_problem(draft, vocab_size=100, max_nodes=5, max_depth=2)
+    assert "vocabulary" in draft_problem(Draft([100], [-1]), 100, 5, 5)
+    assert "at most" in draft_problem(Draft.chain([1, 2, 3]), 100, 2, 5)
+    assert "parent" in draft_problem(Draft([1, 2], [-1, 1]), 100, 5, 5)
 
 
 def test_walk_follows_the_targets_choices():

@@ -1,0 +1,136 @@
+"""Retrieval drafting: the n-gram index and the trie on literal sequences; greedy equivalence; trees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from strategies.autoregressive import AutoregressiveStrategy
+from strategies.base import GenerationParams, RowRequest
+from strategies.drafts import tree_attention, tree_depths
+from strategies.lookahead import LookaheadProposer, TokenTrie, gather_tree
+from strategies.prompt_lookup import NgramIndex, PromptLookupProposer
+from strategies.proposer import ProposalContext
+from strategies.runner import ModelRunner
+from strategies.sampling import SamplingParams
+from strategies.speculative import SpeculativeStrategy
+
+
+def test_ngram_index_prefers_the_longest_then_latest_match():
+    index = NgramIndex([1, 2, 3, 9, 1, 2, 4, 7, 2], min_n=1, max_n=3)
+    assert index.continuation(3) == [4, 7, 2]  # suffix [2]: latest earlier 2 is at index 5
+    index.extend([3])  # suffix [2, 3] matches at 1: continuation 9, 1, 2
+    assert index.continuation(3) == [9, 1, 2]
+    assert NgramIndex([5, 6, 7], 1, 3).continuation(4) == []  # nothing repeats
+    index.extend([8])
+    assert index.continuation(2) == []
+
+
+def test_trie_insert_find_and_best_first_gather():
+    trie = TokenTrie(depth=4, max_nodes=1000)
+    trie.insert([1, 2, 3, 4, 1, 2, 5], range(7))  # outputs: counted globally
+    assert trie.find([1, 2]).freq == 2 and trie.find([2, 3, 4, 1]).freq == 1 and trie.find([3, 1]) is None
+    draft = gather_tree(trie.find([1]), row=0, own_weight=1.0, max_nodes=3, max_depth=2, mode="hier")
+    assert draft.tokens[0] == 2 and draft.parents[0] == -1  # "2" follows "1" twice
+    assert sorted(zip(draft.tokens[1:], draft.parents[1:], strict=True)) == [(3, 0), (5, 0)]
+    one = gather_tree(trie.find([1]), row=0, own_weight=1.0, max_nodes=8, max_depth=3, mode="one")
+    assert one.tokens == [2, 3, 4] and one.parents == [-1, 0, 1]
+
+
+def test_own_prompt_counts_more_and_leaves_with_its_row():
+    trie = TokenTrie(depth=3, max_nodes=1000)
+    trie.insert([7, 1], range(2), row=10)  # row 10's prompt: 7 -> 1
+    trie.insert([7, 2], range(2), row=11)  # row 11's prompt: 7 -> 2
+    trie.insert([7, 2], range(2))  # an output: 7 -> 2
+    pick = gather_tree(trie.find([7]), row=10, own_weight=3.0, max_nodes=1, max_depth=1, mode="hier")
+    assert pick.tokens == [1]  # own prompt (3 x 1) beats output + other prompt (1 + 1)
+    trie.release(10)
+    assert trie.find([7, 1]).prompt_total == 0
+    assert gather_tree(trie.find([7]), row=11, own_weight=3.0, max_nodes=1, max_depth=1, mode="hier").tokens == [2]
+
+
+def test_pruning_keeps_the_trie_under_its_cap_and_keeps_live_prompts():
+    trie = TokenTrie(depth=3, max_nodes=30, decay=0.5)
+    trie.insert([1, 2, 3], range(3), row=5)
+    for start in range(0, 200, 7):
+        trie.insert(list(range(100 + start, 110 + start)), range(10))
+    assert trie.num_nodes <= 30
+    assert trie.find([1, 2, 3]) is not None  # held by an active prompt
+    trie.release(5)
+    trie.insert(list(range(500, 540)), range(40))
+    assert trie.num_nodes <= 30 and trie.find([1, 2, 3]) is None
+
+
+def test_lookahead_retrieves_the_longest_suffix_first():
+    proposer = LookaheadProposer(decoding_length=1, branch_length=2, max_query_length=3)
+    prompt = [1, 2, 3, 4, 9, 3, 5, 5, 9, 3, 5, 5, 2]
+    proposer.start([prompt], torch.zeros(1, dtype=torch.long), None)
+    # The context ends 5, 2, 3: [5, 2, 3] is unknown; [2, 3] was followed by 4 (once) — taken over
+    # the bare [3], which was followed by 5 twice.
+    draft = proposer.propose(ProposalContext(pending=[3], generated=[1], budgets=[2]))[0]
+    assert draft.tokens == [4]
+    proposer.accepted([[4, 6]])  # context now ends ... 3, 4, 6: [6] is unknown, nothing to draft
+    assert proposer.propose(ProposalContext(pending=[6], generated=[3], budgets=[2]))[0].tokens == []
+
+
+PROMPTS = [
+    [5, 6, 7, 8, 5, 6, 7, 8, 5, 6],  # repetitive: retrieval finds a lot
+    [13],  # nothing to retrieve
+    [14, 15, 16, 14, 15],
+    [17, 18, 19, 20, 21, 22],
+    [23, 24],
+    [25] * 11,
+    [26, 27, 26],
+    [28, 29, 30, 31, 28, 29],
+]
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir):
+    return ModelRunner(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64))
+
+
+def _strategies(runner):
+    yield SpeculativeStrategy("prompt_lookup", runner, PromptLookupProposer(1, 3), 4)
+    for mode in ("hier", "one"):
+        proposer = LookaheadProposer(decoding_length=12, branch_length=4, max_query_length=4, mode=mode)
+        yield SpeculativeStrategy("lookahead", runner, proposer, 4, max_nodes=12)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_retrieval_strategies_equal_greedy(runner, batch):
+    params = GenerationParams(30, SamplingParams(), frozenset(), ignore_eos=True)
+    requests = [RowRequest(p, i) for i, p in enumerate(PROMPTS[:batch])]
+    reference = [r.tokens for r in AutoregressiveStrategy(runner).generate(requests, params).rows]
+    for strategy in _strategies(runner):
+        for _ in range(2):  # the second pass runs on a warm trie
+            out = strategy.generate(requests, params)
+            assert [r.tokens for r in out.rows] == reference, strategy.name
+        assert out.stats["draft_tokens"] > 0
+
+
+def test_retrieval_sampling_equals_autoregressive_sampling(runner):
+    """Deterministic drafts verified by the target's own keyed draws emit exactly its samples."""
+    params = GenerationParams(20, SamplingParams(temperature=0.9, top_k=30, seed=5), frozenset(), ignore_eos=True)
+    requests = [RowRequest(p, i) for i, p in enumerate(PROMPTS)]
+    reference = [r.tokens for r in AutoregressiveStrategy(runner).generate(requests, params).rows]
+    for strategy in _strategies(runner):
+        assert [r.tokens for r in strategy.generate(requests, params).rows] == reference
+
+
+def test_tree_logits_equal_sequential_logits_for_every_branch(runner):
+    prompt = [5, 6, 7, 8]
+    # pending 9; branches 9 -> 10 -> 11, 9 -> 12, 9 -> 10 -> 13
+    tokens, parents = [10, 12, 11, 13], [-1, -1, 0, 0]
+    kv = runner.new_kv(1)
+    runner.prefill(kv, [prompt])
+    depth = torch.tensor([tree_depths(parents)])
+    ids = torch.tensor([[9, *tokens]])
+    out = runner.forward(
+        kv, ids, kv.next_pos[:, None] + depth, torch.ones_like(ids, dtype=torch.bool), tree_attention(parents, 5)[None]
+    )
+    branches = {1: [9, 10], 2: [9, 12], 3: [9, 10, 11], 4: [9, 10, 13], 0: [9]}
+    for slot, path in branches.items():
+        sequential = runner.model(torch.tensor([prompt + path])).logits[0, -1]
+        assert torch.allclose(out.logits[0, slot], sequential, atol=1e-10), slot
