@@ -1,23 +1,28 @@
 """`accelgen bench`: our strategies against transformers' `generate`, side by side in one run.
 
-Every configuration does the same work (fixed-length generation: EOS ignored, `min_new_tokens` for
-`generate`), repeats are interleaved so drift on a noisy machine hits all alike, and the table
-reports medians and ratios. It also reports the share of rows whose tokens equal `generate`'s
-greedy output in the working dtype (DESIGN.md: a different matmul shape can flip a near-tie).
+Every contender decodes the same prompts (the first `num_prompts`, cycled to fill a batch) in
+batches of each batch size, for the same fixed length (EOS ignored; `min_new_tokens` for
+transformers). Repeats are interleaved, so drift on a noisy machine hits all contenders alike, and
+the table reports medians, ratios to `transformers.generate` and to our `autoregressive`, the mean
+accepted length (tokens per target forward, per row), and the share of rows whose tokens equal
+`generate`'s greedy output in the working dtype (DESIGN.md: a different matmul shape can flip a
+near-tie). transformers' assisted generation and prompt lookup run at batch 1 only: it refuses
+larger batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from jobs.cli import SAMPLE_PROMPTS, SHIPPED_TARGET, print_keys, split_args
+from jobs.cli import SAMPLE_PROMPTS, SHIPPED_DRAFT, SHIPPED_TARGET, print_keys, split_args
 from pipeline.config import _opt, load_config
 from pipeline.errors import JobError
 from strategies import registry
@@ -26,22 +31,31 @@ from strategies.options import StrategyOptions
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams, row_key
 from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
+from workers.rows import repetition_rate
 from workers.storage import filesystem
+
+HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "transformers.generate", "transformers.assisted", "transformers.prompt_lookup"
 
 
 @dataclass
 class BenchConfig:
     prompts: str = _opt(str(SAMPLE_PROMPTS), "Prompts: a Parquet URL, or a JSONL(.gz) file with a prompt field.")
     prompt_column: str = _opt("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
+    num_prompts: int = _opt(16, "Prompts decoded per contender and batch size (cycled to fill a batch).")
     model: str = _opt(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
+    draft: str = _opt(str(SHIPPED_DRAFT), "Draft model for speculative strategies and assisted generation.")
     dtype: str = _opt("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
-    strategies: list[str] = _opt(["autoregressive"], "Our strategies to time.")
+    strategies: list[str] = _opt(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
+    transformers: list[str] = _opt(
+        ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
+    )
     batch_sizes: list[int] = _opt([1, 32], "Batch sizes to time.")
     max_new_tokens: int = _opt(64, "Tokens generated per row (fixed length).")
     max_prompt_tokens: int = _opt(256, "Prompts are cut to their last this many tokens.")
     repeats: int = _opt(3, "Interleaved repeats per configuration; the table shows medians.")
     torch_threads: int = _opt(0, "torch threads; 0: all cores.")
-    baseline: bool = _opt(True, "Also time transformers' generate (the ratios' denominator).")
+    strategy: StrategyOptions = field(default_factory=StrategyOptions)
+    report: str = _opt("", "Also write the table as JSON to this path.")
 
 
 def read_prompts(url: str, column: str) -> list[str]:
@@ -56,92 +70,146 @@ def read_prompts(url: str, column: str) -> list[str]:
         return [p for p in pq.read_table(f, columns=[column]).column(column).to_pylist() if p]
 
 
-def _time(fn: Callable[[], list[list[int]]]) -> tuple[float, list[list[int]]]:
-    started = time.perf_counter()
-    tokens = fn()
-    return time.perf_counter() - started, tokens
+@dataclass
+class Run:
+    """One timed pass of a contender over all its batches."""
+
+    wall_s: float
+    tokens: list[list[int]]
+    forwards: int = 0  # target forwards (ours only)
+    row_steps: float = 0.0
 
 
-def run(config: BenchConfig) -> list[dict]:
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = resolve_dtype(config.dtype, device)
-    model, tokenizer = load_model(resolve_model_dir(config.model), dtype, device)
-    runner = ModelRunner(model)
-    texts = read_prompts(config.prompts, config.prompt_column)
-    if not texts:
-        raise JobError(f"bench prompts {config.prompts} hold no prompts in {config.prompt_column!r}")
-    prompts = [ids[-config.max_prompt_tokens :] for ids in tokenizer(texts)["input_ids"]]
-    n = config.max_new_tokens
-    params = GenerationParams(n, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    rows = []
-    for batch_size in config.batch_sizes:
-        batch = [prompts[i % len(prompts)] for i in range(batch_size)]
+class Bench:
+    def __init__(self, config: BenchConfig) -> None:
+        self.config = config
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = resolve_dtype(config.dtype, self.device)
+        self.model, self.tokenizer = load_model(resolve_model_dir(config.model), dtype, self.device)
+        self.runner = ModelRunner(self.model)
+        needs_draft = set(config.strategies) & registry.NEEDS_DRAFT or "assisted" in config.transformers
+        self.draft_model = load_model(resolve_model_dir(config.draft), dtype, self.device)[0] if needs_draft else None
+        self.draft_runner = ModelRunner(self.draft_model) if self.draft_model is not None else None
+        texts = read_prompts(config.prompts, config.prompt_column)
+        if not texts:
+            raise JobError(f"bench prompts {config.prompts} hold no prompts in {config.prompt_column!r}")
+        self.prompts = [ids[-config.max_prompt_tokens :] for ids in self.tokenizer(texts)["input_ids"]]
+        n = config.max_new_tokens
+        self.params = GenerationParams(n, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-        def hf_generate(batch=batch) -> list[list[int]]:
+    def batches(self, batch_size: int) -> list[list[list[int]]]:
+        count = max(self.config.num_prompts, batch_size)
+        rows = [self.prompts[i % len(self.prompts)] for i in range(count)]
+        return [rows[i : i + batch_size] for i in range(0, count, batch_size)]
+
+    def hf(self, batches: list[list[list[int]]], **kwargs) -> Run:
+        n, tokens = self.config.max_new_tokens, []
+        started = time.perf_counter()
+        for batch in batches:
             width = max(len(p) for p in batch)
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+            ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in batch], device=self.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.device)
             with torch.inference_mode():
-                out = model.generate(
+                out = self.model.generate(
                     input_ids=ids,
                     attention_mask=mask,
                     max_new_tokens=n,
                     min_new_tokens=n,
                     do_sample=False,
-                    pad_token_id=pad,
+                    pad_token_id=self.pad,
+                    **kwargs,
                 )
-            return out[:, width:].tolist()
+            tokens.extend(out[:, width:].tolist())
+        return Run(time.perf_counter() - started, tokens)
 
-        contenders: dict[str, Callable[[], list[list[int]]]] = {}
-        if config.baseline:
-            contenders["transformers.generate"] = hf_generate
+    def ours(self, strategy, batches: list[list[list[int]]]) -> Run:
+        tokens, forwards, row_steps = [], 0, 0.0
+        started = time.perf_counter()
+        for batch in batches:
+            out = strategy.generate([RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)], self.params)
+            tokens.extend(r.tokens for r in out.rows)
+            forwards += out.target_forwards
+            tau = out.stats.get("mean_accepted_length")
+            row_steps += len(batch) * self.config.max_new_tokens / tau if tau else 0.0
+        return Run(time.perf_counter() - started, tokens, forwards, row_steps)
+
+    def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
+        config = self.config
+        found: dict[str, Callable[[list], Run]] = {}
+        if "generate" in config.transformers:
+            found[HF_GENERATE] = self.hf
+        if batch_size == 1 and "assisted" in config.transformers:
+            found[HF_ASSISTED] = lambda b: self.hf(b, assistant_model=self.draft_model)
+        if batch_size == 1 and "prompt_lookup" in config.transformers:
+            found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=config.strategy.num_speculative_tokens)
         for name in config.strategies:
-            strategy = registry.create(StrategyOptions(name=name), runner)
-            requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
-            contenders[name] = lambda s=strategy, r=requests: [row.tokens for row in s.generate(r, params).rows]
-        for fn in contenders.values():  # warm-up: first calls allocate and pick kernels
-            fn()
-        times: dict[str, list[float]] = {name: [] for name in contenders}
-        outputs: dict[str, list[list[int]]] = {}
-        for _ in range(config.repeats):
-            for name, fn in contenders.items():
-                wall_s, outputs[name] = _time(fn)
-                times[name].append(wall_s)
-        base = statistics.median(times["transformers.generate"]) if config.baseline else None
-        for name in contenders:
-            wall_s = statistics.median(times[name])
-            same = None
-            if config.baseline:
-                same = (
-                    sum(a == b for a, b in zip(outputs[name], outputs["transformers.generate"], strict=True))
-                    / batch_size
-                )
-            rows.append(
-                {
-                    "batch_size": batch_size,
-                    "contender": name,
-                    "median_wall_s": round(wall_s, 4),
-                    "tokens_per_s": round(batch_size * n / wall_s, 1),
-                    "speedup_vs_generate": round(base / wall_s, 3) if base else None,
-                    "rows_equal_to_generate": same,
-                }
-            )
-    return rows
+            options = dataclasses.replace(config.strategy, name=name)
+            strategy = registry.create(options, self.runner, self.draft_runner)
+            found[name] = lambda b, s=strategy: self.ours(s, b)
+        return found
+
+    def run(self) -> list[dict]:
+        rows = []
+        for batch_size in self.config.batch_sizes:
+            batches = self.batches(batch_size)
+            contenders = self.contenders(batch_size)
+            for fn in contenders.values():  # warm-up: first calls allocate and pick kernels
+                fn(batches[:1])
+            runs: dict[str, list[Run]] = {name: [] for name in contenders}
+            for _ in range(self.config.repeats):
+                for name, fn in contenders.items():
+                    runs[name].append(fn(batches))
+            rows.extend(self._rows(batch_size, runs))
+        return rows
+
+    def _rows(self, batch_size: int, runs: dict[str, list[Run]]) -> list[dict]:
+        walls = {name: statistics.median(r.wall_s for r in rs) for name, rs in runs.items()}
+        reference = runs[HF_GENERATE][-1].tokens if HF_GENERATE in runs else None
+        rows = []
+        for name, rs in runs.items():
+            last = rs[-1]
+            total = sum(len(t) for t in last.tokens)
+            row = {
+                "batch_size": batch_size,
+                "contender": name,
+                "median_wall_s": round(walls[name], 4),
+                "tokens_per_s": round(total / walls[name], 1),
+                "x_generate": round(walls[HF_GENERATE] / walls[name], 3) if HF_GENERATE in walls else None,
+                "x_autoregressive": (
+                    round(walls["autoregressive"] / walls[name], 3) if "autoregressive" in walls else None
+                ),
+                "mean_accepted_length": round(total / last.row_steps, 3) if last.row_steps else None,
+                "rows_equal_to_generate": (
+                    sum(a == b for a, b in zip(last.tokens, reference, strict=True)) / len(reference)
+                    if reference
+                    else None
+                ),
+                "repetition_rate": round(statistics.mean(repetition_rate(t) for t in last.tokens), 3),
+            }
+            rows.append(row)
+        return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    header = f"{'batch':>5}  {'contender':<24} {'wall_s':>8} {'tokens/s':>10} {'x generate':>10} {'same rows':>9}"
-    print(header)
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    print(
+        f"{'batch':>5}  {'contender':<28} {'wall_s':>8} {'tokens/s':>9} {'x gen':>6} {'x AR':>6} "
+        f"{'tau':>5} {'same':>5} {'rep':>5}"
+    )
     for r in rows:
-        ratio = f"{r['speedup_vs_generate']:.2f}x" if r["speedup_vs_generate"] else "-"
-        same = f"{r['rows_equal_to_generate']:.0%}" if r["rows_equal_to_generate"] is not None else "-"
         print(
-            f"{r['batch_size']:>5}  {r['contender']:<24} {r['median_wall_s']:>8.3f} {r['tokens_per_s']:>10.1f} "
-            f"{ratio:>10} {same:>9}"
+            f"{r['batch_size']:>5}  {r['contender']:<28} {r['median_wall_s']:>8.3f} {r['tokens_per_s']:>9.1f} "
+            f"{fmt(r['x_generate'], '.2f'):>6} {fmt(r['x_autoregressive'], '.2f'):>6} "
+            f"{fmt(r['mean_accepted_length'], '.2f'):>5} {fmt(r['rows_equal_to_generate'], '.0%'):>5} "
+            f"{r['repetition_rate']:>5.2f}"
         )
+    print("x gen / x AR: speed-up over transformers.generate / our autoregressive; tau: tokens per target forward")
+    print("per row; same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion")
 
 
 def main(args: list[str]) -> int:
@@ -153,5 +221,9 @@ def main(args: list[str]) -> int:
     unknown = sorted(set(config.strategies) - set(registry.available()))
     if unknown:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
-    print_table(run(config))
+    rows = Bench(config).run()
+    print_table(rows)
+    if config.report:
+        with open(config.report, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0

@@ -110,3 +110,6 @@ class DraftModelProposer:
         self.keys = self.keys[rows]
         self.unfed = [self.unfed[r] for r in rows]
         self.fed_slots = [self.fed_slots[r] for r in rows]
+
+    def stats(self) -> dict[str, float]:
+        return {}

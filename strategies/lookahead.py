@@ -209,3 +209,6 @@ class LookaheadProposer:
         self.rows = [self.rows[i] for i in rows]
         self.contexts = [self.contexts[i] for i in rows]
         self.counted_from = [self.counted_from[i] for i in rows]
+
+    def stats(self) -> dict[str, float]:
+        return {"trie_nodes": self.trie.num_nodes}

@@ -66,3 +66,6 @@ class PromptLookupProposer:
 
     def keep_rows(self, rows: list[int]) -> None:
         self.rows = [self.rows[r] for r in rows]
+
+    def stats(self) -> dict[str, float]:
+        return {}

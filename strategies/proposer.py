@@ -38,3 +38,6 @@ class Proposer(Protocol):
 
     def keep_rows(self, rows: list[int]) -> None:
         """Only these rows (batch indices, in order) stay in the batch; the others finished (maybe all)."""
+
+    def stats(self) -> dict[str, float]:
+        """Proposer-specific numbers for the batch's throughput record (e.g. the trie's size)."""

@@ -167,7 +167,10 @@ class SpeculativeStrategy:
             if active and kv.waste() > COMPACT_WASTE:
                 kv.compact()
         rows = [RowOutput(tokens=o, finish_reason=r) for o, r in zip(outputs, reasons, strict=True)]
-        return BatchOutput(rows=rows, strategy=self.name, target_forwards=stats.target_forwards, stats=stats.as_dict())
+        extra = self.proposer.stats() if proposer_ok else {}
+        return BatchOutput(
+            rows=rows, strategy=self.name, target_forwards=stats.target_forwards, stats={**stats.as_dict(), **extra}
+        )
 
     def _budget(self, request: RowRequest, output: list[int], params: GenerationParams) -> int:
         """Draft tokens that can still be emitted: a step emits them plus one target token."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from workers.rows import StopStrings, completion_text, prompt_problem
+from workers.rows import StopStrings, completion_text, prompt_problem, repetition_rate
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,9 @@ def test_stop_strings_detect_at_the_newest_token_and_cut_the_completion(tiny_mod
     assert "\ndef" in tokenizer.decode(ids[: first + 1]) and "\ndef" not in tokenizer.decode(ids[:first])
     assert completion_text(tokenizer, ids, ["\ndef"]) == "return x\n"
     assert StopStrings(tokenizer, []).for_row() is None
+
+
+def test_repetition_rate_on_literal_tokens():
+    assert repetition_rate([1, 2, 3, 4, 5, 6]) == 0.0
+    assert repetition_rate([1, 2, 3, 4, 1, 2, 3, 4]) == pytest.approx(0.2)  # 1 of 5 4-grams seen before
+    assert repetition_rate([1, 2]) == 0.0

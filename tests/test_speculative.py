@@ -78,6 +78,9 @@ class ScriptedProposer:
     def keep_rows(self, rows):
         self.rows = [self.rows[r] for r in rows]
 
+    def stats(self):
+        return {}
+
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
 def test_speculative_equals_autoregressive(target, random_draft, tiny_model_dir, prompts):

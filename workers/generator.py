@@ -26,7 +26,7 @@ from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams, row_key
 from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
-from workers.rows import StopStrings, as_text, completion_text, prompt_problem, too_long_message
+from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
 
@@ -222,6 +222,7 @@ class Generator:
                     "generated_tokens": generated,
                     "target_forwards": result.target_forwards,
                     "rows_at_length": sum(r.finish_reason == FINISH_LENGTH for r in result.rows),
+                    "repetition_rate": round(sum(repetition_rate(r.tokens) for r in result.rows) / len(batch), 4),
                     "wall_s": round(wall_s, 6),
                     "tokens_per_s": round(generated / wall_s, 3) if wall_s > 0 else None,
                     "time": time.time(),

@@ -64,3 +64,13 @@ def completion_text(tokenizer: PreTrainedTokenizerBase, tokens: list[int], stops
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return text[: min(cuts)] if cuts else text
+
+
+def repetition_rate(tokens: list[int], n: int = 4) -> float:
+    """Share of a completion's n-grams that already occurred earlier in it (0: none repeats).
+
+    Retrieval drafting gains from repetition; a weak model that loops inflates those gains, so
+    benchmarks and logs report this beside the accepted length.
+    """
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
