@@ -30,6 +30,7 @@ from strategies.base import GenerationParams, RowRequest
 from strategies.options import StrategyOptions
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams, row_key
+from workers.controller import AdaptiveController
 from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
 from workers.rows import repetition_rate
 from workers.storage import filesystem
@@ -54,7 +55,8 @@ class BenchConfig:
     max_prompt_tokens: int = _opt(256, "Prompts are cut to their last this many tokens.")
     repeats: int = _opt(3, "Interleaved repeats per configuration; the table shows medians.")
     torch_threads: int = _opt(0, "torch threads; 0: all cores.")
-    strategy: StrategyOptions = field(default_factory=StrategyOptions)
+    # Fixed strategies are measured as themselves (adaptive=false); `auto` always runs its controller.
+    strategy: StrategyOptions = field(default_factory=lambda: StrategyOptions(adaptive=False))
     report: str = _opt("", "Also write the table as JSON to this path.")
 
 
@@ -89,7 +91,9 @@ class Bench:
         dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(resolve_model_dir(config.model), dtype, self.device)
         self.runner = ModelRunner(self.model)
-        needs_draft = set(config.strategies) & registry.NEEDS_DRAFT or "assisted" in config.transformers
+        needs_draft = (
+            set(config.strategies) & (registry.NEEDS_DRAFT | {registry.AUTO}) or "assisted" in config.transformers
+        )
         self.draft_model = load_model(resolve_model_dir(config.draft), dtype, self.device)[0] if needs_draft else None
         self.draft_runner = ModelRunner(self.draft_model) if self.draft_model is not None else None
         texts = read_prompts(config.prompts, config.prompt_column)
@@ -147,7 +151,8 @@ class Bench:
             found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=config.strategy.num_speculative_tokens)
         for name in config.strategies:
             options = dataclasses.replace(config.strategy, name=name)
-            strategy = registry.create(options, self.runner, self.draft_runner)
+            controller = AdaptiveController() if name == registry.AUTO or options.adaptive else None
+            strategy = registry.create(options, self.runner, self.draft_runner, controller)
             found[name] = lambda b, s=strategy: self.ours(s, b)
         return found
 

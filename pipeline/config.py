@@ -37,6 +37,9 @@ class InputConfig:
         None, "Column holding a unique row id. Empty: ids are derived from shard path and row index."
     )
     keep_columns: list[str] = _opt([], "Input columns copied unchanged into the output.")
+    strategy_column: str | None = _opt(
+        None, "Optional column naming a strategy per row (empty values: strategy.name); unknown: an error row."
+    )
     storage_options: dict[str, Any] = _opt({}, "fsspec storage options for the input (endpoint, credentials).")
     rows_per_unit: int = _opt(
         4096, "Shards with more rows are split into work units of whole row groups up to about this size."
@@ -73,6 +76,9 @@ class GenerationConfig:
 class WorkersConfig:
     num_actors: int = _opt(0, "Generator actors. 0: one per GPU of the cluster, or one CPU actor without GPUs.")
     batch_size: int = _opt(16, "Most rows decoded together in one batch.")
+    max_batch_tokens: int = _opt(
+        16384, "Most prompt + max_new_tokens tokens of a batch (rows are grouped by prompt length first)."
+    )
     num_gpus_per_actor: float = _opt(1.0, "GPUs reserved per actor when the cluster has GPUs.")
     num_cpus_per_actor: float = _opt(
         1.0, "CPUs reserved per actor. At least one CPU of the cluster always stays free for Ray's own tasks."

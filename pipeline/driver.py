@@ -60,6 +60,13 @@ def validate(config: JobConfig) -> None:
         problems.append(
             f"strategy.name {config.strategy.name!r} is unknown; available: {', '.join(registry.available())}"
         )
+    if config.strategy.name == registry.AUTO and not config.strategy.adaptive:
+        problems.append("strategy.name=auto chooses per step with the controller: keep strategy.adaptive=true")
+    unknown = sorted(set(config.strategy.candidates) - set(registry.drafting()))
+    if unknown:
+        problems.append(f"strategy.candidates {unknown} are unknown; available: {', '.join(registry.drafting())}")
+    if w.max_batch_tokens <= 0:
+        problems.append("workers.max_batch_tokens must be > 0")
     if config.strategy.name in registry.NEEDS_DRAFT and not config.model.draft:
         problems.append(f"strategy.name={config.strategy.name} needs a draft model: set model.draft")
     if config.strategy.num_speculative_tokens < 0 or config.strategy.specdec.top_beta < 1:
@@ -82,7 +89,13 @@ def validate(config: JobConfig) -> None:
 def run_job(config: JobConfig) -> JobOutcome:
     validate(config)
     shards = list_shards(config.input.url, config.input.storage_options)
-    check_columns(shards, config.input.prompt_column, config.input.id_column, list(config.input.keep_columns))
+    check_columns(
+        shards,
+        config.input.prompt_column,
+        config.input.id_column,
+        list(config.input.keep_columns),
+        config.input.strategy_column,
+    )
     if config.input.id_column:
         check_ids(shards, config.input.id_column, config.input.storage_options)
     units = plan_units(shards, config.input.rows_per_unit)
@@ -158,7 +171,9 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         prompt_column=config.input.prompt_column,
         id_column=config.input.id_column,
         keep_columns=tuple(config.input.keep_columns),
+        strategy_column=config.input.strategy_column,
         batch_size=config.workers.batch_size,
+        max_batch_tokens=config.workers.max_batch_tokens,
         torch_threads=config.workers.torch_threads,
         input_storage_options=dict(config.input.storage_options),
         output_storage_options=dict(config.output.storage_options),

@@ -28,6 +28,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "prompt": config.input.prompt_column,
             "id": config.input.id_column,
             "keep": list(config.input.keep_columns),
+            "strategy": config.input.strategy_column,
         },
         "model": {
             "target": config.model.target,

@@ -80,7 +80,13 @@ def _read_shard(fs: AbstractFileSystem, prefix: str, path: str, root: str) -> Sh
     )
 
 
-def check_columns(shards: list[Shard], prompt_column: str, id_column: str | None, keep_columns: list[str]) -> None:
+def check_columns(
+    shards: list[Shard],
+    prompt_column: str,
+    id_column: str | None,
+    keep_columns: list[str],
+    strategy_column: str | None = None,
+) -> None:
     """Fail the job unless every shard has the same schema and the configured columns are usable."""
     first = shards[0]
     for shard in shards[1:]:
@@ -93,6 +99,8 @@ def check_columns(shards: list[Shard], prompt_column: str, id_column: str | None
     wanted = {"input.prompt_column": [prompt_column], "input.keep_columns": keep_columns}
     if id_column:
         wanted["input.id_column"] = [id_column]
+    if strategy_column:
+        wanted["input.strategy_column"] = [strategy_column]
     for key, columns in wanted.items():
         for column in columns:
             if column not in names:

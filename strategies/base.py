@@ -32,6 +32,7 @@ class RowRequest:
 class RowOutput:
     tokens: list[int]
     finish_reason: str  # FINISH_STOP | FINISH_LENGTH
+    strategy: str | None = None  # what decoded the row when it differs from the batch's strategy
 
 
 @dataclass

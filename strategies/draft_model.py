@@ -1,9 +1,9 @@
 """The draft-model proposer: a small LM with the target's tokenizer drafts a chain autoregressively.
 
-Its own ragged cache stays in step with the target's: tokens emitted by the target that the draft
-has not seen yet (`unfed`) are fed at the start of the next proposal together with the pending
-token; drafted tokens that the target rejected are invalidated. The last drafted token of a chain
-is never fed (nothing would use its logits), so after a fully accepted chain it is fed next time.
+Its own ragged cache follows the row's context: tokens the draft has not seen yet (the pending
+token, tokens emitted on steps that did not speculate, the last token of a fully accepted chain,
+which is never fed since nothing would use its logits) are fed at the start of the next proposal;
+drafted tokens that the target rejected are invalidated.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ class DraftModelProposer:
         self.draft = draft
         self.vocab_size = vocab_size  # the target's: draft logits are cut or padded to it
 
-    def start(self, prompts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
+    def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
         self.params = params
         self.keys = keys
-        self.kv = self.draft.new_kv(len(prompts))
-        self.draft.prefill(self.kv, prompts)
-        self.unfed: list[list[int]] = [[] for _ in prompts]
-        self.fed_slots: list[list[int]] = [[] for _ in prompts]  # cache slots of this step's fed drafts
+        self.contexts = [list(c) for c in contexts]
+        self.kv = self.draft.new_kv(len(contexts))
+        self.draft.prefill(self.kv, [c[:-1] for c in contexts])  # the pending token is fed when drafting
+        self.fed = [len(c) - 1 for c in contexts]  # context tokens in the draft's cache
+        self.fed_slots: list[list[int]] = [[] for _ in contexts]  # cache slots of this step's fed drafts
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits over the target's vocabulary: [B, V_draft] -> [B, V]."""
@@ -44,8 +45,8 @@ class DraftModelProposer:
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         draft, kv, sampling = self.draft, self.kv, self.params.sampling
-        b = len(context.pending)
-        feeds = [[*u, p] for u, p in zip(self.unfed, context.pending, strict=True)]
+        b = len(self.contexts)
+        feeds = [ctx[fed:] for ctx, fed in zip(self.contexts, self.fed, strict=True)]  # ends with the pending token
         width = max(len(f) for f in feeds)
         ids = torch.zeros(b, width, dtype=torch.long)
         valid = torch.zeros(b, width, dtype=torch.bool)
@@ -56,7 +57,7 @@ class DraftModelProposer:
         last = torch.tensor([len(f) - 1 for f in feeds])
         out = draft.forward(kv, ids.to(draft.device), positions.to(draft.device), valid.to(draft.device))
         logits = self._logits(out.logits[torch.arange(b), last.to(out.logits.device)])  # [B, V]
-        self.unfed = [[] for _ in range(b)]
+        self.fed = [len(ctx) for ctx in self.contexts]
 
         steps = max(context.budgets)
         tokens: list[list[int]] = [[] for _ in range(b)]
@@ -95,10 +96,12 @@ class DraftModelProposer:
         drop = torch.zeros_like(self.kv.valid)
         for row, tokens in enumerate(emitted):
             accepted = len(tokens) - 1  # the last token is the target's, the next pending one
-            fed = self.fed_slots[row]
-            kept = min(accepted, len(fed))
-            drop[row, fed[kept:]] = True
-            self.unfed[row] = tokens[kept:accepted]
+            slots = self.fed_slots[row]
+            kept = min(accepted, len(slots))  # fed drafts that were accepted stay in the cache
+            drop[row, slots[kept:]] = True
+            self.fed[row] += kept
+            self.contexts[row].extend(tokens)
+        self.fed_slots = [[] for _ in emitted]
         self.kv.invalidate(drop)
         if self.kv.waste() > COMPACT_WASTE:
             self.kv.compact()
@@ -108,7 +111,8 @@ class DraftModelProposer:
             return
         self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.draft.device))
         self.keys = self.keys[rows]
-        self.unfed = [self.unfed[r] for r in rows]
+        self.contexts = [self.contexts[r] for r in rows]
+        self.fed = [self.fed[r] for r in rows]
         self.fed_slots = [self.fed_slots[r] for r in rows]
 
     def stats(self) -> dict[str, float]:

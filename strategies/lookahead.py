@@ -161,33 +161,30 @@ class LookaheadProposer:
         self.trie = TokenTrie(max_query_length + branch_length, max_nodes)
         self._next_row = itertools.count()
 
-    def start(self, prompts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
-        self.rows = [next(self._next_row) for _ in prompts]
-        self.contexts = [list(p) for p in prompts]
-        # Output substrings are counted from the first one that reaches past the prompt.
-        self.counted_from = [max(0, len(p) - self.trie.depth + 1) for p in prompts]
-        for row, prompt in zip(self.rows, prompts, strict=True):
-            self.trie.insert(prompt, range(len(prompt)), row=row)
-        self.first_step = True
+    def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
+        self.rows = [next(self._next_row) for _ in contexts]
+        self.contexts = [list(c) for c in contexts]
+        # The batch's starting context counts as the row's prompt; outputs are counted from the
+        # first substring that reaches past it.
+        self.counted_from = [max(0, len(c) - self.trie.depth + 1) for c in contexts]
+        for row, ctx in zip(self.rows, contexts, strict=True):
+            self.trie.insert(ctx, range(len(ctx)), row=row)
 
     def propose(self, context: ProposalContext) -> list[Draft]:
-        if self.first_step:  # later pending tokens arrive through `accepted`
-            for ctx, pending in zip(self.contexts, context.pending, strict=True):
-                ctx.append(pending)
-            self.first_step = False
-        drafts = []
-        for row, ctx, budget in zip(self.rows, self.contexts, context.budgets, strict=True):
-            drafts.append(self._retrieve(row, ctx, budget))
-        return drafts
+        nodes = min(self.decoding_length, context.max_nodes)
+        return [
+            self._retrieve(row, ctx, budget, nodes)
+            for row, ctx, budget in zip(self.rows, self.contexts, context.budgets, strict=True)
+        ]
 
-    def _retrieve(self, row: int, ctx: list[int], budget: int) -> Draft:
+    def _retrieve(self, row: int, ctx: list[int], budget: int, nodes: int) -> Draft:
         if budget <= 0:
             return Draft.empty()
         for m in range(min(self.max_query_length, len(ctx)), 0, -1):
             node = self.trie.find(ctx[len(ctx) - m :])
             if node is not None and node.children:
                 depth = min(self.branch_length, budget)
-                return gather_tree(node, row, self.own_prompt_weight, self.decoding_length, depth, self.mode)
+                return gather_tree(node, row, self.own_prompt_weight, nodes, depth, self.mode)
         return Draft.empty()
 
     def accepted(self, emitted: list[list[int]]) -> None:

@@ -51,6 +51,14 @@ class StrategyOptions:
     num_speculative_tokens: int = field(
         default=4, metadata={"help": "Draft tokens proposed per step (chain length) by drafting strategies."}
     )
+    adaptive: bool = field(
+        default=True,
+        metadata={"help": "Let the controller turn speculation off where it does not pay and size drafts."},
+    )
+    candidates: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Drafting strategies `auto` chooses among. Empty: every lossless one whose models exist."},
+    )
     specdec: SpecDecOptions = field(default_factory=SpecDecOptions)
     prompt_lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
     lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)

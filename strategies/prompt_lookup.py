@@ -46,15 +46,10 @@ class PromptLookupProposer:
     def __init__(self, min_ngram: int, max_ngram: int) -> None:
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
-    def start(self, prompts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
-        self.rows = [NgramIndex(p, self.min_ngram, self.max_ngram) for p in prompts]
-        self.first_step = True
+    def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
+        self.rows = [NgramIndex(c, self.min_ngram, self.max_ngram) for c in contexts]
 
     def propose(self, context: ProposalContext) -> list[Draft]:
-        if self.first_step:  # later pending tokens arrive through `accepted`
-            for index, pending in zip(self.rows, context.pending, strict=True):
-                index.extend([pending])
-            self.first_step = False
         return [
             Draft.chain(index.continuation(budget) if budget else [])
             for index, budget in zip(self.rows, context.budgets, strict=True)

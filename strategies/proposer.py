@@ -20,21 +20,24 @@ from strategies.drafts import Draft
 
 @dataclass
 class ProposalContext:
-    pending: list[int]  # per row: the token chosen last, not yet in the target's cache
     generated: list[int]  # per row: tokens generated so far, the pending one included
-    budgets: list[int]  # per row: deepest useful draft path (chain length; clamped to the row's room left)
+    budgets: list[int]  # per row: deepest useful draft path (0: no draft for this row)
+    max_nodes: int  # most draft nodes per row (trees)
 
 
 class Proposer(Protocol):
     name: str
 
-    def start(self, prompts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
-        """A new batch: one prompt per row; `keys` [B] are the rows' sampling keys."""
+    def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
+        """A new batch: per row its prompt and generated tokens, the last being the pending token
+        (not yet in the target's cache); `keys` [B] are the rows' sampling keys."""
 
-    def propose(self, context: ProposalContext) -> list[Draft]: ...
+    def propose(self, context: ProposalContext) -> list[Draft]:
+        """One draft per row below its pending token. Not called on steps that do not speculate."""
 
     def accepted(self, emitted: list[list[int]]) -> None:
-        """Per row, the tokens emitted this step; the last one is the row's new pending token."""
+        """Per row, the tokens emitted this step (every step, drafted or not); the last one is the
+        row's new pending token."""
 
     def keep_rows(self, rows: list[int]) -> None:
         """Only these rows (batch indices, in order) stay in the batch; the others finished (maybe all)."""

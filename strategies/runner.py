@@ -67,22 +67,29 @@ class ModelRunner:
         allowed = torch.cat([kv.valid[:, None, :].expand(b, n, kv.num_slots), attend], dim=2)  # [B, n, S+n]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        if self._fast is not None:
-            logits, hidden = self._fast(input_ids, positions, mask[:, None], kv.layers, logits_to_keep)
-            kv.append(new_valid)
-            return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask[:, None],  # [B, 1, n, S+n]
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            output_hidden_states=want_hidden,
-            **{self._cache_arg: kv.cache},
-        )
+        lengths = [layer.length for layer in kv.layers]
+        try:
+            if self._fast is not None:
+                logits, hidden = self._fast(input_ids, positions, mask[:, None], kv.layers, logits_to_keep)
+            else:
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=mask[:, None],  # [B, 1, n, S+n]
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=logits_to_keep,
+                    output_hidden_states=want_hidden,
+                    **{self._cache_arg: kv.cache},
+                )
+                logits, hidden = out.logits, (out.hidden_states[-1] if want_hidden else None)
+        except BaseException:
+            # Layers before the fault appended their slots: forget them, so every row's cache is
+            # exactly as before the call.
+            for layer, length in zip(kv.layers, lengths, strict=True):
+                layer.length = length
+            raise
         kv.append(new_valid)
-        hidden = out.hidden_states[-1] if want_hidden else None
-        return ForwardOutput(logits=out.logits, hidden=hidden)
+        return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
 
     def prefill(self, kv: RaggedKV, prompts: list[list[int]]) -> torch.Tensor:
         """Left-pad `prompts` into one forward; return each row's next-token logits [B, V]."""

@@ -1,21 +1,29 @@
 """Draft, then verify: the decoding loop shared by every proposer, for chains and trees alike.
 
-Each step: the proposer drafts below every row's pending token; one target forward verifies all
-rows (`[pending, nodes…]` with a tree mask and depth positions); the acceptance rule picks each
+Each step: a drafter's proposer drafts below every row's pending token; one target forward verifies
+all rows (`[pending, nodes…]` with a tree mask and depth positions); the acceptance rule picks each
 row's accepted path and the target token after it; slots off the path are invalidated in the
 ragged cache, so rows of one step keep different numbers of tokens. Emitted tokens go through the
 same finish checks as autoregressive decoding, one at a time, so EOS, stop strings,
 `max_new_tokens` and the context end a row exactly where plain decoding would.
+
+With a controller (`control.Controller`), each step may use any of several drafters or none (a
+plain autoregressive step), and rows whose drafts keep failing step plainly. Faults are fallbacks:
+a proposer that raises is off for the rest of the batch; a verify forward that raises (a CUDA
+out-of-memory error, say) leaves every row's cache as it was, and the step is redone plainly.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from strategies.acceptance import Verdict, rejection_chain, relaxed_walk, walk
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, finish_reason
+from strategies.control import AUTOREGRESSIVE, Controller, Plan, StepRecord
 from strategies.drafts import Draft, draft_problem, tree_attention, tree_depths
 from strategies.kv_cache import RaggedKV
 from strategies.proposer import ProposalContext, Proposer
@@ -25,6 +33,25 @@ from strategies.sampling import choose_tokens, filtered_probs, keyed_uniform, sa
 # Streams of keyed uniforms: 0 is the target's own draw (as in autoregressive decoding).
 STREAM_ACCEPT, STREAM_RESIDUAL = 1, 2
 COMPACT_WASTE = 0.5  # compact the cache when more than this share of its slots is dead
+
+
+@dataclass(frozen=True)
+class RelaxedRule:
+    """SpecDec's relaxed verification (greedy only)."""
+
+    top_beta: int
+    tolerance: float
+
+
+@dataclass
+class Drafter:
+    """A proposer with the limits and acceptance rule of the strategy it serves."""
+
+    name: str
+    proposer: Proposer
+    max_depth: int  # longest draft path (chain length)
+    max_nodes: int  # most nodes per row (trees); chains: max_depth
+    relaxed: RelaxedRule | None = None
 
 
 @dataclass
@@ -38,30 +65,32 @@ class SpecStats:
     accepted_tokens: int = 0
     emitted_tokens: int = 0
     fallbacks: int = 0  # row steps whose draft was refused (invalid or proposer error)
+    faults: list[str] = field(default_factory=list)  # drafter and verify faults, with their reason
     proposed_at: list[int] = field(default_factory=list)  # draft tokens at depth d+1
     accepted_at: list[int] = field(default_factory=list)
+    steps_by_drafter: dict[str, int] = field(default_factory=dict)
 
     def record(self, draft: Draft, verdict: Verdict) -> None:
         self.row_steps += 1
         self.drafts += bool(len(draft))
         self.draft_tokens += len(draft)
         self.accepted_tokens += len(verdict.path)
-        depths = tree_depths(draft.parents)[1:]
-        for d in depths:
+        self.emitted_tokens += len(verdict.tokens)
+        for d in tree_depths(draft.parents)[1:]:
             _bump(self.proposed_at, d - 1)
         for d in range(len(verdict.path)):
             _bump(self.accepted_at, d)
 
     def as_dict(self) -> dict:
+        accepted_at = self.accepted_at + [0] * (len(self.proposed_at) - len(self.accepted_at))
         return {
             "drafts": self.drafts,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "fallbacks": self.fallbacks,
-            "acceptance_by_position": [
-                round(a / p, 4) if p else None
-                for a, p in zip(self.accepted_at + [0] * 99, self.proposed_at, strict=False)
-            ],
+            "faults": self.faults,
+            "steps_by_drafter": self.steps_by_drafter,
+            "acceptance_by_position": [round(a / p, 4) for a, p in zip(accepted_at, self.proposed_at, strict=True)],
             # τ: tokens a row gains per target forward, the bonus/correction token included.
             "mean_accepted_length": round(self.emitted_tokens / self.row_steps, 4) if self.row_steps else None,
         }
@@ -72,37 +101,20 @@ def _bump(counts: list[int], index: int) -> None:
     counts[index] += 1
 
 
-@dataclass(frozen=True)
-class RelaxedRule:
-    """SpecDec's relaxed verification (greedy only)."""
-
-    top_beta: int
-    tolerance: float
-
-
 class SpeculativeStrategy:
-    """Speculative decoding with any proposer; `relaxed` turns exact greedy verification into SpecDec's."""
+    """Speculative decoding with one drafter (a fixed strategy) or several under a controller (`auto`)."""
 
-    def __init__(
-        self,
-        name: str,
-        runner: ModelRunner,
-        proposer: Proposer,
-        max_depth: int,
-        relaxed: RelaxedRule | None = None,
-        max_nodes: int | None = None,
-    ):
-        """`max_depth`: longest draft path (chain length); `max_nodes`: most nodes of a tree (default: chains)."""
+    def __init__(self, name: str, runner: ModelRunner, drafters: list[Drafter], controller: Controller | None = None):
+        if controller is None and len(drafters) != 1:
+            raise ValueError("several drafters need a controller to choose among them")
         self.name = name
         self.runner = runner
-        self.proposer = proposer
-        self.max_depth = max_depth
-        self.max_nodes = max_depth if max_nodes is None else max_nodes
-        self.relaxed = relaxed
+        self.drafters = {d.name: d for d in drafters}
+        self.controller = controller
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
         runner, sampling = self.runner, params.sampling
-        if self.relaxed is not None and not sampling.greedy:
+        if any(d.relaxed for d in self.drafters.values()) and not sampling.greedy:
             raise ValueError(f"{self.name} relaxes greedy verification: use it with temperature 0")
         kv = runner.new_kv(len(requests))
         logits = runner.prefill(kv, [r.prompt for r in requests])
@@ -110,46 +122,72 @@ class SpeculativeStrategy:
         first = choose_tokens(logits, sampling, keys, torch.zeros(len(requests), dtype=torch.long)).tolist()
         outputs = [[t] for t in first]
         reasons = [finish_reason(r, o, params, runner.max_context) for r, o in zip(requests, outputs, strict=True)]
+        emitted_by = [dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests]
         active = [i for i, reason in enumerate(reasons) if reason is None]
         stats = SpecStats()
-        proposer_ok = True
+        live: dict[str, Drafter] = {}
         if active:
             if len(active) < len(requests):
                 kv.select_rows(torch.tensor(active, device=runner.device))
             keys = keys[active]
-            try:
-                self.proposer.start([requests[i].prompt for i in active], keys, params)
-            except Exception:
-                proposer_ok = False
+            contexts = [requests[i].prompt + outputs[i] for i in active]
+            for name, drafter in self.drafters.items():
+                if self._call(stats, name, drafter.proposer.start, contexts, keys, params):
+                    live[name] = drafter
+            if self.controller is not None:
+                limits = {name: (d.max_depth, d.max_nodes) for name, d in live.items()}
+                self.controller.start_batch(limits, len(active))
         while active:
+            plan = self._plan(live, len(active))
+            drafter = live.get(plan.drafter)
             context = ProposalContext(
-                pending=[outputs[i][-1] for i in active],
                 generated=[len(outputs[i]) for i in active],
-                budgets=[self._budget(requests[i], outputs[i], params) for i in active],
+                budgets=[
+                    0 if row in plan.rows_off else self._room(requests[i], outputs[i], params, plan.depth)
+                    for row, i in enumerate(active)
+                ],
+                max_nodes=plan.nodes,
             )
-            drafts = self._drafts(context, proposer_ok, stats)
-            if drafts is None:
-                proposer_ok = False
-                drafts = [Draft.empty() for _ in active]
+            began = time.perf_counter()  # a step's cost includes drafting
+            drafts = self._drafts(drafter, context, stats, live)
+            if not any(len(d) for d in drafts):
+                drafter = None  # nothing to verify: a plain step
             first_slot = kv.num_slots
-            logits = self._verify(kv, context, drafts)
-            verdicts = self._accept(logits, drafts, context, keys, params)
+            try:
+                logits = self._verify(kv, [outputs[i][-1] for i in active], drafts)
+            except Exception as exc:  # the cache is as before the step (runner.forward); redo it plainly
+                if drafter is None:
+                    raise
+                stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
+                if self.controller is not None:
+                    self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
+                live.pop(drafter.name, None)
+                _free_device_memory(runner.device)
+                drafter, drafts = None, [Draft.empty() for _ in active]
+                logits = self._verify(kv, [outputs[i][-1] for i in active], drafts)
+            verdicts = self._accept(logits, drafts, context, keys, params, drafter)
+            wall_s = time.perf_counter() - began
+            used = drafter.name if drafter is not None else AUTOREGRESSIVE
             stats.target_forwards += 1
+            stats.steps_by_drafter[used] = stats.steps_by_drafter.get(used, 0) + 1
             keep = torch.zeros_like(kv.valid)
             for row, (verdict, draft) in enumerate(zip(verdicts, drafts, strict=True)):
                 keep[row, [first_slot + s for s in (0, *verdict.path)]] = True
                 stats.record(draft, verdict)
             kv.invalidate(~keep & (torch.arange(kv.num_slots, device=keep.device) >= first_slot))
-            if proposer_ok:
-                try:
-                    self.proposer.accepted([v.tokens for v in verdicts])
-                except Exception:
-                    proposer_ok = False
+            if self.controller is not None:
+                self.controller.observe(
+                    StepRecord(used, len(active), wall_s, [len(d) for d in drafts], [len(v.path) for v in verdicts])
+                )
+            emitted = [v.tokens for v in verdicts]
+            for name, d in list(live.items()):
+                if not self._call(stats, name, d.proposer.accepted, emitted):
+                    live.pop(name)
             still = []
             for row, (i, verdict) in enumerate(zip(active, verdicts, strict=True)):
                 for token in verdict.tokens:
                     outputs[i].append(token)
-                    stats.emitted_tokens += 1
+                    emitted_by[i][used] += 1
                     reasons[i] = finish_reason(requests[i], outputs[i], params, runner.max_context)
                     if reasons[i] is not None:
                         break
@@ -159,43 +197,77 @@ class SpeculativeStrategy:
                 kv.select_rows(torch.tensor(still, dtype=torch.long, device=runner.device))
                 keys = keys[still]
                 active = [active[row] for row in still]
-                if proposer_ok:
-                    try:
-                        self.proposer.keep_rows(still)
-                    except Exception:
-                        proposer_ok = False
+                for name, d in list(live.items()):
+                    if not self._call(stats, name, d.proposer.keep_rows, still):
+                        live.pop(name)
+                if self.controller is not None:
+                    self.controller.keep_rows(still)
             if active and kv.waste() > COMPACT_WASTE:
                 kv.compact()
-        rows = [RowOutput(tokens=o, finish_reason=r) for o, r in zip(outputs, reasons, strict=True)]
-        extra = self.proposer.stats() if proposer_ok else {}
+        rows = [
+            RowOutput(tokens=o, finish_reason=r, strategy=self._row_strategy(counts))
+            for o, r, counts in zip(outputs, reasons, emitted_by, strict=True)
+        ]
+        extra: dict = {}
+        for d in live.values():
+            extra.update(d.proposer.stats())
         return BatchOutput(
             rows=rows, strategy=self.name, target_forwards=stats.target_forwards, stats={**stats.as_dict(), **extra}
         )
 
-    def _budget(self, request: RowRequest, output: list[int], params: GenerationParams) -> int:
+    def _row_strategy(self, counts: dict[str, int]) -> str:
+        """What decoded the row: the strategy itself when fixed; under a controller, whichever emitted most."""
+        if self.controller is None:
+            return self.name
+        return max(counts, key=lambda name: counts[name])
+
+    def _plan(self, live: dict[str, Drafter], batch_size: int) -> Plan:
+        if self.controller is not None:
+            return self.controller.plan(batch_size)
+        if not live:
+            return Plan(AUTOREGRESSIVE, 0, 0)
+        d = next(iter(live.values()))
+        return Plan(d.name, d.max_depth, d.max_nodes)
+
+    def _call(self, stats: SpecStats, name: str, fn: Callable[..., object], *args: object) -> bool:
+        """Run a proposer callback; on an exception the drafter is off for the batch (a fallback, logged)."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:
+            stats.faults.append(f"proposer {name}: {type(exc).__name__}: {exc}")
+            if self.controller is not None:
+                self.controller.drafter_failed(name, f"proposer raised {type(exc).__name__}")
+            return False
+
+    def _room(self, request: RowRequest, output: list[int], params: GenerationParams, depth: int) -> int:
         """Draft tokens that can still be emitted: a step emits them plus one target token."""
         room = min(params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
-        return max(0, min(self.max_depth, room))
+        return max(0, min(depth, room))
 
-    def _drafts(self, context: ProposalContext, proposer_ok: bool, stats: SpecStats) -> list[Draft] | None:
-        """The proposer's drafts, each checked; None when the proposer failed (it is off for the batch)."""
-        if not proposer_ok:
-            return None
-        try:
-            drafts = self.proposer.propose(context)
-        except Exception:
-            return None
-        if len(drafts) != len(context.pending):
-            return None
+    def _drafts(
+        self, drafter: Drafter | None, context: ProposalContext, stats: SpecStats, live: dict[str, Drafter]
+    ) -> list[Draft]:
+        """The drafter's drafts, each checked; empty drafts when there is none or it failed."""
+        empty = [Draft.empty() for _ in context.budgets]
+        if drafter is None or not any(context.budgets):
+            return empty
+        drafts: list[Draft] = []
+        if not self._call(stats, drafter.name, lambda: drafts.extend(drafter.proposer.propose(context))):
+            live.pop(drafter.name, None)
+            return empty
+        if len(drafts) != len(context.budgets):
+            stats.faults.append(f"proposer {drafter.name}: {len(drafts)} drafts for {len(context.budgets)} rows")
+            return empty
         checked = []
         for draft, budget in zip(drafts, context.budgets, strict=True):
-            if draft_problem(draft, self.runner.vocab_size, self.max_nodes, budget) is not None:
+            if draft_problem(draft, self.runner.vocab_size, context.max_nodes, budget) is not None:
                 stats.fallbacks += 1
                 draft = Draft.empty()
             checked.append(draft)
         return checked
 
-    def _verify(self, kv: RaggedKV, context: ProposalContext, drafts: list[Draft]) -> torch.Tensor:
+    def _verify(self, kv: RaggedKV, pending: list[int], drafts: list[Draft]) -> torch.Tensor:
         """One target forward over `[pending, nodes…]` of every row; logits [B, 1+N, V]."""
         device = self.runner.device
         width = 1 + max(len(d) for d in drafts)
@@ -206,7 +278,7 @@ class SpeculativeStrategy:
         attend = torch.zeros(b, width, width, dtype=torch.bool)
         for row, draft in enumerate(drafts):
             n = len(draft)
-            ids[row, 0] = context.pending[row]
+            ids[row, 0] = pending[row]
             ids[row, 1 : n + 1] = torch.tensor(draft.tokens, dtype=torch.long)
             depth[row, : n + 1] = torch.tensor(tree_depths(draft.parents))
             valid[row, : n + 1] = True
@@ -222,11 +294,13 @@ class SpeculativeStrategy:
         context: ProposalContext,
         keys: torch.Tensor,
         params: GenerationParams,
+        drafter: Drafter | None,
     ) -> list[Verdict]:
         sampling = params.sampling
-        if self.relaxed is not None:
+        if drafter is not None and drafter.relaxed is not None:
+            rule = drafter.relaxed
             return [
-                relaxed_walk(d, logits[row, : len(d) + 1], self.relaxed.top_beta, self.relaxed.tolerance)
+                relaxed_walk(d, logits[row, : len(d) + 1], rule.top_beta, rule.tolerance)
                 for row, d in enumerate(drafts)
             ]
         b, width, _ = logits.shape
@@ -261,3 +335,8 @@ class SpeculativeStrategy:
                 rejection_chain(d, probs[row, : n + 1], accept_u[row, :n], residual_u[row, :n], float(draws[row, n]))
             )
         return verdicts
+
+
+def _free_device_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

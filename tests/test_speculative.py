@@ -13,7 +13,7 @@ from strategies.drafts import Draft
 from strategies.proposer import ProposalContext
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams
-from strategies.speculative import RelaxedRule, SpeculativeStrategy
+from strategies.speculative import Drafter, RelaxedRule, SpeculativeStrategy
 
 K = 4
 PROMPTS = [
@@ -42,6 +42,10 @@ def random_draft(tiny_draft_dir):
     return ModelRunner(_load(tiny_draft_dir))
 
 
+def _spec(name, runner, proposer, relaxed=None):
+    return SpeculativeStrategy(name, runner, [Drafter(name, proposer, K, K, relaxed)])
+
+
 def _params(n=24, eos=frozenset(), ignore_eos=True, **sampling):
     return GenerationParams(n, SamplingParams(**sampling), eos_token_ids=eos, ignore_eos=ignore_eos)
 
@@ -62,8 +66,8 @@ class ScriptedProposer:
     def __init__(self, reference: list[list[int]], vocab_size: int, right: bool) -> None:
         self.reference, self.vocab_size, self.right = reference, vocab_size, right
 
-    def start(self, prompts, keys, params):
-        self.rows = list(range(len(prompts)))
+    def start(self, contexts, keys, params):
+        self.rows = list(range(len(contexts)))
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         drafts = []
@@ -88,7 +92,7 @@ def test_speculative_equals_autoregressive(target, random_draft, tiny_model_dir,
     reference = _tokens(AutoregressiveStrategy(target), prompts, params)
     same_model = ModelRunner(_load(tiny_model_dir))
     for draft in (same_model, random_draft):
-        spec = SpeculativeStrategy("speculative", target, DraftModelProposer(draft, target.vocab_size), K, None)
+        spec = _spec("speculative", target, DraftModelProposer(draft, target.vocab_size))
         out = spec.generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
         if draft is same_model:  # every draft accepted: k+1 tokens per forward until the end
@@ -96,7 +100,7 @@ def test_speculative_equals_autoregressive(target, random_draft, tiny_model_dir,
             assert out.target_forwards <= len(prompts) * -(-(params.max_new_tokens - 1) // (K + 1))
     for right in (True, False):
         proposer = ScriptedProposer(reference, target.vocab_size, right)
-        out = SpeculativeStrategy("scripted", target, proposer, K, None).generate(_requests(prompts), params)
+        out = _spec("scripted", target, proposer).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
         if right:
             assert out.stats["mean_accepted_length"] > K
@@ -106,7 +110,7 @@ def test_speculative_equals_autoregressive(target, random_draft, tiny_model_dir,
 
 def test_boundaries_eos_in_a_draft_max_tokens_mid_draft_and_context_end(target, tiny_model_dir):
     same_model = ModelRunner(_load(tiny_model_dir))
-    spec = SpeculativeStrategy("speculative", target, DraftModelProposer(same_model, target.vocab_size), K, None)
+    spec = _spec("speculative", target, DraftModelProposer(same_model, target.vocab_size))
     ar = AutoregressiveStrategy(target)
     free = _tokens(ar, PROMPTS, _params(12))
     # EOS = the 6th generated token of row 0: inside the second draft chain.
@@ -130,19 +134,19 @@ def test_specdec(target, random_draft):
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
     proposer = DraftModelProposer(random_draft, target.vocab_size)
-    exact = SpeculativeStrategy("specdec", target, proposer, K, RelaxedRule(top_beta=1, tolerance=0.0))
+    exact = _spec("specdec", target, proposer, RelaxedRule(top_beta=1, tolerance=0.0))
     assert _tokens(exact, PROMPTS, params) == reference
     # From the same state (one step, the same drafts), β > 1 accepts at least as many tokens.
     one_step = _params(K + 1)
     strict = exact.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"]
-    loose = SpeculativeStrategy("specdec", target, proposer, K, RelaxedRule(top_beta=4, tolerance=3.0))
+    loose = _spec("specdec", target, proposer, RelaxedRule(top_beta=4, tolerance=3.0))
     assert loose.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"] >= strict
     with pytest.raises(ValueError, match="temperature 0"):
         exact.generate(_requests(PROMPTS), _params(temperature=1.0))
 
 
 def test_seeded_sampling_is_deterministic_and_independent_of_the_batch(target, random_draft):
-    spec = SpeculativeStrategy("speculative", target, DraftModelProposer(random_draft, target.vocab_size), K, None)
+    spec = _spec("speculative", target, DraftModelProposer(random_draft, target.vocab_size))
     params = _params(16, temperature=0.8, top_k=40, seed=3)
     first = _tokens(spec, PROMPTS, params)
     assert first == _tokens(spec, PROMPTS, params)
@@ -172,7 +176,7 @@ class BrokenProposer(ScriptedProposer):
 def test_proposer_faults_fall_back_to_autoregressive_steps(target, mode):
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
-    spec = SpeculativeStrategy("scripted", target, BrokenProposer(reference, target.vocab_size, mode), K, None)
+    spec = _spec("scripted", target, BrokenProposer(reference, target.vocab_size, mode))
     out = spec.generate(_requests(PROMPTS), params)
     assert [r.tokens for r in out.rows] == reference
     if mode == "invalid":

@@ -7,6 +7,7 @@ a Ray actor. It never publishes anything: it stages one part per attempt and ret
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -22,9 +23,10 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from strategies import registry
-from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest
+from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest, Strategy
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams, row_key
+from workers.controller import AdaptiveController
 from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
 from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
@@ -68,18 +70,10 @@ class Generator:
         model_dir = resolve_model_dir(spec.model_target, spec.cache_dir)
         model, self.tokenizer = load_model(model_dir, self.dtype, self.device, spec.trust_remote_code)
         self.runner = ModelRunner(model)
-        draft = None
-        if spec.strategy.name in registry.NEEDS_DRAFT and spec.model_draft:
-            draft_model, draft_tokenizer = load_model(
-                resolve_model_dir(spec.model_draft, spec.cache_dir), self.dtype, self.device, spec.trust_remote_code
-            )
-            if draft_tokenizer.get_vocab() != self.tokenizer.get_vocab():
-                raise ValueError(
-                    f"model.draft {spec.model_draft} has a different tokenizer than model.target {spec.model_target}: "
-                    "a draft must share the target's vocabulary"
-                )
-            draft = ModelRunner(draft_model)
-        self.strategy = registry.create(spec.strategy, self.runner, draft)
+        self.draft = self._load_draft() if spec.model_draft else None
+        self.controller = AdaptiveController() if spec.strategy.adaptive else None
+        self._strategies: dict[str, Strategy] = {}
+        self._strategy(spec.strategy.name)  # fail at start, not at the first unit
         self.params = GenerationParams(
             max_new_tokens=spec.max_new_tokens,
             sampling=SamplingParams(spec.temperature, spec.top_k, spec.top_p, spec.seed),
@@ -90,6 +84,24 @@ class Generator:
         self._lock = threading.Lock()
         self._rows_done = 0
         self._generated = 0
+
+    def _load_draft(self) -> ModelRunner:
+        spec = self.spec
+        path = resolve_model_dir(spec.model_draft, spec.cache_dir)
+        draft_model, draft_tokenizer = load_model(path, self.dtype, self.device, spec.trust_remote_code)
+        if draft_tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise ValueError(
+                f"model.draft {spec.model_draft} has a different tokenizer than model.target {spec.model_target}: "
+                "a draft must share the target's vocabulary"
+            )
+        return ModelRunner(draft_model)
+
+    def _strategy(self, name: str) -> Strategy:
+        """The actor's instance of a strategy (it keeps state across batches, e.g. a Lookahead trie)."""
+        if name not in self._strategies:
+            options = dataclasses.replace(self.spec.strategy, name=name)
+            self._strategies[name] = registry.create(options, self.runner, self.draft, self.controller)
+        return self._strategies[name]
 
     def ready(self) -> dict[str, Any]:
         return {
@@ -136,7 +148,12 @@ class Generator:
 
     def _read_unit(self, unit: WorkUnit) -> pa.Table:
         spec = self.spec
-        wanted = [spec.prompt_column, *([spec.id_column] if spec.id_column else []), *spec.keep_columns]
+        wanted = [
+            spec.prompt_column,
+            *([spec.id_column] if spec.id_column else []),
+            *([spec.strategy_column] if spec.strategy_column else []),
+            *spec.keep_columns,
+        ]
         try:
             fs, path = filesystem(unit.shard_url, spec.input_storage_options)
             with fs.open(path, "rb") as f:
@@ -190,21 +207,19 @@ class Generator:
             else:
                 token_ids[i] = ids
 
-        # Rows of similar length share a batch, so padding wastes little.
-        order = sorted(token_ids, key=lambda i: len(token_ids[i]))
+        by_strategy = self._strategy_per_row(table, token_ids, columns)
         records = []
-        for start in range(0, len(order), spec.batch_size):
-            batch = order[start : start + spec.batch_size]
+        for name, batch in self._batches(by_strategy, token_ids):
             requests = [RowRequest(token_ids[i], row_key(row_ids[i]), self.stop_strings.for_row()) for i in batch]
             began = time.perf_counter()
-            result = self.strategy.generate(requests, self.params)
+            result = self._strategy(name).generate(requests, self.params)
             wall_s = time.perf_counter() - began
             generated = 0
             for i, row in zip(batch, result.rows, strict=True):
                 columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(spec.stop))
                 columns["finish_reason"][i] = row.finish_reason
                 columns["num_generated_tokens"][i] = len(row.tokens)
-                columns["strategy"][i] = result.strategy
+                columns["strategy"][i] = row.strategy or result.strategy
                 generated += len(row.tokens)
             with self._lock:
                 self._rows_done += len(batch)
@@ -227,11 +242,50 @@ class Generator:
                     "tokens_per_s": round(generated / wall_s, 3) if wall_s > 0 else None,
                     "time": time.time(),
                     **result.stats,
+                    "switches": self.controller.drain_events() if self.controller is not None else [],
                 }
             )
         with self._lock:
-            self._rows_done += n - len(order)
+            self._rows_done += n - len(token_ids)
         return columns, records
+
+    def _strategy_per_row(
+        self, table: pa.Table, token_ids: dict[int, list[int]], columns: dict[str, list]
+    ) -> dict[str, list[int]]:
+        """Rows to decode, grouped by strategy: `input.strategy_column` where given, else the job's.
+
+        A row naming an unknown strategy (or one whose model is missing) becomes an error row.
+        """
+        default = self.spec.strategy.name
+        wanted = table.column(self.spec.strategy_column).to_pylist() if self.spec.strategy_column else None
+        groups: dict[str, list[int]] = {}
+        for i in list(token_ids):
+            name = (wanted[i] if wanted else None) or default
+            try:
+                self._strategy(name)
+            except (KeyError, ValueError) as exc:
+                columns["error"][i] = f"{self.spec.strategy_column}: {exc.args[0]}"
+                del token_ids[i]
+                continue
+            groups.setdefault(name, []).append(i)
+        return groups
+
+    def _batches(self, groups: dict[str, list[int]], token_ids: dict[int, list[int]]):
+        """(strategy, rows) batches: rows of similar prompt length together, at most `batch_size` rows
+        and `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
+        spec = self.spec
+        for name, rows in groups.items():
+            batch: list[int] = []
+            tokens = 0
+            for i in sorted(rows, key=lambda i: len(token_ids[i])):
+                cost = len(token_ids[i]) + spec.max_new_tokens
+                if batch and (len(batch) >= spec.batch_size or tokens + cost > spec.max_batch_tokens):
+                    yield name, batch
+                    batch, tokens = [], 0
+                batch.append(i)
+                tokens += cost
+            if batch:
+                yield name, batch
 
 
 def _write(url: str, data: bytes, storage_options: dict[str, Any]) -> None:

@@ -41,7 +41,9 @@ class WorkerSpec:
     prompt_column: str
     id_column: str | None
     keep_columns: tuple[str, ...]
+    strategy_column: str | None
     batch_size: int
+    max_batch_tokens: int
     torch_threads: int
     input_storage_options: dict[str, Any] = field(default_factory=dict)
     output_storage_options: dict[str, Any] = field(default_factory=dict)

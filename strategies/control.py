@@ -1,0 +1,48 @@
+"""What the speculative loop asks its controller each step, and what it reports back.
+
+The controller is a policy fed by measurements (`workers.controller.AdaptiveController`); this
+module only fixes the vocabulary, so strategies stay free of the policy and testable without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+AUTOREGRESSIVE = "autoregressive"
+
+
+@dataclass
+class Plan:
+    """How to decode the next step of a batch."""
+
+    drafter: str  # a drafter's name, or AUTOREGRESSIVE for a plain step
+    depth: int  # deepest draft path to ask for
+    nodes: int  # most draft nodes per row (trees)
+    rows_off: set[int] = field(default_factory=set)  # batch rows that take a plain step anyway
+
+
+@dataclass
+class StepRecord:
+    """What one step cost and gained."""
+
+    drafter: str
+    batch_size: int
+    wall_s: float
+    drafted: list[int]  # per row: draft tokens verified
+    accepted: list[int]  # per row: draft tokens accepted
+
+
+class Controller(Protocol):
+    def start_batch(self, drafters: dict[str, tuple[int, int]], batch_size: int) -> None:
+        """A new batch; `drafters` maps each available drafter to its (max depth, max nodes)."""
+
+    def plan(self, batch_size: int) -> Plan: ...
+
+    def observe(self, record: StepRecord) -> None: ...
+
+    def drafter_failed(self, drafter: str, reason: str) -> None:
+        """The drafter raised: it is off for the rest of the batch."""
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only these batch rows remain (per-row state follows them)."""

@@ -1,0 +1,199 @@
+"""The adaptive controller: estimates and hysteresis on literal statistics; fallbacks end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from strategies.autoregressive import AutoregressiveStrategy
+from strategies.base import GenerationParams, RowRequest
+from strategies.control import AUTOREGRESSIVE, StepRecord
+from strategies.drafts import Draft
+from strategies.kv_cache import SlotLayer
+from strategies.runner import ModelRunner
+from strategies.sampling import SamplingParams
+from strategies.speculative import Drafter, SpeculativeStrategy
+from workers.controller import AdaptiveController, ControllerSettings, bucket
+
+LOOKUP = "lookup"
+
+
+def _controller(**settings) -> AdaptiveController:
+    controller = AdaptiveController(ControllerSettings(explore_steps=1, probe_every=1000, **settings))
+    controller.start_batch({LOOKUP: (4, 4)}, batch_size=2)
+    return controller
+
+
+def _step(controller, drafter, wall_s, accepted, drafted=(4, 4)):
+    plan = controller.plan(2)
+    controller.observe(StepRecord(drafter, 2, wall_s, list(drafted), list(accepted)))
+    return plan
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32)] == [1, 2, 4, 4, 8, 8, 16, 32]
+
+
+def test_estimate_is_tokens_per_second_relative_to_plain_steps():
+    c = _controller()
+    _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
+    _step(c, LOOKUP, 0.015, [2, 2])  # 3 tokens per row in 1.5x the time of a plain step
+    assert c.speedup(LOOKUP, 2) == pytest.approx(2.0)
+    assert c.plan(2).drafter == LOOKUP  # 2.0 > 1.05: speculation on
+
+
+def test_hysteresis_keeps_the_choice_near_break_even_and_switches_off_below():
+    c = _controller(smoothing=1.0)  # no smoothing: each measurement is the estimate
+    _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
+    _step(c, LOOKUP, 0.010, [1, 1])
+    assert c.plan(2).drafter == LOOKUP
+    c.observe(StepRecord(LOOKUP, 2, 0.0103, [4, 4], [0, 0]))  # estimate 0.97: inside the ±5% band
+    assert c.speedup(LOOKUP, 2) == pytest.approx(0.971, abs=1e-3) and c.plan(2).drafter == LOOKUP
+    c.observe(StepRecord(LOOKUP, 2, 0.013, [4, 4], [0, 0]))  # 0.77: off
+    assert c.plan(2).drafter == AUTOREGRESSIVE
+    events = c.drain_events()
+    assert events[-1]["from"] == LOOKUP and events[-1]["to"] == AUTOREGRESSIVE and "estimates" in events[-1]
+    c.observe(StepRecord(LOOKUP, 2, 0.0100, [4, 4], [0, 1]))  # 1.5 tokens per row: back on above 1.05
+    assert c.plan(2).drafter == LOOKUP
+
+
+def test_a_probe_comes_back_after_a_switch_off():
+    c = AdaptiveController(ControllerSettings(explore_steps=1, probe_every=5))
+    c.start_batch({LOOKUP: (4, 4)}, 2)
+    drafters = []
+    for _ in range(16):
+        plan = c.plan(2)
+        drafters.append(plan.drafter)
+        slow = plan.drafter == LOOKUP  # lookup takes twice as long and gains nothing
+        c.observe(StepRecord(plan.drafter, 2, 0.02 if slow else 0.01, [4, 4] if slow else [0, 0], [0, 0]))
+    assert drafters[:2] == [AUTOREGRESSIVE, LOOKUP]  # each explored once
+    assert drafters[2:].count(LOOKUP) == 3  # then probed at steps 5, 10 and 15, never chosen
+
+
+def test_rows_whose_drafts_keep_failing_step_plainly_for_a_while():
+    c = _controller(row_patience=2, row_cooldown=3)
+    _step(c, AUTOREGRESSIVE, 0.01, [0, 0], drafted=(0, 0))
+    for _ in range(2):
+        c.observe(StepRecord(LOOKUP, 2, 0.005, [4, 4], [0, 3]))
+    plan = c.plan(2)
+    assert plan.rows_off == {0}
+    assert any(e["scope"] == "row" and e["row"] == 0 for e in c.drain_events())
+
+
+def test_chain_depth_grows_with_acceptance_and_shrinks_without():
+    c = _controller()
+    c.depth[LOOKUP] = 2
+    c.limits[LOOKUP] = (6, 6)
+    c.observe(StepRecord(LOOKUP, 2, 0.01, [2, 2], [2, 2]))
+    assert c.depth[LOOKUP] == 3
+    for _ in range(3):
+        c.observe(StepRecord(LOOKUP, 2, 0.01, [3, 3], [0, 0]))
+    assert c.depth[LOOKUP] == 1
+
+
+# -- end to end: the controller inside the speculative loop (float64, exact) ---------------------
+
+PROMPTS = [[5, 6, 7, 8, 9], [13], [14, 15, 16], [17, 18, 19, 20, 21, 22]]
+PARAMS = GenerationParams(40, SamplingParams(), frozenset(), ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir):
+    return ModelRunner(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64))
+
+
+@pytest.fixture(scope="module")
+def reference(runner):
+    return [r.tokens for r in AutoregressiveStrategy(runner).generate(_requests(), PARAMS).rows]
+
+
+def _requests():
+    return [RowRequest(list(p), i) for i, p in enumerate(PROMPTS)]
+
+
+class Oracle:
+    """Drafts from the known greedy continuation: always right, or never the target's argmax."""
+
+    name = "oracle"
+
+    def __init__(self, reference, right=True, fail_at=None):
+        self.reference, self.right, self.fail_at, self.calls = reference, right, fail_at, 0
+
+    def start(self, contexts, keys, params):
+        self.rows = list(range(len(contexts)))
+
+    def propose(self, context):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("proposer broke")
+        drafts = []
+        for row, g, budget in zip(self.rows, context.generated, context.budgets, strict=True):
+            truth = self.reference[row][g : g + budget]
+            drafts.append(Draft.chain(truth if self.right else [(t + 1) % 300 for t in truth]))
+        return drafts
+
+    def accepted(self, emitted):
+        pass
+
+    def keep_rows(self, rows):
+        self.rows = [self.rows[r] for r in rows]
+
+    def stats(self):
+        return {}
+
+
+def _adaptive(runner, proposer, **settings):
+    controller = AdaptiveController(ControllerSettings(explore_steps=1, probe_every=1000, **settings))
+    return SpeculativeStrategy("oracle", runner, [Drafter("oracle", proposer, 4, 4)], controller), controller
+
+
+def test_an_always_wrong_proposer_is_switched_off_quickly(runner, reference):
+    strategy, _ = _adaptive(runner, Oracle(reference, right=False))
+    out = strategy.generate(_requests(), PARAMS)
+    assert [r.tokens for r in out.rows] == reference
+    steps = out.stats["steps_by_drafter"]
+    assert steps.get("oracle", 0) <= 3 and steps[AUTOREGRESSIVE] > 30
+    assert all(r.strategy == AUTOREGRESSIVE for r in out.rows)
+
+
+def test_a_perfect_proposer_stays_on(runner, reference):
+    strategy, _ = _adaptive(runner, Oracle(reference, right=True))
+    out = strategy.generate(_requests(), PARAMS)
+    assert [r.tokens for r in out.rows] == reference
+    steps = out.stats["steps_by_drafter"]
+    assert steps["oracle"] >= 3 * steps.get(AUTOREGRESSIVE, 0)
+    assert all(r.strategy == "oracle" for r in out.rows)
+
+
+def test_a_raising_proposer_falls_back_with_exact_output(runner, reference):
+    strategy, controller = _adaptive(runner, Oracle(reference, right=True, fail_at=3))
+    out = strategy.generate(_requests(), PARAMS)
+    assert [r.tokens for r in out.rows] == reference
+    assert any("proposer broke" in f for f in out.stats["faults"])
+    assert any(e["from"] == "oracle" and "raised" in e["reason"] for e in controller.drain_events())
+
+
+def test_out_of_memory_inside_the_verify_forward_leaves_caches_intact(runner, reference, monkeypatch):
+    """A CUDA OOM raised mid-forward (after some layers wrote the cache) redoes the step plainly."""
+    real_update = SlotLayer.update
+    state = {"calls": 0, "raised": 0}
+
+    def flaky_update(self, key_states, value_states, *args, **kwargs):
+        state["calls"] += 1
+        if self.length > 0 and key_states.shape[-2] > 1 and state["raised"] < 2 and state["calls"] % 2 == 0:
+            state["raised"] += 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_update(self, key_states, value_states, *args, **kwargs)
+
+    monkeypatch.setattr(SlotLayer, "update", flaky_update)
+    for controller in (True, False):
+        state.update(calls=0, raised=0)
+        if controller:
+            strategy, _ = _adaptive(runner, Oracle(reference, right=True))
+        else:
+            strategy = SpeculativeStrategy("oracle", runner, [Drafter("oracle", Oracle(reference), 4, 4)])
+        out = strategy.generate(_requests()[:1], PARAMS)
+        assert state["raised"] >= 1
+        assert out.rows[0].tokens == reference[0]
+        assert any("OutOfMemoryError" in f for f in out.stats["faults"])
