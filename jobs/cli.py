@@ -3,6 +3,7 @@
     accelgen generate [CONFIG.yaml] [key=value ...]   run a generation job
     accelgen bench [key=value ...]                     time strategies against transformers' generate
     accelgen train {tokenizer,lm,draft,eval} ...       build the shipped model family
+    accelgen verify OUTPUT_URL [--input INPUT_URL]     check a job's output against the output contract
 
 A `JobError` is printed as one message and exits with status 2; an incomplete job exits with 1.
 """
@@ -26,6 +27,7 @@ commands:
   generate [CONFIG.yaml] [key=value ...]   run a generation job (accelgen generate --help lists every key)
   bench [key=value ...]                     benchmark strategies against transformers (accelgen bench --help)
   train <job> [CONFIG.yaml] [key=value ...] build the shipped model family (accelgen train --help)
+  verify OUTPUT_URL [--input INPUT_URL]     check an output: one row per input row, manifest, checksums
 """
 
 
@@ -59,7 +61,26 @@ def generate(args: list[str]) -> int:
     yaml_path, overrides = split_args(args)
     config = load_config(default_job_config(), yaml_path, overrides)
     outcome = run_job(config)
-    return 1 if outcome.status == "failed" else 0
+    return {"failed": 1, "interrupted": 143}.get(outcome.status, 0)
+
+
+def verify(args: list[str]) -> int:
+    import argparse
+    import json
+
+    from pipeline.verify import verify as check
+
+    parser = argparse.ArgumentParser(prog="accelgen verify", description="Check a job's output against its contract.")
+    parser.add_argument("output_url")
+    parser.add_argument("--input", dest="input_url", help="the job's input: output row ids must equal its row ids")
+    parser.add_argument("--storage-options", default="{}", help="fsspec storage options as JSON (both URLs)")
+    parsed = parser.parse_args(args)
+    report = check(parsed.output_url, parsed.input_url, json.loads(parsed.storage_options))
+    for problem in report.problems:
+        print(f"FAIL {problem}")
+    verdict = "OK" if report.ok else f"{len(report.problems)} problems"
+    print(f"{verdict}: {report.parts} parts, {report.rows} rows in {parsed.output_url}")
+    return 0 if report.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.bench import main as bench_main
 
             return bench_main(args)
+        if command == "verify":
+            return verify(args)
         if command == "train":
             from jobs.train.cli import main as train_main
 

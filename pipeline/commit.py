@@ -67,6 +67,7 @@ class OutputFolder:
         The one accepted difference: input shards that changed but have no committed unit yet
         (`fingerprint.changed_shards`); the folder then takes the new identity.
         """
+        self.fs.invalidate_cache()  # object-store listings are cached; this run must see what is there now
         existing = self.read_json(JOB_FILE)
         if existing is None:
             if self.fs.exists(self.path) and self.fs.ls(self.path, detail=False):
@@ -92,6 +93,7 @@ class OutputFolder:
 
     def committed(self) -> dict[str, dict[str, Any]]:
         """Commit records of the units whose parts are in place, by unit id."""
+        self.fs.invalidate_cache()
         try:
             names = self.fs.ls(self._p("_commits"), detail=False)
         except FileNotFoundError:
@@ -134,9 +136,21 @@ class OutputFolder:
         if self.fs.exists(staged):
             self.fs.rm(staged)
 
+    def _abort_incomplete_uploads(self) -> None:
+        """S3 keeps the parts of a multipart upload a crash left unfinished (and bills them): abort
+        those under this output's prefix, and only those."""
+        if not hasattr(self.fs, "list_multipart_uploads"):
+            return
+        bucket, _, prefix = self.path.partition("/")
+        for upload in self.fs.list_multipart_uploads(bucket):
+            if upload["Key"].startswith(prefix + "/"):
+                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
     def finish(self, manifest: dict[str, Any]) -> None:
         """Write the manifest, drop leftover staging, then `_SUCCESS` — the last write of a job."""
         self.write_json(MANIFEST_FILE, manifest)
+        self.fs.invalidate_cache()
         if self.fs.exists(self._p("_staging")):
             self.fs.rm(self._p("_staging"), recursive=True)
+        self._abort_incomplete_uploads()
         write_bytes(self.fs, self._p(SUCCESS_FILE), b"")

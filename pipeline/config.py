@@ -91,6 +91,9 @@ class WorkersConfig:
         300.0, "Fail the job when the actors are not scheduled and loaded within this many seconds."
     )
     max_unit_attempts: int = _opt(3, "Attempts per work unit before the unit is reported failed.")
+    unit_timeout_s: float = _opt(
+        900.0, "An attempt that finishes no batch for this long is taken as hung: its actor restarts, the unit retries."
+    )
 
 
 @dataclass

@@ -8,8 +8,11 @@ attempt is retried on the same or a restarted actor up to `workers.max_unit_atte
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from pipeline.fingerprint import fingerprint, identity
 from pipeline.shards import check_columns, check_ids, list_shards, plan_units
 from strategies import registry
 from strategies.lookahead import MODES
+from workers import faults
 from workers.generator import Generator, UnitInputError
 from workers.model_loading import model_weights_hash
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
@@ -36,9 +40,47 @@ RESERVED_CPUS = 1.0
 PROGRESS_POLL_S = 1.0
 
 
+CRASHING_ROW = "this row made the generator process crash on every attempt; it was skipped"
+
+
+class JobInterrupted(Exception):
+    """The driver was asked to stop (SIGTERM): nothing partial was committed; rerun to resume."""
+
+
+@dataclass
+class _Flight:
+    """An attempt of a unit in flight on an actor, with its last heartbeat (actor progress)."""
+
+    unit: WorkUnit
+    attempt: int
+    actor: int
+    beat: tuple[int, int]
+    beat_at: float
+    hung: bool = False
+
+
+class _StopOnSigterm:
+    """Within the block, SIGTERM sets `requested` instead of killing the driver mid-commit."""
+
+    requested = False
+
+    def __enter__(self) -> _StopOnSigterm:
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
 @dataclass
 class JobOutcome:
-    status: str  # "succeeded" | "already_complete" | "failed"
+    status: str  # "succeeded" | "already_complete" | "failed" | "interrupted"
     summary: dict[str, Any]
 
 
@@ -65,8 +107,8 @@ def validate(config: JobConfig) -> None:
     unknown = sorted(set(config.strategy.candidates) - set(registry.drafting()))
     if unknown:
         problems.append(f"strategy.candidates {unknown} are unknown; available: {', '.join(registry.drafting())}")
-    if w.max_batch_tokens <= 0:
-        problems.append("workers.max_batch_tokens must be > 0")
+    if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
+        problems.append("workers.max_batch_tokens and workers.unit_timeout_s must be > 0")
     if config.strategy.name in registry.NEEDS_DRAFT and not config.model.draft:
         problems.append(f"strategy.name={config.strategy.name} needs a draft model: set model.draft")
     if config.strategy.num_speculative_tokens < 0 or config.strategy.specdec.top_beta < 1:
@@ -122,6 +164,9 @@ def run_job(config: JobConfig) -> JobOutcome:
         pool = ActorPool(config, _worker_spec(config, job_id))
         try:
             results, failures = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
+        except JobInterrupted as exc:
+            print(f"job {job_id[:12]} interrupted: {exc}; run the same command again to resume", file=sys.stderr)
+            return JobOutcome("interrupted", {"rows": total_rows})
         finally:
             pool.shutdown()
     wall_s = time.perf_counter() - started
@@ -203,10 +248,13 @@ class ActorPool:
         options: dict[str, Any] = {
             "num_cpus": w.num_cpus_per_actor,
             "num_gpus": w.num_gpus_per_actor if use_gpus else 0,
-            "max_restarts": w.max_unit_attempts,
+            "max_restarts": -1,  # unit attempts bound the restarts an actor's deaths can cause
             "max_concurrency": 2,  # run_unit, and progress() polls beside it
             "resources": dict(w.custom_resources),
         }
+        self.faults = faults.plan()
+        if self.faults:
+            options["runtime_env"] = {"env_vars": {faults.FAULTS_ENV: os.environ[faults.FAULTS_ENV]}}
         remote = ray.remote(Generator).options(**options)
         self.actors = [remote.remote(spec, f"actor-{i}") for i in range(n)]
         self.resources_per_actor = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
@@ -234,54 +282,114 @@ class ActorPool:
     def run(
         self, units: list[WorkUnit], output: OutputFolder, total_rows: int, rows_before: int
     ) -> tuple[list[UnitResult], dict[str, str]]:
-        """Feed every unit to an idle actor, commit each staged part; returns results and failed units."""
-        max_attempts = self.config.workers.max_unit_attempts
+        """Feed every unit to an idle actor, commit each staged part; returns results and failed units.
+
+        A failed attempt is retried; a unit whose attempts all killed their actor is searched for the
+        row that does (`_find_crashing_row`), which then becomes an error row. An attempt that makes no
+        progress (no batch finished) for `workers.unit_timeout_s` is taken as hung: its actor is
+        restarted and the unit retried. SIGTERM stops the job between commits.
+        """
+        w = self.config.workers
         queue: deque[tuple[WorkUnit, int]] = deque((u, 1) for u in units)
         idle = list(range(len(self.actors)))
-        inflight: dict[ray.ObjectRef, tuple[WorkUnit, int, int]] = {}
+        inflight: dict[ray.ObjectRef, _Flight] = {}
         results: list[UnitResult] = []
         failures: dict[str, str] = {}
-        baseline = [0] * len(self.actors)  # actor progress at assignment: rows of the unit in flight
-        committed_rows = rows_before
+        crashes: dict[str, int] = {}  # unit -> attempts that ended with the actor's death
+        error_rows: dict[str, dict[int, str]] = {}
+        committed_rows, commits = rows_before, 0
         bar = tqdm(total=total_rows, initial=rows_before, unit="row", desc="generate", dynamic_ncols=True)
         started = time.perf_counter()
-        try:
-            while queue or inflight:
-                while queue and idle:
-                    unit, attempt = queue.popleft()
-                    a = idle.pop(0)
-                    baseline[a] = self._progress()[a][0]
-                    ref = self.actors[a].run_unit.remote(
-                        unit, attempt, output.staged_url(unit.unit_id), output.batch_log_url(unit.unit_id, attempt)
-                    )
-                    inflight[ref] = (unit, attempt, a)
-                done, _ = ray.wait(list(inflight), num_returns=1, timeout=PROGRESS_POLL_S)
-                for ref in done:
-                    unit, attempt, a = inflight.pop(ref)
-                    idle.append(a)
-                    try:
-                        result: UnitResult = ray.get(ref)
-                    except (RayActorError, RayTaskError) as exc:
-                        message = _cause(exc)
-                        retry = attempt < max_attempts and not _is_input_error(exc)
-                        tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
-                        if retry:
-                            queue.append((unit, attempt + 1))
-                        else:
-                            failures[unit.unit_id] = message
-                        continue
-                    output.publish(result)
-                    results.append(result)
-                    committed_rows += result.num_rows
-                snapshot = self._progress()
-                in_flight_rows = sum(max(0, snapshot[a][0] - baseline[a]) for _, _, a in inflight.values())
-                bar.n = min(total_rows, committed_rows + in_flight_rows)
-                elapsed = time.perf_counter() - started
-                bar.set_postfix(tok_s=f"{sum(g for _, g in snapshot) / elapsed:.1f}")
-                bar.refresh()
-        finally:
-            bar.close()
+        with _StopOnSigterm() as stop:
+            try:
+                while queue or inflight:
+                    if stop.requested:
+                        raise JobInterrupted("SIGTERM received: stopped between commits")
+                    snapshot = self._progress()
+                    while queue and idle:
+                        unit, attempt = queue.popleft()
+                        a = idle.pop(0)
+                        ref = self.actors[a].run_unit.remote(
+                            unit,
+                            attempt,
+                            output.staged_url(unit.unit_id),
+                            output.batch_log_url(unit.unit_id, attempt),
+                            error_rows.get(unit.unit_id),
+                        )
+                        inflight[ref] = _Flight(unit, attempt, a, snapshot[a], time.monotonic())
+                    done, _ = ray.wait(list(inflight), num_returns=1, timeout=PROGRESS_POLL_S)
+                    for ref in done:
+                        flight = inflight.pop(ref)
+                        unit, attempt, a = flight.unit, flight.attempt, flight.actor
+                        idle.append(a)
+                        try:
+                            result: UnitResult = ray.get(ref)
+                        except (RayActorError, RayTaskError) as exc:
+                            message = "no progress for workers.unit_timeout_s" if flight.hung else _cause(exc)
+                            tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
+                            if isinstance(exc, RayActorError) and not flight.hung:
+                                crashes[unit.unit_id] = crashes.get(unit.unit_id, 0) + 1
+                            if _is_input_error(exc):
+                                failures[unit.unit_id] = message
+                            elif attempt < w.max_unit_attempts:
+                                queue.append((unit, attempt + 1))
+                            elif crashes.get(unit.unit_id, 0) and attempt < 2 * w.max_unit_attempts:
+                                row = self._find_crashing_row(a, unit, error_rows.get(unit.unit_id, {}))
+                                if row is None:
+                                    failures[unit.unit_id] = message
+                                else:
+                                    tqdm.write(f"unit {unit.unit_id}: row {row} crashes the actor", file=sys.stderr)
+                                    error_rows.setdefault(unit.unit_id, {})[row] = CRASHING_ROW
+                                    crashes[unit.unit_id] = 0
+                                    queue.append((unit, attempt + 1))
+                            else:
+                                failures[unit.unit_id] = message
+                            continue
+                        output.publish(result)
+                        results.append(result)
+                        committed_rows += result.num_rows
+                        commits += 1
+                        faults.after_commit(self.faults, commits)
+                    snapshot = self._progress()
+                    self._watch(inflight, snapshot, w.unit_timeout_s)
+                    in_flight_rows = sum(max(0, snapshot[f.actor][0] - f.beat[0]) for f in inflight.values())
+                    bar.n = min(total_rows, committed_rows + in_flight_rows)
+                    elapsed = time.perf_counter() - started
+                    bar.set_postfix(tok_s=f"{sum(g for _, g in snapshot) / elapsed:.1f}")
+                    bar.refresh()
+            finally:
+                bar.close()
         return results, failures
+
+    def _watch(self, inflight: dict[ray.ObjectRef, _Flight], snapshot: list[tuple[int, int]], timeout_s: float) -> None:
+        """Heartbeats: an attempt's actor finishing batches is alive; one silent past `timeout_s` is
+        restarted (the attempt then fails and is retried)."""
+        now = time.monotonic()
+        for flight in inflight.values():
+            beat = snapshot[flight.actor]
+            if beat != (0, 0) and beat != flight.beat:
+                flight.beat, flight.beat_at = beat, now
+            elif not flight.hung and now - flight.beat_at > timeout_s:
+                flight.hung = True
+                ray.kill(self.actors[flight.actor], no_restart=False)
+
+    def _find_crashing_row(self, a: int, unit: WorkUnit, known: dict[int, str]) -> int | None:
+        """Bisect the unit's rows with probe runs until one row alone kills the actor (None if none does)."""
+        rows = [i for i in range(unit.num_rows) if i not in known]
+        while len(rows) > 1:
+            half = rows[: len(rows) // 2]
+            rows = half if self._probe_crashes(a, unit, half) else rows[len(half) :]
+        return rows[0] if rows and self._probe_crashes(a, unit, rows) else None
+
+    def _probe_crashes(self, a: int, unit: WorkUnit, rows: list[int]) -> bool:
+        try:
+            ray.get(self.actors[a].probe_rows.remote(unit, rows), timeout=self.config.workers.unit_timeout_s)
+            return False
+        except RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.actors[a], no_restart=False)
+            return True
 
     def _progress(self) -> list[tuple[int, int]]:
         """(rows, tokens) done by each actor; a restarting actor reports (0, 0) this round."""

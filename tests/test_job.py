@@ -197,3 +197,38 @@ def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_di
     assert len(_read_output(tmp_path / "s")) == len(rows)
     with pytest.raises(JobError, match="needs a draft model"):
         run_job(_config(tmp_path, tiny_model_dir, "strategy.name=speculative", f"output.url={tmp_path / 'x'}"))
+
+
+def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_dir, tiny_draft_dir):
+    (tmp_path / "in").mkdir()
+    prompts = ["def f(x):", "import os", "class A:", "for i in range(3):", "x = 1", "return x"]
+    chosen = ["lookahead", None, "prompt_lookup", "nonsense", "autoregressive", "speculative"]
+    pq.write_table(pa.table({"prompt": prompts, "how": chosen}), tmp_path / "in" / "a.parquet")
+    base = [
+        f"input.url={tmp_path / 'in'}",
+        f"model.target={tiny_model_dir}",
+        f"model.draft={tiny_draft_dir}",
+        "model.dtype=float64",
+        "generation.max_new_tokens=10",
+    ]
+    plain = load_config(default_job_config(), None, [*base, f"output.url={tmp_path / 'plain'}"])
+    assert run_job(plain).status == "succeeded"
+    greedy = {r["row_id"]: r["completion"] for r in _read_output(tmp_path / "plain").to_pylist()}
+
+    picked = load_config(
+        default_job_config(), None, [*base, f"output.url={tmp_path / 'picked'}", "input.strategy_column=how"]
+    )
+    assert run_job(picked).status == "succeeded"
+    rows = {r["row_id"]: r for r in _read_output(tmp_path / "picked").to_pylist()}
+    bad = rows["a.parquet#3"]
+    assert bad["finish_reason"] == "error" and "unknown strategy 'nonsense'" in bad["error"]
+    for row_id, row in rows.items():
+        if row_id != "a.parquet#3":
+            assert row["completion"] == greedy[row_id]
+    assert rows["a.parquet#4"]["strategy"] == "autoregressive"
+
+    auto = load_config(default_job_config(), None, [*base, f"output.url={tmp_path / 'auto'}", "strategy.name=auto"])
+    assert run_job(auto).status == "succeeded"
+    rows = _read_output(tmp_path / "auto").to_pylist()
+    assert {r["row_id"]: r["completion"] for r in rows} == greedy
+    assert all("switches" in r for r in _read_logs(tmp_path / "auto"))

@@ -26,6 +26,7 @@ from strategies import registry
 from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest, Strategy
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams, row_key
+from workers import faults
 from workers.controller import AdaptiveController
 from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
 from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
@@ -81,6 +82,7 @@ class Generator:
             ignore_eos=spec.ignore_eos,
         )
         self.stop_strings = StopStrings(self.tokenizer, list(spec.stop))
+        self.faults = faults.plan()
         self._lock = threading.Lock()
         self._rows_done = 0
         self._generated = 0
@@ -116,16 +118,21 @@ class Generator:
         with self._lock:
             return self._rows_done, self._generated
 
-    def run_unit(self, unit: WorkUnit, attempt: int, staged_url: str, log_url: str) -> UnitResult:
+    def run_unit(
+        self, unit: WorkUnit, attempt: int, staged_url: str, log_url: str, error_rows: dict[int, str] | None = None
+    ) -> UnitResult:
+        """Decode a unit and stage its part. `error_rows` (row index -> message) are not decoded: they
+        become error rows (rows found to crash the actor)."""
         started = time.perf_counter()
         table = self._read_unit(unit)
-        columns, records = self.decode_table(table, unit, attempt)
+        columns, records = self.decode_table(table, unit, attempt, error_rows or {})
         out = pa.table(columns, schema=_output_schema(table, self.spec.keep_columns))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
         data = buffer.getvalue()
         _write(staged_url, data, self.spec.output_storage_options)
         _write(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output_storage_options)
+        faults.after_upload(self.faults, unit.unit_id, attempt)
         by_strategy: dict[str, int] = {}
         for name, n in zip(columns["strategy"], columns["num_generated_tokens"], strict=True):
             if name is not None:
@@ -145,6 +152,14 @@ class Generator:
             device=str(self.device),
             tokens_by_strategy=by_strategy,
         )
+
+    def probe_rows(self, unit: WorkUnit, rows: list[int]) -> bool:
+        """Decode only `rows` of the unit and keep nothing: the driver's search for a row that
+        crashes the actor. Returns True when the rows decoded (a crash never returns)."""
+        table = self._read_unit(unit)
+        skip = {i: "not probed" for i in range(table.num_rows) if i not in set(rows)}
+        self.decode_table(table, unit, attempt=0, error_rows=skip)
+        return True
 
     def _read_unit(self, unit: WorkUnit) -> pa.Table:
         spec = self.spec
@@ -170,7 +185,9 @@ class Generator:
             )
         return table
 
-    def decode_table(self, table: pa.Table, unit: WorkUnit, attempt: int) -> tuple[dict[str, list], list[dict]]:
+    def decode_table(
+        self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]
+    ) -> tuple[dict[str, list], list[dict]]:
         """Output columns for every input row (input order), and one throughput record per batch."""
         spec = self.spec
         n = table.num_rows
@@ -193,7 +210,7 @@ class Generator:
 
         decodable: list[int] = []
         for i, prompt in enumerate(prompts):
-            problem = prompt_problem(prompt)
+            problem = error_rows.get(i) or prompt_problem(prompt)
             if problem:
                 columns["error"][i] = problem
             else:
@@ -211,6 +228,7 @@ class Generator:
         records = []
         for name, batch in self._batches(by_strategy, token_ids):
             requests = [RowRequest(token_ids[i], row_key(row_ids[i]), self.stop_strings.for_row()) for i in batch]
+            faults.before_batch(self.faults, unit.unit_id, attempt, batch, [row_ids[i] for i in batch])
             began = time.perf_counter()
             result = self._strategy(name).generate(requests, self.params)
             wall_s = time.perf_counter() - began
