@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench soak clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,10 @@ lint: install
 
 bench: install
 	$(BIN)/accelgen bench
+
+# Seeded runs with random faults and bad rows, each verified; not part of `make test`.
+soak: install
+	$(BIN)/python -m pytest -q -s -m slow tests/test_soak.py
 
 clean:
 	rm -rf $(VENV) out

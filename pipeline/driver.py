@@ -54,7 +54,8 @@ class _Flight:
     unit: WorkUnit
     attempt: int
     actor: int
-    beat: tuple[int, int]
+    start: tuple[int, int]  # the actor's (rows, tokens) when the attempt began
+    beat: tuple[int, int]  # ... at its last heartbeat
     beat_at: float
     hung: bool = False
 
@@ -293,6 +294,7 @@ class ActorPool:
         queue: deque[tuple[WorkUnit, int]] = deque((u, 1) for u in units)
         idle = list(range(len(self.actors)))
         inflight: dict[ray.ObjectRef, _Flight] = {}
+        recovering: dict[int, ray.ObjectRef] = {}  # actor -> its ready() call while Ray restarts it
         results: list[UnitResult] = []
         failures: dict[str, str] = {}
         crashes: dict[str, int] = {}  # unit -> attempts that ended with the actor's death
@@ -300,12 +302,13 @@ class ActorPool:
         committed_rows, commits = rows_before, 0
         bar = tqdm(total=total_rows, initial=rows_before, unit="row", desc="generate", dynamic_ncols=True)
         started = time.perf_counter()
+        snapshot = self._progress()
         with _StopOnSigterm() as stop:
             try:
                 while queue or inflight:
                     if stop.requested:
                         raise JobInterrupted("SIGTERM received: stopped between commits")
-                    snapshot = self._progress()
+                    idle.extend(self._recovered(recovering))
                     while queue and idle:
                         unit, attempt = queue.popleft()
                         a = idle.pop(0)
@@ -316,19 +319,22 @@ class ActorPool:
                             output.batch_log_url(unit.unit_id, attempt),
                             error_rows.get(unit.unit_id),
                         )
-                        inflight[ref] = _Flight(unit, attempt, a, snapshot[a], time.monotonic())
+                        inflight[ref] = _Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic())
                     done, _ = ray.wait(list(inflight), num_returns=1, timeout=PROGRESS_POLL_S)
                     for ref in done:
                         flight = inflight.pop(ref)
                         unit, attempt, a = flight.unit, flight.attempt, flight.actor
-                        idle.append(a)
                         try:
                             result: UnitResult = ray.get(ref)
+                            idle.append(a)
                         except (RayActorError, RayTaskError) as exc:
                             message = "no progress for workers.unit_timeout_s" if flight.hung else _cause(exc)
                             tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
-                            if isinstance(exc, RayActorError) and not flight.hung:
-                                crashes[unit.unit_id] = crashes.get(unit.unit_id, 0) + 1
+                            if isinstance(exc, RayActorError):  # Ray restarts it; no work until it is back
+                                recovering[a] = self.actors[a].ready.remote()
+                                crashes[unit.unit_id] = crashes.get(unit.unit_id, 0) + (not flight.hung)
+                            else:
+                                idle.append(a)
                             if _is_input_error(exc):
                                 failures[unit.unit_id] = message
                             elif attempt < w.max_unit_attempts:
@@ -352,7 +358,7 @@ class ActorPool:
                         faults.after_commit(self.faults, commits)
                     snapshot = self._progress()
                     self._watch(inflight, snapshot, w.unit_timeout_s)
-                    in_flight_rows = sum(max(0, snapshot[f.actor][0] - f.beat[0]) for f in inflight.values())
+                    in_flight_rows = sum(max(0, snapshot[f.actor][0] - f.start[0]) for f in inflight.values())
                     bar.n = min(total_rows, committed_rows + in_flight_rows)
                     elapsed = time.perf_counter() - started
                     bar.set_postfix(tok_s=f"{sum(g for _, g in snapshot) / elapsed:.1f}")
@@ -373,6 +379,32 @@ class ActorPool:
                 flight.hung = True
                 ray.kill(self.actors[flight.actor], no_restart=False)
 
+    def _recovered(self, recovering: dict[int, ray.ObjectRef]) -> list[int]:
+        """Actors back from a restart (their ready() answered); the others are asked again."""
+        back = []
+        for a, ref in list(recovering.items()):
+            done, _ = ray.wait([ref], timeout=0)
+            if not done:
+                continue
+            try:
+                ray.get(ref)
+                back.append(a)
+                del recovering[a]
+            except (RayActorError, RayTaskError):  # still restarting
+                recovering[a] = self.actors[a].ready.remote()
+        return back
+
+    def _await_ready(self, a: int) -> None:
+        deadline = time.monotonic() + self.config.workers.actor_start_timeout_s
+        while True:
+            try:
+                ray.get(self.actors[a].ready.remote(), timeout=self.config.workers.actor_start_timeout_s)
+                return
+            except (RayActorError, RayTaskError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(PROGRESS_POLL_S)
+
     def _find_crashing_row(self, a: int, unit: WorkUnit, known: dict[int, str]) -> int | None:
         """Bisect the unit's rows with probe runs until one row alone kills the actor (None if none does)."""
         rows = [i for i in range(unit.num_rows) if i not in known]
@@ -382,6 +414,7 @@ class ActorPool:
         return rows[0] if rows and self._probe_crashes(a, unit, rows) else None
 
     def _probe_crashes(self, a: int, unit: WorkUnit, rows: list[int]) -> bool:
+        self._await_ready(a)
         try:
             ray.get(self.actors[a].probe_rows.remote(unit, rows), timeout=self.config.workers.unit_timeout_s)
             return False

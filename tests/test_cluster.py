@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,6 +15,8 @@ from ray.cluster_utils import Cluster
 from jobs.cli import default_job_config
 from pipeline.config import load_config
 from pipeline.driver import run_job
+from pipeline.verify import verify
+from workers.faults import FAULTS_ENV
 
 
 @pytest.fixture
@@ -47,3 +51,47 @@ def test_job_on_a_two_node_cluster(tmp_path, tiny_model_dir, two_node_cluster):
     assert run_job(config).status == "succeeded"
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["total_rows"] == 8 and len(manifest["parts"]) == 4
+
+
+@pytest.fixture
+def three_node_cluster():
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    workers = [cluster.add_node(num_cpus=1, resources={"decoder": 2}) for _ in range(2)]
+    cluster.wait_for_nodes()
+    yield cluster, workers
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_a_node_removed_mid_job(tmp_path, tiny_model_dir, three_node_cluster, monkeypatch):
+    cluster, workers = three_node_cluster
+    (tmp_path / "in").mkdir()
+    prompts = [f"def f{i}(x):" for i in range(16)]
+    pq.write_table(pa.table({"prompt": prompts}), tmp_path / "in" / "a.parquet", row_group_size=2)
+    monkeypatch.setenv(FAULTS_ENV, json.dumps({"batch_sleep_s": 1.0}))
+    config = load_config(
+        default_job_config(),
+        None,
+        [
+            f"input.url={tmp_path / 'in'}",
+            f"output.url={tmp_path / 'out'}",
+            f"model.target={tiny_model_dir}",
+            "input.rows_per_unit=2",
+            "generation.max_new_tokens=4",
+            f"ray.address={cluster.address}",
+            "workers.num_actors=2",
+            "workers.num_cpus_per_actor=0.5",
+            "workers.custom_resources={decoder: 1}",
+        ],
+    )
+    outcome: dict = {}
+    job = threading.Thread(target=lambda: outcome.update(result=run_job(config)))
+    job.start()
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "out" / "_commits").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    cluster.remove_node(workers[0])  # its actor dies mid-unit; Ray restarts it on the other node
+    job.join(timeout=300)
+    assert outcome["result"].status == "succeeded"
+    assert verify(str(tmp_path / "out"), str(tmp_path / "in"), {}).ok

@@ -1,0 +1,146 @@
+"""Faults survived: each injected at a chosen point; afterwards the output verifies and equals an unfaulted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from jobs.cli import default_job_config
+from pipeline.config import load_config
+from pipeline.driver import CRASHING_ROW, run_job
+from pipeline.verify import verify
+from workers.faults import FAULTS_ENV
+
+PROMPTS = [f"def f{i}(x):" + " y" * (i % 4) for i in range(12)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def embedded_ray():
+    ray.shutdown()
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def job_input(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("faults-in")
+    for n in range(3):
+        table = pa.table({"prompt": PROMPTS[n * 4 : n * 4 + 4]})
+        pq.write_table(table, folder / f"shard-{n}.parquet", row_group_size=2)
+    return folder
+
+
+def _overrides(job_input: Path, out: Path, model: Path) -> list[str]:
+    return [
+        f"input.url={job_input}",
+        f"output.url={out}",
+        f"model.target={model}",
+        "model.dtype=float64",
+        "input.rows_per_unit=2",
+        "generation.max_new_tokens=6",
+        "workers.batch_size=2",
+    ]
+
+
+def _run(job_input, out, model, *extra):
+    return run_job(load_config(default_job_config(), None, [*_overrides(job_input, out, model), *extra]))
+
+
+def _parts(out: Path) -> dict[str, str]:
+    return {p["part"]: p["sha256"] for p in json.loads((out / "_manifest.json").read_text())["parts"]}
+
+
+@pytest.fixture(scope="module")
+def reference(job_input, tiny_model_dir, tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("reference") / "out"
+    assert _run(job_input, out, tiny_model_dir).status == "succeeded"
+    return _parts(out)
+
+
+def _check(out: Path, job_input: Path, reference: dict[str, str]) -> None:
+    report = verify(str(out), str(job_input), {})
+    assert report.ok, report.problems
+    assert _parts(out) == reference
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"exit_at_row": {"unit": "00001-00000", "row": 1, "attempts": [1]}},
+        {"exit_after_upload": {"unit": "00000-00001", "attempts": [1, 2]}},
+    ],
+    ids=["actor_killed_mid_unit", "crash_after_upload_before_commit"],
+)
+def test_actor_deaths_are_retried(fault, job_input, tiny_model_dir, reference, tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULTS_ENV, json.dumps(fault))
+    outcome = _run(job_input, tmp_path / "out", tiny_model_dir)
+    assert outcome.status == "succeeded"
+    _check(tmp_path / "out", job_input, reference)
+
+
+def test_a_hung_actor_is_restarted_and_its_unit_rescheduled(
+    job_input, tiny_model_dir, reference, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(FAULTS_ENV, json.dumps({"hang_at_row": {"unit": "00002-00000", "row": 0, "attempts": [1]}}))
+    started = time.monotonic()
+    outcome = _run(job_input, tmp_path / "out", tiny_model_dir, "workers.unit_timeout_s=4")
+    assert outcome.status == "succeeded" and time.monotonic() - started < 120
+    _check(tmp_path / "out", job_input, reference)
+
+
+def test_a_row_that_always_crashes_becomes_an_error_row(job_input, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULTS_ENV, json.dumps({"crash_row_id": "shard-1.parquet#3"}))
+    outcome = _run(job_input, tmp_path / "out", tiny_model_dir, "workers.max_unit_attempts=2")
+    assert outcome.status == "succeeded"
+    assert verify(str(tmp_path / "out"), str(job_input), {}).ok
+    part = pq.read_table(tmp_path / "out" / "part-00001-00001.parquet").to_pylist()
+    crashed = next(r for r in part if r["row_id"] == "shard-1.parquet#3")
+    assert crashed["finish_reason"] == "error" and crashed["error"] == CRASHING_ROW
+    assert [r["finish_reason"] for r in part if r["row_id"] != "shard-1.parquet#3"] == ["length"]
+
+
+def _cli(job_input, out, model, env_extra=None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != FAULTS_ENV} | (env_extra or {})
+    command = [sys.executable, "-m", "jobs.cli", "generate", *_overrides(job_input, out, model)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_driver_killed_mid_job_then_rerun(job_input, tiny_model_dir, reference, tmp_path):
+    out = tmp_path / "out"
+    killed = _cli(job_input, out, tiny_model_dir, {FAULTS_ENV: json.dumps({"driver_exit_after_commits": 2})})
+    assert killed.wait(timeout=300) == 137
+    assert len(list((out / "_commits").iterdir())) == 2 and not (out / "_SUCCESS").exists()
+    rerun = _cli(job_input, out, tiny_model_dir)
+    log, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, log
+    assert "resuming job" in log
+    _check(out, job_input, reference)
+
+
+def test_sigterm_stops_cleanly_and_a_rerun_resumes(job_input, tiny_model_dir, reference, tmp_path):
+    out = tmp_path / "out"
+    slow = {FAULTS_ENV: json.dumps({"batch_sleep_s": 0.5})}
+    driver = _cli(job_input, out, tiny_model_dir, slow)
+    deadline = time.monotonic() + 240
+    while not (out / "_commits").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    driver.send_signal(signal.SIGTERM)
+    log, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 143, log
+    assert "interrupted" in log and not (out / "_SUCCESS").exists()
+    committed = {p.stem for p in (out / "_commits").iterdir()}
+    assert {p.name.removeprefix("part-").removesuffix(".parquet") for p in out.glob("part-*")} == committed
+    rerun = _cli(job_input, out, tiny_model_dir)
+    log, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, log
+    _check(out, job_input, reference)
