@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
 
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
 from strategies.control import AUTOREGRESSIVE, StepRecord
-from strategies.drafts import Draft
 from strategies.kv_cache import SlotLayer
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams
@@ -112,66 +112,35 @@ def _requests():
     return [RowRequest(list(p), i) for i, p in enumerate(PROMPTS)]
 
 
-class Oracle:
-    """Drafts from the known greedy continuation: always right, or never the target's argmax."""
-
-    name = "oracle"
-
-    def __init__(self, reference, right=True, fail_at=None):
-        self.reference, self.right, self.fail_at, self.calls = reference, right, fail_at, 0
-
-    def start(self, contexts, keys, params):
-        self.rows = list(range(len(contexts)))
-
-    def propose(self, context):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise RuntimeError("proposer broke")
-        drafts = []
-        for row, g, budget in zip(self.rows, context.generated, context.budgets, strict=True):
-            truth = self.reference[row][g : g + budget]
-            drafts.append(Draft.chain(truth if self.right else [(t + 1) % 300 for t in truth]))
-        return drafts
-
-    def accepted(self, emitted):
-        pass
-
-    def keep_rows(self, rows):
-        self.rows = [self.rows[r] for r in rows]
-
-    def stats(self):
-        return {}
-
-
 def _adaptive(runner, proposer, **settings):
     controller = AdaptiveController(ControllerSettings(explore_steps=1, probe_every=1000, **settings))
-    return SpeculativeStrategy("oracle", runner, [Drafter("oracle", proposer, 4, 4)], controller), controller
+    return SpeculativeStrategy("scripted", runner, [Drafter("scripted", proposer, 4, 4)], controller), controller
 
 
 def test_an_always_wrong_proposer_is_switched_off_quickly(runner, reference):
-    strategy, _ = _adaptive(runner, Oracle(reference, right=False))
+    strategy, _ = _adaptive(runner, ScriptedProposer(reference, 300, right=False))
     out = strategy.generate(_requests(), PARAMS)
     assert [r.tokens for r in out.rows] == reference
     steps = out.stats["steps_by_drafter"]
-    assert steps.get("oracle", 0) <= 3 and steps[AUTOREGRESSIVE] > 30
+    assert steps.get("scripted", 0) <= 8 and steps[AUTOREGRESSIVE] > 30  # off after a few timed steps
     assert all(r.strategy == AUTOREGRESSIVE for r in out.rows)
 
 
 def test_a_perfect_proposer_stays_on(runner, reference):
-    strategy, _ = _adaptive(runner, Oracle(reference, right=True))
+    strategy, _ = _adaptive(runner, ScriptedProposer(reference, 300))
     out = strategy.generate(_requests(), PARAMS)
     assert [r.tokens for r in out.rows] == reference
     steps = out.stats["steps_by_drafter"]
-    assert steps["oracle"] >= 3 * steps.get(AUTOREGRESSIVE, 0)
-    assert all(r.strategy == "oracle" for r in out.rows)
+    assert steps["scripted"] >= 3 * steps.get(AUTOREGRESSIVE, 0)
+    assert all(r.strategy == "scripted" for r in out.rows)
 
 
 def test_a_raising_proposer_falls_back_with_exact_output(runner, reference):
-    strategy, controller = _adaptive(runner, Oracle(reference, right=True, fail_at=3))
+    strategy, controller = _adaptive(runner, ScriptedProposer(reference, 300, fail_at=3))
     out = strategy.generate(_requests(), PARAMS)
     assert [r.tokens for r in out.rows] == reference
     assert any("proposer broke" in f for f in out.stats["faults"])
-    assert any(e["from"] == "oracle" and "raised" in e["reason"] for e in controller.drain_events())
+    assert any(e["from"] == "scripted" and "raised" in e["reason"] for e in controller.drain_events())
 
 
 def test_out_of_memory_inside_the_verify_forward_leaves_caches_intact(runner, reference, monkeypatch):
@@ -190,9 +159,11 @@ def test_out_of_memory_inside_the_verify_forward_leaves_caches_intact(runner, re
     for controller in (True, False):
         state.update(calls=0, raised=0)
         if controller:
-            strategy, _ = _adaptive(runner, Oracle(reference, right=True))
+            strategy, _ = _adaptive(runner, ScriptedProposer(reference, 300))
         else:
-            strategy = SpeculativeStrategy("oracle", runner, [Drafter("oracle", Oracle(reference), 4, 4)])
+            strategy = SpeculativeStrategy(
+                "scripted", runner, [Drafter("scripted", ScriptedProposer(reference, 300), 4, 4)]
+            )
         out = strategy.generate(_requests()[:1], PARAMS)
         assert state["raised"] >= 1
         assert out.rows[0].tokens == reference[0]

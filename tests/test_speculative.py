@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
 
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import FINISH_LENGTH, FINISH_STOP, GenerationParams, RowRequest
 from strategies.draft_model import DraftModelProposer
 from strategies.drafts import Draft
-from strategies.proposer import ProposalContext
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams
 from strategies.speculative import Drafter, RelaxedRule, SpeculativeStrategy
@@ -56,34 +56,6 @@ def _requests(prompts):
 
 def _tokens(strategy, prompts, params):
     return [r.tokens for r in strategy.generate(_requests(prompts), params).rows]
-
-
-class ScriptedProposer:
-    """Proposes from the known greedy continuation: right (the continuation) or wrong (never the argmax)."""
-
-    name = "scripted"
-
-    def __init__(self, reference: list[list[int]], vocab_size: int, right: bool) -> None:
-        self.reference, self.vocab_size, self.right = reference, vocab_size, right
-
-    def start(self, contexts, keys, params):
-        self.rows = list(range(len(contexts)))
-
-    def propose(self, context: ProposalContext) -> list[Draft]:
-        drafts = []
-        for row, g, budget in zip(self.rows, context.generated, context.budgets, strict=True):
-            truth = self.reference[row][g : g + budget]
-            drafts.append(Draft.chain(truth if self.right else [(t + 1) % self.vocab_size for t in truth]))
-        return drafts
-
-    def accepted(self, emitted):
-        pass
-
-    def keep_rows(self, rows):
-        self.rows = [self.rows[r] for r in rows]
-
-    def stats(self):
-        return {}
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
@@ -155,20 +127,12 @@ def test_seeded_sampling_is_deterministic_and_independent_of_the_batch(target, r
     assert alone == first[3]
 
 
-class BrokenProposer(ScriptedProposer):
-    """Raises on its second proposal, or returns out-of-vocabulary ids."""
-
-    def __init__(self, reference, vocab_size, mode):
-        super().__init__(reference, vocab_size, right=True)
-        self.mode, self.calls = mode, 0
+class InvalidProposer(ScriptedProposer):
+    """Returns out-of-vocabulary ids for the first row."""
 
     def propose(self, context):
-        self.calls += 1
-        if self.mode == "raise" and self.calls == 2:
-            raise RuntimeError("proposer failed")
         drafts = super().propose(context)
-        if self.mode == "invalid":
-            drafts[0] = Draft.chain([self.vocab_size + 5])
+        drafts[0] = Draft.chain([self.vocab_size + 5])
         return drafts
 
 
@@ -176,7 +140,11 @@ class BrokenProposer(ScriptedProposer):
 def test_proposer_faults_fall_back_to_autoregressive_steps(target, mode):
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
-    spec = _spec("scripted", target, BrokenProposer(reference, target.vocab_size, mode))
+    if mode == "raise":
+        proposer = ScriptedProposer(reference, target.vocab_size, fail_at=2)
+    else:
+        proposer = InvalidProposer(reference, target.vocab_size)
+    spec = _spec("scripted", target, proposer)
     out = spec.generate(_requests(PROMPTS), params)
     assert [r.tokens for r in out.rows] == reference
     if mode == "invalid":

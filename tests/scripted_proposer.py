@@ -1,0 +1,41 @@
+"""A proposer for tests that knows the greedy continuation: always right, or never the target's argmax."""
+
+from __future__ import annotations
+
+from strategies.drafts import Draft
+from strategies.proposer import ProposalContext
+
+
+class ScriptedProposer:
+    """Drafts `reference[row][generated : generated + budget]` (right) or each of those tokens + 1 (wrong).
+
+    `fail_at`: the number of the `propose` call that raises instead.
+    """
+
+    name = "scripted"
+
+    def __init__(self, reference: list[list[int]], vocab_size: int, right: bool = True, fail_at: int | None = None):
+        self.reference, self.vocab_size, self.right, self.fail_at = reference, vocab_size, right, fail_at
+        self.calls = 0
+
+    def start(self, contexts, keys, params) -> None:
+        self.rows = list(range(len(contexts)))
+
+    def propose(self, context: ProposalContext) -> list[Draft]:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("proposer broke")
+        drafts = []
+        for row, g, budget in zip(self.rows, context.generated, context.budgets, strict=True):
+            truth = self.reference[row][g : g + budget]
+            drafts.append(Draft.chain(truth if self.right else [(t + 1) % self.vocab_size for t in truth]))
+        return drafts
+
+    def accepted(self, emitted: list[list[int]]) -> None:
+        pass
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.rows = [self.rows[r] for r in rows]
+
+    def stats(self) -> dict[str, float]:
+        return {}
