@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from scripted_proposer import ScriptedProposer
@@ -112,8 +114,16 @@ def _requests():
     return [RowRequest(list(p), i) for i, p in enumerate(PROMPTS)]
 
 
+class CostModelController(AdaptiveController):
+    """Sees modelled step times (a verify step costs 10% more per draft token) instead of measured ones,
+    so the end-to-end tests do not depend on the machine's timing noise."""
+
+    def observe(self, record: StepRecord) -> None:
+        super().observe(dataclasses.replace(record, wall_s=0.01 * (1 + 0.1 * max(record.drafted, default=0))))
+
+
 def _adaptive(runner, proposer, **settings):
-    controller = AdaptiveController(ControllerSettings(explore_steps=1, probe_every=1000, **settings))
+    controller = CostModelController(ControllerSettings(explore_steps=1, probe_every=1000, **settings))
     return SpeculativeStrategy("scripted", runner, [Drafter("scripted", proposer, 4, 4)], controller), controller
 
 
@@ -122,7 +132,7 @@ def test_an_always_wrong_proposer_is_switched_off_quickly(runner, reference):
     out = strategy.generate(_requests(), PARAMS)
     assert [r.tokens for r in out.rows] == reference
     steps = out.stats["steps_by_drafter"]
-    assert steps.get("scripted", 0) <= 8 and steps[AUTOREGRESSIVE] > 30  # off after a few timed steps
+    assert steps.get("scripted", 0) <= 2 and steps[AUTOREGRESSIVE] > 30
     assert all(r.strategy == AUTOREGRESSIVE for r in out.rows)
 
 
