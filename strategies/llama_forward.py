@@ -99,6 +99,8 @@ class LlamaForward:
                 )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # in float32, as transformers does
         return weight * normed.to(x.dtype)
 
@@ -117,7 +119,7 @@ class LlamaForward:
         self,
         input_ids: torch.Tensor,  # [B, n]
         positions: torch.Tensor,  # [B, n]
-        mask: torch.Tensor,  # [B, 1, n, S + n] additive
+        mask: torch.Tensor | None,  # [B, 1, n, S + n] additive; None: every slot visible
         caches: list[SlotLayer],
         logits_to_keep: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,6 +60,8 @@ class ModelRunner:
         always sees itself, so a padding row never meets an empty key set (which would give NaN).
         """
         b, n = input_ids.shape
+        if b == 1 and n == 1 and bool(kv.valid.all()):  # one token over a dense cache: nothing to mask
+            return self._run(kv, input_ids, positions, new_valid, None, logits_to_keep, want_hidden)
         if attend is None:
             attend = torch.ones(n, n, dtype=torch.bool, device=self.device).tril().expand(b, n, n)
         eye = torch.eye(n, dtype=torch.bool, device=self.device)
@@ -67,14 +69,26 @@ class ModelRunner:
         allowed = torch.cat([kv.valid[:, None, :].expand(b, n, kv.num_slots), attend], dim=2)  # [B, n, S+n]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return self._run(kv, input_ids, positions, new_valid, mask[:, None], logits_to_keep, want_hidden)
+
+    def _run(
+        self,
+        kv: RaggedKV,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        new_valid: torch.Tensor,
+        mask: torch.Tensor | None,  # [B, 1, n, S+n] additive, or None: every slot visible
+        logits_to_keep: int,
+        want_hidden: bool,
+    ) -> ForwardOutput:
         lengths = [layer.length for layer in kv.layers]
         try:
             if self._fast is not None:
-                logits, hidden = self._fast(input_ids, positions, mask[:, None], kv.layers, logits_to_keep)
+                logits, hidden = self._fast(input_ids, positions, mask, kv.layers, logits_to_keep)
             else:
                 out = self.model(
                     input_ids=input_ids,
-                    attention_mask=mask[:, None],  # [B, 1, n, S+n]
+                    attention_mask=mask,
                     position_ids=positions,
                     use_cache=True,
                     logits_to_keep=logits_to_keep,
