@@ -94,7 +94,7 @@ def test_a_hung_actor_is_restarted_and_its_unit_rescheduled(
     monkeypatch.setenv(FAULTS_ENV, json.dumps({"hang_at_row": {"unit": "00002-00000", "row": 0, "attempts": [1]}}))
     started = time.monotonic()
     outcome = _run(job_input, tmp_path / "out", tiny_model_dir, "workers.unit_timeout_s=4")
-    assert outcome.status == "succeeded" and time.monotonic() - started < 120
+    assert outcome.status == "succeeded" and time.monotonic() - started < 180
     _check(tmp_path / "out", job_input, reference)
 
 
