@@ -140,6 +140,12 @@ class Bench:
             row_steps += len(batch) * self.config.max_new_tokens / tau if tau else 0.0
         return Run(time.perf_counter() - started, tokens, forwards, row_steps)
 
+    def _fresh(self, options: StrategyOptions):
+        """A new strategy instance per timed pass: a Lookahead trie or a controller warmed by an
+        earlier pass over the same prompts would have seen the answers."""
+        controller = AdaptiveController() if options.name == registry.AUTO or options.adaptive else None
+        return registry.create(options, self.runner, self.draft_runner, controller)
+
     def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
         config = self.config
         found: dict[str, Callable[[list], Run]] = {}
@@ -151,9 +157,7 @@ class Bench:
             found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=config.strategy.num_speculative_tokens)
         for name in config.strategies:
             options = dataclasses.replace(config.strategy, name=name)
-            controller = AdaptiveController() if name == registry.AUTO or options.adaptive else None
-            strategy = registry.create(options, self.runner, self.draft_runner, controller)
-            found[name] = lambda b, s=strategy: self.ours(s, b)
+            found[name] = lambda b, o=options: self.ours(self._fresh(o), b)
         return found
 
     def run(self) -> list[dict]:

@@ -93,6 +93,10 @@ class DraftModelProposer:
         return [Draft.chain(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
 
     def accepted(self, emitted: list[list[int]]) -> None:
+        if not any(self.fed_slots):  # a step that did not draft: only the contexts grow
+            for ctx, tokens in zip(self.contexts, emitted, strict=True):
+                ctx.extend(tokens)
+            return
         drop = torch.zeros_like(self.kv.valid)
         for row, tokens in enumerate(emitted):
             accepted = len(tokens) - 1  # the last token is the target's, the next pending one

@@ -171,11 +171,22 @@ class LookaheadProposer:
             self.trie.insert(ctx, range(len(ctx)), row=row)
 
     def propose(self, context: ProposalContext) -> list[Draft]:
+        for i in range(len(self.rows)):
+            self._count_outputs(i, complete_only=True)
         nodes = min(self.decoding_length, context.max_nodes)
         return [
             self._retrieve(row, ctx, budget, nodes)
             for row, ctx, budget in zip(self.rows, self.contexts, context.budgets, strict=True)
         ]
+
+    def _count_outputs(self, i: int, complete_only: bool) -> None:
+        """Count row i's output substrings not counted yet: the whole ones (`depth` long), or at the
+        row's end all of them. Deferred to proposals, so steps that do not speculate cost little."""
+        ctx = self.contexts[i]
+        end = len(ctx) - self.trie.depth + 1 if complete_only else len(ctx)
+        if end > self.counted_from[i]:
+            self.trie.insert(ctx, range(self.counted_from[i], end))
+            self.counted_from[i] = end
 
     def _retrieve(self, row: int, ctx: list[int], budget: int, nodes: int) -> Draft:
         if budget <= 0:
@@ -188,20 +199,14 @@ class LookaheadProposer:
         return Draft.empty()
 
     def accepted(self, emitted: list[list[int]]) -> None:
-        for i, tokens in enumerate(emitted):
-            ctx = self.contexts[i]
+        for ctx, tokens in zip(self.contexts, emitted, strict=True):
             ctx.extend(tokens)
-            complete = len(ctx) - self.trie.depth + 1  # substrings that start before this are whole
-            if complete > self.counted_from[i]:
-                self.trie.insert(ctx, range(self.counted_from[i], complete))
-                self.counted_from[i] = complete
 
     def keep_rows(self, rows: list[int]) -> None:
         kept = set(rows)
         for i, row in enumerate(self.rows):
-            if i not in kept:  # finished: count its last, shorter substrings; forget its prompt
-                ctx = self.contexts[i]
-                self.trie.insert(ctx, range(self.counted_from[i], len(ctx)))
+            if i not in kept:  # finished: count all its output substrings; forget its prompt
+                self._count_outputs(i, complete_only=False)
                 self.trie.release(row)
         self.rows = [self.rows[i] for i in rows]
         self.contexts = [self.contexts[i] for i in rows]

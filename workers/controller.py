@@ -12,7 +12,8 @@ measured rather than modelled). The controller
 
 - explores each option for a few steps at a new batch size, then follows the best estimate, with
   hysteresis: speculation goes off when the best falls below 1 − h and comes back above 1 + h;
-- probes an option it is not using every `probe_every` steps, so no choice is permanent;
+- probes an option it is not using after `probe_every` steps, doubling the wait each time the
+  probe does not win (up to 8×), so no choice is permanent and a hopeless one costs little;
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
   `row_cooldown` steps;
 - sizes drafts: chains grow by one while most drafted tokens are accepted and shrink while few
@@ -68,6 +69,7 @@ class AdaptiveController:
         self.current = AUTOREGRESSIVE
         self.step = 0
         self.last_used: dict[str, int] = {}
+        self.probe_wait: dict[str, int] = {}
         self.events: list[dict] = []
         self.failed: set[str] = set()
         self.row_streak: list[int] = []
@@ -93,8 +95,11 @@ class AdaptiveController:
         unexplored = [o for o in options if self._measured(o, b) < self.settings.explore_steps]
         if unexplored:
             return self._plan_for(unexplored[0])
-        if self.step % self.settings.probe_every == 0 and len(options) > 1:
-            stale = min((o for o in options if o != self.current), key=lambda o: self.last_used.get(o, 0))
+        due = [o for o in options if o != self.current and self._probe_due(o)]
+        if due:
+            stale = min(due, key=lambda o: self.last_used.get(o, 0))
+            # Each probe that does not win doubles the option's wait (reset when it is chosen).
+            self.probe_wait[stale] = min(8 * self.settings.probe_every, 2 * self._wait(stale))
             return self._plan_for(stale)
         self._choose(options, b)
         return self._plan_for(self.current)
@@ -148,6 +153,12 @@ class AdaptiveController:
         events, self.events = self.events, []
         return events
 
+    def _wait(self, option: str) -> int:
+        return self.probe_wait.get(option, self.settings.probe_every)
+
+    def _probe_due(self, option: str) -> bool:
+        return self.step - self.last_used.get(option, 0) >= self._wait(option)
+
     def _measured(self, option: str, b: int) -> int:
         ema = self.step_time.get((option, b))
         return ema.count if ema else 0
@@ -173,6 +184,7 @@ class AdaptiveController:
             rounded = {o: (round(e, 3) if e is not None else None) for o, e in estimates.items()}
             self._event("batch", self.current, target, reason, estimates=rounded, batch_bucket=b)
             self.current = target
+            self.probe_wait.pop(target, None)
 
     def _plan_for(self, option: str) -> Plan:
         if option == AUTOREGRESSIVE:

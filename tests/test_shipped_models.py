@@ -1,0 +1,48 @@
+"""The shipped family loads with plain transformers, its tokenizer round-trips, and it matches its card."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from jobs.cli import SHIPPED_DRAFT, SHIPPED_TARGET
+
+CARD = (SHIPPED_TARGET.parent / "README.md").read_text()
+
+
+def _card_row(label: str) -> list[str]:
+    """The cells of the model card's table row starting with `label`: [target, draft]."""
+    line = next(line for line in CARD.splitlines() if line.startswith(f"| {label}"))
+    return [cell.strip() for cell in line.strip("|").split("|")[1:]]
+
+
+@pytest.mark.parametrize(("column", "path"), [(0, SHIPPED_TARGET), (1, SHIPPED_DRAFT)], ids=["target", "draft"])
+def test_config_matches_the_model_card(column, path):
+    config = AutoConfig.from_pretrained(path)
+    hidden, layers, mlp = (int(x) for x in re.findall(r"\d+", _card_row("hidden size")[column]))
+    assert (config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (hidden, layers, mlp)
+    heads = [int(x) for x in re.findall(r"\d+", _card_row("attention heads")[column])]
+    assert heads[:2] == [config.num_attention_heads, config.num_key_value_heads]
+    assert f"{config.max_position_embeddings} tokens" == _card_row("context")[column]
+    model = AutoModelForCausalLM.from_pretrained(path)
+    millions = float(re.findall(r"[\d.]+", _card_row("parameters")[column])[0])
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 2) == millions
+    assert config.model_type == "llama" and config.max_position_embeddings >= 1024
+
+
+def test_tokenizer_round_trips_and_the_models_agree_on_it():
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED_TARGET)
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(SHIPPED_DRAFT).get_vocab()
+    text = 'def f(x):\n    """Return x — ünïcødé, 汉字, 🙂."""\n    return x\t# done\n'
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_TARGET)
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([tokenizer("def add(a, b):")["input_ids"]]), max_new_tokens=8, do_sample=False
+        )
+    assert out.shape[1] > 1
