@@ -103,6 +103,7 @@ class Bench:
         n = config.max_new_tokens
         self.params = GenerationParams(n, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.controllers: dict[tuple[str, int], AdaptiveController] = {}
 
     def batches(self, batch_size: int) -> list[list[list[int]]]:
         count = max(self.config.num_prompts, batch_size)
@@ -140,10 +141,13 @@ class Bench:
             row_steps += len(batch) * self.config.max_new_tokens / tau if tau else 0.0
         return Run(time.perf_counter() - started, tokens, forwards, row_steps)
 
-    def _fresh(self, options: StrategyOptions):
-        """A new strategy instance per timed pass: a Lookahead trie or a controller warmed by an
-        earlier pass over the same prompts would have seen the answers."""
-        controller = AdaptiveController() if options.name == registry.AUTO or options.adaptive else None
+    def _fresh(self, options: StrategyOptions, batch_size: int):
+        """A new strategy instance per timed pass: a Lookahead trie warmed by an earlier pass over the
+        same prompts would have seen the answers. The controller, which learns step costs and not
+        answers, lives on across passes as it lives on across batches in an actor."""
+        controller = None
+        if options.name == registry.AUTO or options.adaptive:
+            controller = self.controllers.setdefault((options.name, batch_size), AdaptiveController())
         return registry.create(options, self.runner, self.draft_runner, controller)
 
     def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
@@ -157,7 +161,7 @@ class Bench:
             found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=config.strategy.num_speculative_tokens)
         for name in config.strategies:
             options = dataclasses.replace(config.strategy, name=name)
-            found[name] = lambda b, o=options: self.ours(self._fresh(o), b)
+            found[name] = lambda b, o=options: self.ours(self._fresh(o, batch_size), b)
         return found
 
     def run(self) -> list[dict]:

@@ -152,29 +152,36 @@ class SpeculativeStrategy:
             drafts = self._drafts(drafter, context, stats, live)
             if not any(len(d) for d in drafts):
                 drafter = None  # nothing to verify: a plain step
+            pending = [outputs[i][-1] for i in active]
             first_slot = kv.num_slots
-            try:
-                logits = self._verify(kv, [outputs[i][-1] for i in active], drafts)
-            except Exception as exc:  # the cache is as before the step (runner.forward); redo it plainly
-                if drafter is None:
-                    raise
-                stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
-                if self.controller is not None:
-                    self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
-                live.pop(drafter.name, None)
-                _free_device_memory(runner.device)
-                drafter, drafts = None, [Draft.empty() for _ in active]
-                logits = self._verify(kv, [outputs[i][-1] for i in active], drafts)
-            verdicts = self._accept(logits, drafts, context, keys, params, drafter)
-            wall_s = time.perf_counter() - began
+            verdicts = None
+            if drafter is not None:
+                try:
+                    logits = self._verify(kv, pending, drafts)
+                    verdicts = self._accept(logits, drafts, context, keys, params, drafter)
+                except Exception as exc:  # the cache is as before the step (runner.forward); redo it plainly
+                    stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
+                    if self.controller is not None:
+                        self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
+                    live.pop(drafter.name, None)
+                    _free_device_memory(runner.device)
+                    drafter, drafts = None, [Draft.empty() for _ in active]
+            if verdicts is None:
+                verdicts = self._plain_step(kv, pending, context, keys, params)
             used = drafter.name if drafter is not None else AUTOREGRESSIVE
             stats.target_forwards += 1
             stats.steps_by_drafter[used] = stats.steps_by_drafter.get(used, 0) + 1
-            keep = torch.zeros_like(kv.valid)
-            for row, (verdict, draft) in enumerate(zip(verdicts, drafts, strict=True)):
-                keep[row, [first_slot + s for s in (0, *verdict.path)]] = True
+            for draft, verdict in zip(drafts, verdicts, strict=True):
                 stats.record(draft, verdict)
-            kv.invalidate(~keep & (torch.arange(kv.num_slots, device=keep.device) >= first_slot))
+            if drafter is not None:  # slots off each row's accepted path leave the cache
+                keep = torch.zeros_like(kv.valid)
+                for row, verdict in enumerate(verdicts):
+                    keep[row, [first_slot + s for s in (0, *verdict.path)]] = True
+                kv.invalidate(~keep & (torch.arange(kv.num_slots, device=keep.device) >= first_slot))
+                if kv.waste() > COMPACT_WASTE:
+                    kv.compact()
+            # The step's cost as the controller must weigh it: drafting, verifying, rolling back.
+            wall_s = time.perf_counter() - began
             if self.controller is not None:
                 self.controller.observe(
                     StepRecord(used, len(active), wall_s, [len(d) for d in drafts], [len(v.path) for v in verdicts])
@@ -202,8 +209,6 @@ class SpeculativeStrategy:
                         live.pop(name)
                 if self.controller is not None:
                     self.controller.keep_rows(still)
-            if active and kv.waste() > COMPACT_WASTE:
-                kv.compact()
         rows = [
             RowOutput(tokens=o, finish_reason=r, strategy=self._row_strategy(counts))
             for o, r, counts in zip(outputs, reasons, emitted_by, strict=True)
@@ -266,6 +271,17 @@ class SpeculativeStrategy:
                 draft = Draft.empty()
             checked.append(draft)
         return checked
+
+    def _plain_step(
+        self, kv: RaggedKV, pending: list[int], context: ProposalContext, keys: torch.Tensor, params: GenerationParams
+    ) -> list[Verdict]:
+        """One autoregressive step for every row, as lean as the autoregressive strategy's."""
+        device = self.runner.device
+        ids = torch.tensor(pending, dtype=torch.long, device=device)[:, None]  # [B, 1]
+        out = self.runner.forward(kv, ids, kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool))
+        positions = torch.tensor(context.generated, dtype=torch.long)
+        tokens = choose_tokens(out.logits[:, -1], params.sampling, keys, positions).tolist()
+        return [Verdict(path=[], tokens=[t]) for t in tokens]
 
     def _verify(self, kv: RaggedKV, pending: list[int], drafts: list[Draft]) -> torch.Tensor:
         """One target forward over `[pending, nodes…]` of every row; logits [B, 1+N, V]."""
