@@ -143,7 +143,7 @@ def run_job(config: JobConfig) -> JobOutcome:
         check_ids(shards, config.input.id_column, config.input.storage_options)
     units = plan_units(shards, config.input.rows_per_unit)
     hashes = {"target": _model_hash(config.model.target, "model.target")}
-    if config.model.draft:
+    if _uses_draft(config):
         hashes["draft"] = _model_hash(config.model.draft, "model.draft")
     ident = identity(config, shards, hashes)
     job_id = fingerprint(ident)
@@ -190,6 +190,12 @@ def run_job(config: JobConfig) -> JobOutcome:
     return JobOutcome("succeeded", summary)
 
 
+def _uses_draft(config: JobConfig) -> bool:
+    """The draft model is loaded (and part of the job's identity) only when a strategy may use it."""
+    may_draft = config.strategy.name in registry.NEEDS_DRAFT | {registry.AUTO} or config.input.strategy_column
+    return bool(config.model.draft and may_draft)
+
+
 def _model_hash(url: str, key: str) -> str:
     try:
         return model_weights_hash(url)
@@ -202,7 +208,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
     return WorkerSpec(
         job_id=job_id,
         model_target=config.model.target,
-        model_draft=config.model.draft,
+        model_draft=config.model.draft if _uses_draft(config) else None,
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         cache_dir=config.model.cache_dir,
@@ -457,8 +463,12 @@ def _init_ray(address: str) -> None:
 
 
 def _cause(exc: BaseException) -> str:
+    """The underlying error's message: a task's exception, or the last line of an actor's traceback."""
     cause = getattr(exc, "cause", None)
-    return str(cause) if cause is not None else str(exc).splitlines()[0]
+    if cause is not None:
+        return str(cause)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def _is_input_error(exc: BaseException) -> bool:

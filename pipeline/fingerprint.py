@@ -32,7 +32,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
         },
         "model": {
             "target": config.model.target,
-            "draft": config.model.draft,
+            "draft": config.model.draft if "draft" in model_hashes else None,
             "dtype": config.model.dtype,
             "weights_sha256": model_hashes,
         },

@@ -26,11 +26,13 @@ def embedded_ray():
 
 
 def _text_of_tokens(tokenizer, n: int) -> str:
-    """A prompt that encodes to exactly n tokens."""
-    for k in range(max(1, n - 40), n + 40):
-        text = " ".join(["x"] * k)
-        if len(tokenizer(text)["input_ids"]) == n:
-            return text
+    """A prompt that encodes to exactly n tokens: a character the tokenizer never merges with itself,
+    repeated (the first one found among a few candidates)."""
+    for char in ["~", "@", "#", "$", "^", "`", "|", "é", "ü", "x"]:
+        for width in range(n - 10, n + 10):
+            text = char * width
+            if len(tokenizer(text)["input_ids"]) == n:
+                return text
     raise AssertionError(f"no prompt of {n} tokens")
 
 
