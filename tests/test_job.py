@@ -183,7 +183,12 @@ def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_di
     _write_input(tmp_path / "in")
     assert run_job(_config(tmp_path, tiny_model_dir)).status == "succeeded"
     greedy = {r["row_id"]: r["completion"] for r in _read_output(tmp_path / "out").to_pylist()}
-    spec = [f"model.draft={tiny_draft_dir}", "strategy.name=speculative", "strategy.num_speculative_tokens=3"]
+    spec = [
+        f"model.draft={tiny_draft_dir}",
+        "strategy.name=speculative",
+        "strategy.num_speculative_tokens=3",
+        "strategy.adaptive=false",  # every row decoded by speculation itself, whatever it gains
+    ]
     config = _config(tmp_path, tiny_model_dir, *spec, f"output.url={tmp_path / 'spec'}")
     assert run_job(config).status == "succeeded"
     rows = _read_output(tmp_path / "spec").to_pylist()
@@ -196,7 +201,15 @@ def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_di
     assert run_job(sampled).status == "succeeded"
     assert len(_read_output(tmp_path / "s")) == len(rows)
     with pytest.raises(JobError, match="needs a draft model"):
-        run_job(_config(tmp_path, tiny_model_dir, "strategy.name=speculative", f"output.url={tmp_path / 'x'}"))
+        run_job(
+            _config(
+                tmp_path,
+                tiny_model_dir,
+                "strategy.name=speculative",
+                "model.draft=null",
+                f"output.url={tmp_path / 'x'}",
+            )
+        )
 
 
 def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_dir, tiny_draft_dir):
