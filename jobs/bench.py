@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from jobs.cli import SAMPLE_PROMPTS, SHIPPED_DRAFT, SHIPPED_TARGET, print_keys, split_args
-from pipeline.config import _opt, load_config
+from pipeline.config import load_config, option
 from pipeline.errors import JobError
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
@@ -40,24 +40,24 @@ HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "transformers.generate", "transformers.ass
 
 @dataclass
 class BenchConfig:
-    prompts: str = _opt(str(SAMPLE_PROMPTS), "Prompts: a Parquet URL, or a JSONL(.gz) file with a prompt field.")
-    prompt_column: str = _opt("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
-    num_prompts: int = _opt(16, "Prompts decoded per contender and batch size (cycled to fill a batch).")
-    model: str = _opt(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
-    draft: str = _opt(str(SHIPPED_DRAFT), "Draft model for speculative strategies and assisted generation.")
-    dtype: str = _opt("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
-    strategies: list[str] = _opt(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
-    transformers: list[str] = _opt(
+    prompts: str = option(str(SAMPLE_PROMPTS), "Prompts: a Parquet URL, or a JSONL(.gz) file with a prompt field.")
+    prompt_column: str = option("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
+    num_prompts: int = option(16, "Prompts decoded per contender and batch size (cycled to fill a batch).")
+    model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
+    draft: str = option(str(SHIPPED_DRAFT), "Draft model for speculative strategies and assisted generation.")
+    dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
+    strategies: list[str] = option(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
+    transformers: list[str] = option(
         ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
     )
-    batch_sizes: list[int] = _opt([1, 32], "Batch sizes to time.")
-    max_new_tokens: int = _opt(64, "Tokens generated per row (fixed length).")
-    max_prompt_tokens: int = _opt(256, "Prompts are cut to their last this many tokens.")
-    repeats: int = _opt(3, "Interleaved repeats per configuration; the table shows medians.")
-    torch_threads: int = _opt(0, "torch threads; 0: all cores.")
+    batch_sizes: list[int] = option([1, 32], "Batch sizes to time.")
+    max_new_tokens: int = option(64, "Tokens generated per row (fixed length).")
+    max_prompt_tokens: int = option(256, "Prompts are cut to their last this many tokens.")
+    repeats: int = option(3, "Interleaved repeats per configuration; the table shows medians.")
+    torch_threads: int = option(0, "torch threads; 0: all cores.")
     # Fixed strategies are measured as themselves (adaptive=false); `auto` always runs its controller.
     strategy: StrategyOptions = field(default_factory=lambda: StrategyOptions(adaptive=False))
-    report: str = _opt("", "Also write the table as JSON to this path.")
+    report: str = option("", "Also write the table as JSON to this path.")
 
 
 def read_prompts(url: str, column: str) -> list[str]:

@@ -22,7 +22,7 @@ from strategies.options import StrategyOptions
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
 
-def _opt(default: Any, help: str, **kwargs: Any) -> Any:
+def option(default: Any, help: str, **kwargs: Any) -> Any:
     """A dataclass field with its help text; mutable defaults go through `default_factory`."""
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
@@ -31,74 +31,74 @@ def _opt(default: Any, help: str, **kwargs: Any) -> Any:
 
 @dataclass
 class InputConfig:
-    url: str = _opt(MISSING, "Parquet input: a file, a directory or a glob; any fsspec URL (s3://, gs://, …).")
-    prompt_column: str = _opt("prompt", "Column holding the prompt text.")
-    id_column: str | None = _opt(
+    url: str = option(MISSING, "Parquet input: a file, a directory or a glob; any fsspec URL (s3://, gs://, …).")
+    prompt_column: str = option("prompt", "Column holding the prompt text.")
+    id_column: str | None = option(
         None, "Column holding a unique row id. Empty: ids are derived from shard path and row index."
     )
-    keep_columns: list[str] = _opt([], "Input columns copied unchanged into the output.")
-    strategy_column: str | None = _opt(
+    keep_columns: list[str] = option([], "Input columns copied unchanged into the output.")
+    strategy_column: str | None = option(
         None, "Optional column naming a strategy per row (empty values: strategy.name); unknown: an error row."
     )
-    storage_options: dict[str, Any] = _opt({}, "fsspec storage options for the input (endpoint, credentials).")
-    rows_per_unit: int = _opt(
+    storage_options: dict[str, Any] = option({}, "fsspec storage options for the input (endpoint, credentials).")
+    rows_per_unit: int = option(
         4096, "Shards with more rows are split into work units of whole row groups up to about this size."
     )
 
 
 @dataclass
 class OutputConfig:
-    url: str = _opt(MISSING, "Output folder; any fsspec URL. Parts, manifest, _SUCCESS and _logs/ go here.")
-    storage_options: dict[str, Any] = _opt({}, "fsspec storage options for the output.")
+    url: str = option(MISSING, "Output folder; any fsspec URL. Parts, manifest, _SUCCESS and _logs/ go here.")
+    storage_options: dict[str, Any] = option({}, "fsspec storage options for the output.")
 
 
 @dataclass
 class ModelConfig:
-    target: str = _opt(MISSING, "Hugging Face causal LM: a local directory or an fsspec URL of one.")
-    draft: str | None = _opt(None, "Draft model for speculative strategies (local directory or fsspec URL).")
-    dtype: str = _opt("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
-    trust_remote_code: bool = _opt(False, "Allow model code shipped with the checkpoint to run.")
-    cache_dir: str = _opt("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")
+    target: str = option(MISSING, "Hugging Face causal LM: a local directory or an fsspec URL of one.")
+    draft: str | None = option(None, "Draft model for speculative strategies (local directory or fsspec URL).")
+    dtype: str = option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
+    trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
+    cache_dir: str = option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")
 
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = _opt(128, "Most tokens generated per row (finish_reason=length when reached).")
-    temperature: float = _opt(0.0, "0: greedy decoding. >0: sampling at this temperature.")
-    top_p: float = _opt(1.0, "Nucleus sampling mass, in (0, 1].")
-    top_k: int = _opt(0, "Sample among the k most likely tokens; 0: no limit.")
-    stop: list[str] = _opt([], "Stop strings: end the row (finish_reason=stop); not part of the completion.")
-    seed: int = _opt(0, "Sampling seed; a row's draws are keyed by (seed, row_id, position).")
-    ignore_eos: bool = _opt(False, "Keep generating past EOS (fixed-length runs, benchmarks).")
+    max_new_tokens: int = option(128, "Most tokens generated per row (finish_reason=length when reached).")
+    temperature: float = option(0.0, "0: greedy decoding. >0: sampling at this temperature.")
+    top_p: float = option(1.0, "Nucleus sampling mass, in (0, 1].")
+    top_k: int = option(0, "Sample among the k most likely tokens; 0: no limit.")
+    stop: list[str] = option([], "Stop strings: end the row (finish_reason=stop); not part of the completion.")
+    seed: int = option(0, "Sampling seed; a row's draws are keyed by (seed, row_id, position).")
+    ignore_eos: bool = option(False, "Keep generating past EOS (fixed-length runs, benchmarks).")
 
 
 @dataclass
 class WorkersConfig:
-    num_actors: int = _opt(0, "Generator actors. 0: one per GPU of the cluster, or one CPU actor without GPUs.")
-    batch_size: int = _opt(16, "Most rows decoded together in one batch.")
-    max_batch_tokens: int = _opt(
+    num_actors: int = option(0, "Generator actors. 0: one per GPU of the cluster, or one CPU actor without GPUs.")
+    batch_size: int = option(16, "Most rows decoded together in one batch.")
+    max_batch_tokens: int = option(
         16384, "Most prompt + max_new_tokens tokens of a batch (rows are grouped by prompt length first)."
     )
-    num_gpus_per_actor: float = _opt(1.0, "GPUs reserved per actor when the cluster has GPUs.")
-    num_cpus_per_actor: float = _opt(
+    num_gpus_per_actor: float = option(1.0, "GPUs reserved per actor when the cluster has GPUs.")
+    num_cpus_per_actor: float = option(
         1.0, "CPUs reserved per actor. At least one CPU of the cluster always stays free for Ray's own tasks."
     )
-    custom_resources: dict[str, float] = _opt(
+    custom_resources: dict[str, float] = option(
         {}, "Ray custom resources each actor needs (e.g. {accelerator_type_H100: 0.001}) to pin actors to nodes."
     )
-    torch_threads: int = _opt(0, "torch intra-op threads per actor. 0: the node's cores shared among its actors.")
-    actor_start_timeout_s: float = _opt(
+    torch_threads: int = option(0, "torch intra-op threads per actor. 0: the node's cores shared among its actors.")
+    actor_start_timeout_s: float = option(
         300.0, "Fail the job when the actors are not scheduled and loaded within this many seconds."
     )
-    max_unit_attempts: int = _opt(3, "Attempts per work unit before the unit is reported failed.")
-    unit_timeout_s: float = _opt(
+    max_unit_attempts: int = option(3, "Attempts per work unit before the unit is reported failed.")
+    unit_timeout_s: float = option(
         900.0, "An attempt that finishes no batch for this long is taken as hung: its actor restarts, the unit retries."
     )
 
 
 @dataclass
 class RayConfig:
-    address: str = _opt("", "Ray cluster to join (auto, ray://host:port). Empty: start an embedded local one.")
+    address: str = option("", "Ray cluster to join (auto, ray://host:port). Empty: start an embedded local one.")
 
 
 @dataclass

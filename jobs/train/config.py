@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from pipeline.config import _opt
+from pipeline.config import option
 from pipeline.errors import JobError
 
 PRECISIONS = ("float32", "bfloat16")
@@ -20,83 +20,83 @@ SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass
 class CorpusConfig:
-    url: str = _opt(
+    url: str = option(
         "",
         "Training text: a directory, a glob of text files, or a Parquet file/glob; any fsspec URL. "
         "Empty: the Python standard library sources of the running interpreter.",
     )
-    include: list[str] = _opt(["*.py"], "File-name patterns taken when url is a directory (or empty).")
-    exclude_dirs: list[str] = _opt(
+    include: list[str] = option(["*.py"], "File-name patterns taken when url is a directory (or empty).")
+    exclude_dirs: list[str] = option(
         ["site-packages", "test", "tests", "idle_test", "encodings"],
         "Files under a directory of one of these names are skipped (third-party code, test data, codec tables).",
     )
-    text_column: str = _opt("text", "Column holding the text when the corpus is Parquet.")
-    heldout_percent: float = _opt(
+    text_column: str = option("text", "Column holding the text when the corpus is Parquet.")
+    heldout_percent: float = option(
         5.0, "Share of files (by a hash of their relative path) held out of training, for evaluation."
     )
-    max_files: int = _opt(0, "Use only the first N files in path order (quick trial runs). 0: all.")
-    storage_options: dict[str, Any] = _opt({}, "fsspec storage options for the corpus URL.")
+    max_files: int = option(0, "Use only the first N files in path order (quick trial runs). 0: all.")
+    storage_options: dict[str, Any] = option({}, "fsspec storage options for the corpus URL.")
 
 
 @dataclass
 class LlamaShape:
-    hidden_size: int = _opt(256, "Width of the residual stream.")
-    intermediate_size: int = _opt(768, "Width of the SwiGLU MLP.")
-    num_hidden_layers: int = _opt(6, "Transformer blocks.")
-    num_attention_heads: int = _opt(4, "Query heads; head_dim = hidden_size / num_attention_heads.")
-    num_key_value_heads: int = _opt(2, "Key/value heads (grouped-query attention when fewer than query heads).")
-    max_position_embeddings: int = _opt(1024, "Context length the model advertises and is trained to reach.")
-    rope_theta: float = _opt(10000.0, "RoPE base frequency.")
+    hidden_size: int = option(256, "Width of the residual stream.")
+    intermediate_size: int = option(768, "Width of the SwiGLU MLP.")
+    num_hidden_layers: int = option(6, "Transformer blocks.")
+    num_attention_heads: int = option(4, "Query heads; head_dim = hidden_size / num_attention_heads.")
+    num_key_value_heads: int = option(2, "Key/value heads (grouped-query attention when fewer than query heads).")
+    max_position_embeddings: int = option(1024, "Context length the model advertises and is trained to reach.")
+    rope_theta: float = option(10000.0, "RoPE base frequency.")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = _opt(2e-3, "Peak learning rate of AdamW.")
-    min_lr_ratio: float = _opt(0.1, "The cosine schedule ends at lr * min_lr_ratio.")
-    warmup_steps: int = _opt(100, "Steps of linear warm-up from 0 to lr.")
-    weight_decay: float = _opt(0.1, "AdamW weight decay, applied to matrices (not to norms).")
-    beta1: float = _opt(0.9, "AdamW beta1.")
-    beta2: float = _opt(0.95, "AdamW beta2.")
-    grad_clip: float = _opt(1.0, "Clip the global gradient norm to this value. 0: no clipping.")
+    lr: float = option(2e-3, "Peak learning rate of AdamW.")
+    min_lr_ratio: float = option(0.1, "The cosine schedule ends at lr * min_lr_ratio.")
+    warmup_steps: int = option(100, "Steps of linear warm-up from 0 to lr.")
+    weight_decay: float = option(0.1, "AdamW weight decay, applied to matrices (not to norms).")
+    beta1: float = option(0.9, "AdamW beta1.")
+    beta2: float = option(0.95, "AdamW beta2.")
+    grad_clip: float = option(1.0, "Clip the global gradient norm to this value. 0: no clipping.")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = _opt(1000, "Optimizer steps.")
-    batch_size: int = _opt(16, "Windows per step in the first phase; tokens per step = batch_size * seq_len.")
-    seq_len: int = _opt(256, "Window length (tokens) of the first phase: short windows see more tokens per second.")
-    final_seq_len: int = _opt(
+    steps: int = option(1000, "Optimizer steps.")
+    batch_size: int = option(16, "Windows per step in the first phase; tokens per step = batch_size * seq_len.")
+    seq_len: int = option(256, "Window length (tokens) of the first phase: short windows see more tokens per second.")
+    final_seq_len: int = option(
         1024,
         "Window length of the last phase, so the model learns every position up to its context; the "
         "batch shrinks to keep tokens per step. Must divide batch_size * seq_len.",
     )
-    final_fraction: float = _opt(0.2, "Share of the steps trained on final_seq_len windows (at the end). 0: none.")
-    seed: int = _opt(0, "Seed of initialization and window order; same seed, corpus and hardware: same weights.")
-    precision: str = _opt(
+    final_fraction: float = option(0.2, "Share of the steps trained on final_seq_len windows (at the end). 0: none.")
+    seed: int = option(0, "Seed of initialization and window order; same seed, corpus and hardware: same weights.")
+    precision: str = option(
         "bfloat16", f"One of {PRECISIONS}: autocast dtype of forward/backward (weights stay float32)."
     )
-    device: str = _opt("auto", "auto: cuda when available, else cpu. Or any torch device string.")
-    threads: int = _opt(0, "torch intra-op threads. 0: torch's default (all cores).")
-    checkpoint_every: int = _opt(100, "Save the resumable training state every this many steps.")
-    checkpoint_dir: str = _opt(
+    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
+    threads: int = option(0, "torch intra-op threads. 0: torch's default (all cores).")
+    checkpoint_every: int = option(100, "Save the resumable training state every this many steps.")
+    checkpoint_dir: str = option(
         "",
         "Where the resumable state goes; re-running the same command resumes from it. Empty: <output_dir>/checkpoint.",
     )
-    save_dtype: str = _opt("float32", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
+    save_dtype: str = option("float32", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
 
 
 @dataclass
 class TokenizerJobConfig:
-    output_dir: str = _opt(MISSING, "Directory receiving tokenizer.json and tokenizer_config.json.")
+    output_dir: str = option(MISSING, "Directory receiving tokenizer.json and tokenizer_config.json.")
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    vocab_size: int = _opt(8192, "Vocabulary size including the special tokens.")
-    min_frequency: int = _opt(2, "A pair must occur at least this often to be merged.")
+    vocab_size: int = option(8192, "Vocabulary size including the special tokens.")
+    min_frequency: int = option(2, "A pair must occur at least this often to be merged.")
 
 
 @dataclass
 class LMJobConfig:
-    tokenizer: str = _opt(MISSING, "Tokenizer directory written by `train tokenizer`.")
-    output_dir: str = _opt(MISSING, "Directory receiving the Hugging Face model (and the tokenizer).")
+    tokenizer: str = option(MISSING, "Tokenizer directory written by `train tokenizer`.")
+    output_dir: str = option(MISSING, "Directory receiving the Hugging Face model (and the tokenizer).")
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     model: LlamaShape = field(default_factory=LlamaShape)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -105,15 +105,15 @@ class LMJobConfig:
 
 @dataclass
 class DistillConfig:
-    kl_weight: float = _opt(1.0, "Weight of KL(target || draft) on next-token distributions.")
-    ce_weight: float = _opt(0.0, "Weight of the cross-entropy on the corpus' next tokens.")
-    temperature: float = _opt(1.0, "Both distributions are softened by this temperature; the KL is scaled by T².")
+    kl_weight: float = option(1.0, "Weight of KL(target || draft) on next-token distributions.")
+    ce_weight: float = option(0.0, "Weight of the cross-entropy on the corpus' next tokens.")
+    temperature: float = option(1.0, "Both distributions are softened by this temperature; the KL is scaled by T².")
 
 
 @dataclass
 class DraftJobConfig:
-    target: str = _opt(MISSING, "Target model directory (written by `train lm`); its tokenizer is reused.")
-    output_dir: str = _opt(MISSING, "Directory receiving the draft model (and the tokenizer).")
+    target: str = option(MISSING, "Target model directory (written by `train lm`); its tokenizer is reused.")
+    output_dir: str = option(MISSING, "Directory receiving the draft model (and the tokenizer).")
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     model: LlamaShape = field(
         default_factory=lambda: LlamaShape(
@@ -127,17 +127,17 @@ class DraftJobConfig:
 
 @dataclass
 class EvalJobConfig:
-    model: str = _opt(MISSING, "Model directory to evaluate (it holds its tokenizer).")
-    draft: str = _opt("", "Draft model directory: adds its loss, greedy agreement with the model and its speed.")
+    model: str = option(MISSING, "Model directory to evaluate (it holds its tokenizer).")
+    draft: str = option("", "Draft model directory: adds its loss, greedy agreement with the model and its speed.")
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    seq_len: int = _opt(1024, "Window length of the held-out loss.")
-    max_tokens: int = _opt(200_000, "Held-out tokens evaluated at most.")
-    batch_size: int = _opt(4, "Windows per forward pass.")
-    decode_tokens: int = _opt(128, "Tokens generated at batch 1 to measure decode speed. 0: skip.")
-    prompt_tokens: int = _opt(64, "Prompt length (held-out tokens) of the decode-speed measurement.")
-    device: str = _opt("cpu", "Device of the evaluation; decode speed is reported for this device.")
-    threads: int = _opt(0, "torch intra-op threads. 0: torch's default (all cores).")
-    report: str = _opt("", "Also write the numbers as JSON to this path.")
+    seq_len: int = option(1024, "Window length of the held-out loss.")
+    max_tokens: int = option(200_000, "Held-out tokens evaluated at most.")
+    batch_size: int = option(4, "Windows per forward pass.")
+    decode_tokens: int = option(128, "Tokens generated at batch 1 to measure decode speed. 0: skip.")
+    prompt_tokens: int = option(64, "Prompt length (held-out tokens) of the decode-speed measurement.")
+    device: str = option("cpu", "Device of the evaluation; decode speed is reported for this device.")
+    threads: int = option(0, "torch intra-op threads. 0: torch's default (all cores).")
+    report: str = option("", "Also write the numbers as JSON to this path.")
 
 
 def check_train(train: TrainConfig, shape: LlamaShape) -> None:
