@@ -27,7 +27,8 @@ class AutoregressiveStrategy:
         keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
         forwards = 0
         while True:
-            positions = torch.tensor([len(outputs[i]) for i in active], dtype=torch.long)  # [B]
+            # Generation index of each row's next token: keys a sampled draw (greedy needs none).
+            positions = None if params.sampling.greedy else torch.tensor([len(outputs[i]) for i in active])  # [B]
             tokens = choose_tokens(logits, params.sampling, keys, positions)  # [B]
             still: list[int] = []
             for row, (i, token) in enumerate(zip(active, tokens.tolist(), strict=True)):

@@ -91,9 +91,9 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def choose_tokens(
-    logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor, positions: torch.Tensor
+    logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor, positions: torch.Tensor | None
 ) -> torch.Tensor:
-    """Next token per row: `logits` [B, V]; `keys`, `positions` [B] identify each draw."""
+    """Next token per row: `logits` [B, V]; `keys`, `positions` [B] identify each draw (greedy: unused)."""
     if params.greedy:
         return logits.argmax(dim=-1)
     probs = filtered_probs(logits, params)
