@@ -39,6 +39,9 @@ class Controller(Protocol):
 
     def plan(self, batch_size: int) -> Plan: ...
 
+    def worth_learning(self, drafter: str, batch_size: int) -> bool:
+        """Whether a drafter that learns from every batch should see this one, even if it may not draft."""
+
     def observe(self, record: StepRecord) -> None: ...
 
     def drafter_failed(self, drafter: str, reason: str) -> None:

@@ -13,9 +13,11 @@ nodes no longer counted are pruned.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -40,6 +42,20 @@ class _Node:
         return self.freq + self.prompt_total - own + own_weight * own
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Counting a row creates thousands of trie nodes, and each few hundred allocations would start
+    Python's cyclic collector over a heap that holds the model's modules (measured: 7/8 of the time
+    of counting 32 prompts). Trie nodes form no cycles; reference counting frees pruned ones."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class TokenTrie:
     """Counts of token substrings up to `depth` long; prompts counted per row, outputs globally."""
 
@@ -57,6 +73,12 @@ class TokenTrie:
         `row=None` counts output text; a row id counts that row's prompt until `release(row)`.
         """
         touched = self._row_nodes.setdefault(row, []) if row is not None else None
+        with _collector_paused():
+            self._count(tokens, starts, row, touched)
+        if self.num_nodes > self.max_nodes:
+            self.prune()
+
+    def _count(self, tokens: Sequence[int], starts: range, row: int | None, touched: list[_Node] | None) -> None:
         for start in starts:
             node = self.root
             for token in tokens[start : start + self.depth]:
@@ -71,8 +93,6 @@ class TokenTrie:
                     node.prompt[row] = node.prompt.get(row, 0) + 1
                     node.prompt_total += 1
                     touched.append(node)
-        if self.num_nodes > self.max_nodes:
-            self.prune()
 
     def release(self, row: int) -> None:
         """Drop the prompt counts of a finished row."""

@@ -29,8 +29,9 @@ class Proposer(Protocol):
     name: str
 
     def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
-        """A new batch: per row its prompt and generated tokens, the last being the pending token
-        (not yet in the target's cache); `keys` [B] are the rows' sampling keys."""
+        """The first step of a batch that uses this proposer (not always the batch's first step: a
+        controller may start it later): per active row its prompt and generated tokens, the last
+        being the pending token (not yet in the target's cache); `keys` [B] are the rows' sampling keys."""
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         """One draft per row below its pending token. Not called on steps that do not speculate."""

@@ -42,7 +42,7 @@ def _lookahead(options: StrategyOptions, target: ModelRunner, draft: ModelRunner
     proposer = LookaheadProposer(
         o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
     )
-    return Drafter("lookahead", proposer, o.branch_length, o.decoding_length)
+    return Drafter("lookahead", proposer, o.branch_length, o.decoding_length, learns=True)
 
 
 def _need_draft(draft: ModelRunner | None, name: str) -> ModelRunner:

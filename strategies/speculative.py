@@ -52,6 +52,7 @@ class Drafter:
     max_depth: int  # longest draft path (chain length)
     max_nodes: int  # most nodes per row (trees); chains: max_depth
     relaxed: RelaxedRule | None = None
+    learns: bool = False  # it learns from every batch it sees (a Lookahead trie), drafting or not
 
 
 @dataclass
@@ -80,6 +81,11 @@ class SpecStats:
             _bump(self.proposed_at, d - 1)
         for d in range(len(verdict.path)):
             _bump(self.accepted_at, d)
+
+    def record_plain(self, rows: int) -> None:
+        """A step without drafts: each row emitted one token."""
+        self.row_steps += rows
+        self.emitted_tokens += rows
 
     def as_dict(self) -> dict:
         accepted_at = self.accepted_at + [0] * (len(self.proposed_at) - len(self.accepted_at))
@@ -125,30 +131,44 @@ class SpeculativeStrategy:
         emitted_by = [dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests]
         active = [i for i, reason in enumerate(reasons) if reason is None]
         stats = SpecStats()
-        live: dict[str, Drafter] = {}
+        # Drafters not failed in this batch. A drafter starts (prefills, indexes) when first planned,
+        # so one the controller keeps off costs nothing; one that learns from every batch starts at
+        # once while the controller thinks it may pay, so that it keeps learning while off.
+        live: dict[str, Drafter] = dict(self.drafters)
+        started: set[str] = set()
         if active:
             if len(active) < len(requests):
                 kv.select_rows(torch.tensor(active, device=runner.device))
             keys = keys[active]
-            contexts = [requests[i].prompt + outputs[i] for i in active]
-            for name, drafter in self.drafters.items():
-                if self._call(stats, name, drafter.proposer.start, contexts, keys, params):
-                    live[name] = drafter
             if self.controller is not None:
                 limits = {name: (d.max_depth, d.max_nodes) for name, d in live.items()}
                 self.controller.start_batch(limits, len(active))
+            contexts = [requests[i].prompt + outputs[i] for i in active]
+            for name, d in list(live.items()):
+                if d.learns and (self.controller is None or self.controller.worth_learning(name, len(active))):
+                    started.add(name)
+                    if not self._call(stats, name, d.proposer.start, contexts, keys, params):
+                        live.pop(name)
         while active:
             plan = self._plan(live, len(active))
             drafter = live.get(plan.drafter)
+            if drafter is not None and drafter.name not in started:
+                contexts = [requests[i].prompt + outputs[i] for i in active]
+                started.add(drafter.name)
+                if not self._call(stats, drafter.name, drafter.proposer.start, contexts, keys, params):
+                    live.pop(drafter.name)
+                    drafter = None
+            began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
             context = ProposalContext(
                 generated=[len(outputs[i]) for i in active],
                 budgets=[
-                    0 if row in plan.rows_off else self._room(requests[i], outputs[i], params, plan.depth)
+                    0
+                    if drafter is None or row in plan.rows_off
+                    else self._room(requests[i], outputs[i], params, plan.depth)
                     for row, i in enumerate(active)
                 ],
                 max_nodes=plan.nodes,
             )
-            began = time.perf_counter()  # a step's cost includes drafting
             drafts = self._drafts(drafter, context, stats, live)
             if not any(len(d) for d in drafts):
                 drafter = None  # nothing to verify: a plain step
@@ -171,8 +191,11 @@ class SpeculativeStrategy:
             used = drafter.name if drafter is not None else AUTOREGRESSIVE
             stats.target_forwards += 1
             stats.steps_by_drafter[used] = stats.steps_by_drafter.get(used, 0) + 1
-            for draft, verdict in zip(drafts, verdicts, strict=True):
-                stats.record(draft, verdict)
+            if drafter is None:
+                stats.record_plain(len(verdicts))
+            else:
+                for draft, verdict in zip(drafts, verdicts, strict=True):
+                    stats.record(draft, verdict)
             if drafter is not None:  # slots off each row's accepted path leave the cache
                 keep = torch.zeros_like(kv.valid)
                 for row, verdict in enumerate(verdicts):
@@ -180,14 +203,8 @@ class SpeculativeStrategy:
                 kv.invalidate(~keep & (torch.arange(kv.num_slots, device=keep.device) >= first_slot))
                 if kv.waste() > COMPACT_WASTE:
                     kv.compact()
-            # The step's cost as the controller must weigh it: drafting, verifying, rolling back.
-            wall_s = time.perf_counter() - began
-            if self.controller is not None:
-                self.controller.observe(
-                    StepRecord(used, len(active), wall_s, [len(d) for d in drafts], [len(v.path) for v in verdicts])
-                )
             emitted = [v.tokens for v in verdicts]
-            for name, d in list(live.items()):
+            for name, d in self._started(live, started):
                 if not self._call(stats, name, d.proposer.accepted, emitted):
                     live.pop(name)
             still = []
@@ -200,25 +217,36 @@ class SpeculativeStrategy:
                         break
                 if reasons[i] is None:
                     still.append(row)
+            batch_size, wall_s = len(active), time.perf_counter() - began
             if len(still) < len(active):
                 kv.select_rows(torch.tensor(still, dtype=torch.long, device=runner.device))
                 keys = keys[still]
                 active = [active[row] for row in still]
-                for name, d in list(live.items()):
+                for name, d in self._started(live, started):
                     if not self._call(stats, name, d.proposer.keep_rows, still):
                         live.pop(name)
-                if self.controller is not None:
+            if self.controller is not None:
+                # The step's cost as the controller must weigh it: drafting, verifying, rolling back and
+                # telling the proposers. Dropping finished rows is not counted: every option pays it.
+                drafted, accepted = [len(d) for d in drafts], [len(v.path) for v in verdicts]
+                self.controller.observe(StepRecord(used, batch_size, wall_s, drafted, accepted))
+                if len(still) < batch_size:
                     self.controller.keep_rows(still)
         rows = [
             RowOutput(tokens=o, finish_reason=r, strategy=self._row_strategy(counts))
             for o, r, counts in zip(outputs, reasons, emitted_by, strict=True)
         ]
         extra: dict = {}
-        for d in live.values():
+        for _, d in self._started(live, started):
             extra.update(d.proposer.stats())
         return BatchOutput(
             rows=rows, strategy=self.name, target_forwards=stats.target_forwards, stats={**stats.as_dict(), **extra}
         )
+
+    @staticmethod
+    def _started(live: dict[str, Drafter], started: set[str]) -> list[tuple[str, Drafter]]:
+        """The live drafters that have started, as a list: a failing callback removes its drafter."""
+        return [(name, d) for name, d in live.items() if name in started]
 
     def _row_strategy(self, counts: dict[str, int]) -> str:
         """What decoded the row: the strategy itself when fixed; under a controller, whichever emitted most."""
@@ -279,7 +307,7 @@ class SpeculativeStrategy:
         device = self.runner.device
         ids = torch.tensor(pending, dtype=torch.long, device=device)[:, None]  # [B, 1]
         out = self.runner.forward(kv, ids, kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool))
-        positions = torch.tensor(context.generated, dtype=torch.long)
+        positions = None if params.sampling.greedy else torch.tensor(context.generated, dtype=torch.long)
         tokens = choose_tokens(out.logits[:, -1], params.sampling, keys, positions).tolist()
         return [Verdict(path=[], tokens=[t]) for t in tokens]
 

@@ -9,7 +9,8 @@ from strategies.proposer import ProposalContext
 class ScriptedProposer:
     """Drafts `reference[row][generated : generated + budget]` (right) or each of those tokens + 1 (wrong).
 
-    `fail_at`: the number of the `propose` call that raises instead.
+    `fail_at`: the number of the `propose` call that raises instead. Rows are known by their batch
+    index at `start`, so it must start while every row of the batch is still decoding.
     """
 
     name = "scripted"

@@ -46,7 +46,7 @@ def test_estimate_is_tokens_per_second_relative_to_plain_steps():
 
 
 def test_hysteresis_keeps_the_choice_near_break_even_and_switches_off_below():
-    c = _controller(smoothing=1.0)  # no smoothing: each measurement is the estimate
+    c = _controller(smoothing=1.0, time_window=1)  # no smoothing: each measurement is the estimate
     _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
     _step(c, LOOKUP, 0.010, [1, 1])
     assert c.plan(2).drafter == LOOKUP
@@ -60,17 +60,38 @@ def test_hysteresis_keeps_the_choice_near_break_even_and_switches_off_below():
     assert c.plan(2).drafter == LOOKUP
 
 
-def test_a_probe_comes_back_after_a_switch_off():
-    c = AdaptiveController(ControllerSettings(explore_steps=1, probe_every=5))
+def _probe_steps(settings: ControllerSettings, lookup_wall_s: float, steps: int = 40) -> list[int]:
+    """Steps at which a lookup drafter that gains nothing (τ = 1) is tried, its steps taking `lookup_wall_s`
+    against 0.01 s for a plain step."""
+    c = AdaptiveController(settings)
     c.start_batch({LOOKUP: (4, 4)}, 2)
-    drafters = []
-    for _ in range(40):
+    tried = []
+    for _ in range(steps):
         plan = c.plan(2)
-        drafters.append(plan.drafter)
-        slow = plan.drafter == LOOKUP  # lookup takes twice as long and gains nothing
-        c.observe(StepRecord(plan.drafter, 2, 0.02 if slow else 0.01, [4, 4] if slow else [0, 0], [0, 0]))
-    # Explored at step 2, then probed after waits of 5, 10 and 20 steps: never chosen, never forgotten.
-    assert [step + 1 for step, d in enumerate(drafters) if d == LOOKUP] == [2, 7, 17, 37]
+        slow = plan.drafter == LOOKUP
+        if slow:
+            tried.append(c.step)
+        c.observe(StepRecord(plan.drafter, 2, lookup_wall_s if slow else 0.01, [4, 4] if slow else [0, 0], [0, 0]))
+    return tried
+
+
+def test_probes_come_back_spaced_by_what_they_cost():
+    # Half as fast as plain steps: a probe loses 0.02 s × 0.5 = 0.01 s; with probes allowed 10% of
+    # the time (0.001 s per 0.01 s step) that is one probe per 10 steps, after the exploration at step 2.
+    settings = ControllerSettings(explore_steps=1, probe_every=5, probe_budget=0.1, max_probe_wait=1000)
+    assert _probe_steps(settings, 0.02) == [2, 12, 22, 32]
+    # Never later than max_probe_wait: no fallback is permanent.
+    assert _probe_steps(dataclasses.replace(settings, max_probe_wait=8), 0.02) == [2, 10, 18, 26, 34]
+    # Nearly as fast as plain steps: probing costs almost nothing, so it comes every probe_every steps.
+    assert _probe_steps(settings, 0.0105) == [2, 7, 12, 17, 22, 27, 32, 37]
+
+
+def test_a_hopeless_option_is_probed_rarely_with_default_settings():
+    c = AdaptiveController()
+    c.start_batch({LOOKUP: (4, 4)}, 2)
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
+    c.observe(StepRecord(LOOKUP, 2, 0.05, [4, 4], [1, 1]))  # speed-up 0.4 at five times the cost
+    assert c.probe_wait(LOOKUP, 2) == c.settings.max_probe_wait
 
 
 def test_rows_whose_drafts_keep_failing_step_plainly_for_a_while():
@@ -84,14 +105,31 @@ def test_rows_whose_drafts_keep_failing_step_plainly_for_a_while():
 
 
 def test_chain_depth_grows_with_acceptance_and_shrinks_without():
-    c = _controller()
+    c = _controller(resize_rows=4)  # a decision every 4 drafted row steps: every 2 steps of 2 rows
     c.depth[LOOKUP] = 2
     c.limits[LOOKUP] = (6, 6)
     c.observe(StepRecord(LOOKUP, 2, 0.01, [2, 2], [2, 2]))
+    assert c.depth[LOOKUP] == 2  # one step is not yet evidence
+    c.observe(StepRecord(LOOKUP, 2, 0.01, [2, 2], [2, 1]))  # 7 of 8 accepted
     assert c.depth[LOOKUP] == 3
-    for _ in range(3):
+    for _ in range(6):
         c.observe(StepRecord(LOOKUP, 2, 0.01, [3, 3], [0, 0]))
     assert c.depth[LOOKUP] == 1
+
+
+def test_tree_budget_follows_accepted_tokens_per_node():
+    c = _controller(resize_rows=2, min_tree_nodes=4)
+    c.limits[LOOKUP], c.nodes[LOOKUP] = (8, 16), 16
+    c.observe(StepRecord(LOOKUP, 2, 0.01, [16, 16], [1, 2]))  # 3 of 32 nodes: under 0.1 per node
+    assert c.nodes[LOOKUP] == 8
+    c.observe(StepRecord(LOOKUP, 2, 0.01, [8, 8], [1, 0]))
+    assert c.nodes[LOOKUP] == 4
+    c.observe(StepRecord(LOOKUP, 2, 0.01, [4, 4], [0, 0]))
+    assert c.nodes[LOOKUP] == 4  # never under min_tree_nodes
+    c.observe(StepRecord(LOOKUP, 2, 0.01, [4, 4], [2, 1]))  # 3 of 8: spend more
+    assert c.nodes[LOOKUP] == 8
+    c.observe(StepRecord(LOOKUP, 2, 0.01, [8, 8], [1, 1]))  # 2 of 16: keep
+    assert c.nodes[LOOKUP] == 8
 
 
 # -- end to end: the controller inside the speculative loop (float64, exact) ---------------------

@@ -1,23 +1,31 @@
 """The adaptive controller: keep acceleration where it pays, measured, per batch size.
 
 A policy object fed by statistics (DESIGN.md, "The adaptive controller"). For every drafter and for
-plain autoregressive steps it keeps smoothed step times per batch-size bucket (powers of two), and
-for every drafter the smoothed tokens a row gains per step (τ). The estimated speed-up of a drafter
-over plain decoding is then
+plain autoregressive steps it keeps smoothed step times per row per batch-size bucket (powers of
+two), and for every drafter the smoothed tokens a row gains per step (τ). The estimated speed-up of
+a drafter over plain decoding is then
 
     speedup = τ · t_plain / t_drafter
 
 (tokens per second of each; this is E = (1 − α^{k+1}) / (1 − α) against the step's cost, both
-measured rather than modelled). The controller
+measured rather than modelled). Times are per row because rows finish unevenly under speculation:
+a drafter's steps at the end of a batch run with fewer rows than the bucket's plain steps, and whole
+step times would make it look cheaper than it is (per row, such a step looks dearer where a step's
+cost hardly depends on its rows, as on a GPU: the safe side). The controller
 
-- explores each option for a few steps at a new batch size, then follows the best estimate, with
-  hysteresis: speculation goes off when the best falls below 1 − h and comes back above 1 + h;
-- probes an option it is not using after `probe_every` steps, doubling the wait each time the
-  probe does not win (up to 8×), so no choice is permanent and a hopeless one costs little;
+- explores each option for a few steps (plain steps at every batch size; a drafter once, its cost
+  at a batch size it has not run at taken from the nearest one it has), then follows the best
+  estimate, with hysteresis: speculation goes off when the best falls below 1 − h and comes back
+  above 1 + h;
+- probes an option it is not using again after a wait sized so that probing it costs at most
+  `probe_budget` of the time (the step time it would take, times the share of speed it would lose
+  against the current choice), never sooner than `probe_every` steps nor later than
+  `max_probe_wait`: no choice is permanent, and a hopeless one costs little;
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
   `row_cooldown` steps;
 - sizes drafts: chains grow by one while most drafted tokens are accepted and shrink while few
-  are; trees double or halve their node budget by how deep the accepted path reaches.
+  are; trees double their node budget (up to the strategy's) while many drafted nodes are
+  accepted and halve it while few are.
 
 Every switch is an event (scope, from, to, reason, estimates) that the worker logs. It lives as
 long as its actor, so what it learned carries over from batch to batch.
@@ -25,6 +33,8 @@ long as its actor, so what it learned carries over from batch to batch.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from strategies.control import AUTOREGRESSIVE, Plan, StepRecord
@@ -32,13 +42,19 @@ from strategies.control import AUTOREGRESSIVE, Plan, StepRecord
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    smoothing: float = 0.3  # weight of a new measurement in the moving averages
+    smoothing: float = 0.3  # weight in τ's moving average of a step over `smoothing_rows` rows
+    smoothing_rows: int = 16  # a step over fewer rows weighs less: at batch 1, τ is one row's luck
+    time_window: int = 7  # step times: the median of this many recent measurements
     hysteresis: float = 0.05
-    explore_steps: int = 2  # measurements of each option at a batch size before trusting estimates
-    probe_every: int = 24
+    explore_steps: int = 2  # plain steps measured per bucket, and steps per drafter, before estimates count
+    probe_every: int = 24  # fewest steps between probes of one option
+    max_probe_wait: int = 512  # most steps between probes of one option
+    probe_budget: float = 0.005  # share of the time one option's probes may lose
     row_patience: int = 4
     row_cooldown: int = 16
     min_tree_nodes: int = 4
+    resize_rows: int = 16  # drafted row steps between draft-size decisions
+    learn_above: float = 0.75  # a learning drafter sees batches while its estimate is above this
 
 
 @dataclass
@@ -51,6 +67,27 @@ class Ema:
         self.count += 1
 
 
+@dataclass
+class RecentMedian:
+    """The median of the last `window` measurements: 2-core step times have rare outliers of tens of
+    times the usual (a garbage collection, another process), which a moving average would carry for
+    many steps and a median ignores."""
+
+    window: int
+    recent: deque[float] = field(default_factory=deque)
+    count: int = 0
+
+    def update(self, x: float) -> None:
+        self.recent.append(x)
+        if len(self.recent) > self.window:
+            self.recent.popleft()
+        self.count += 1
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.recent)
+
+
 def bucket(batch_size: int) -> int:
     """Batch sizes share statistics within powers of two."""
     return 1 << max(0, batch_size - 1).bit_length()
@@ -61,15 +98,15 @@ class AdaptiveController:
     settings: ControllerSettings = field(default_factory=ControllerSettings)
 
     def __post_init__(self) -> None:
-        self.step_time: dict[tuple[str, int], Ema] = {}
+        self.row_time: dict[tuple[str, int], RecentMedian] = {}  # (option, bucket) -> seconds per row-step
         self.tau: dict[str, Ema] = {}
         self.depth: dict[str, int] = {}
         self.nodes: dict[str, int] = {}
+        self.resize_tally: dict[str, list[int]] = {}
         self.limits: dict[str, tuple[int, int]] = {}
         self.current = AUTOREGRESSIVE
         self.step = 0
         self.last_used: dict[str, int] = {}
-        self.probe_wait: dict[str, int] = {}
         self.events: list[dict] = []
         self.failed: set[str] = set()
         self.row_streak: list[int] = []
@@ -92,27 +129,32 @@ class AdaptiveController:
         self.step += 1
         b = bucket(batch_size)
         options = [AUTOREGRESSIVE, *(name for name in self.limits if name not in self.failed)]
-        unexplored = [o for o in options if self._measured(o, b) < self.settings.explore_steps]
+        unexplored = [o for o in options if self._unexplored(o, b)]
         if unexplored:
             return self._plan_for(unexplored[0])
-        due = [o for o in options if o != self.current and self._probe_due(o)]
+        due = [o for o in options if o != self.current and self._probe_due(o, b)]
         if due:
-            stale = min(due, key=lambda o: self.last_used.get(o, 0))
-            # Each probe that does not win doubles the option's wait (reset when it is chosen).
-            self.probe_wait[stale] = min(8 * self.settings.probe_every, 2 * self._wait(stale))
-            return self._plan_for(stale)
+            return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)))
         self._choose(options, b)
         return self._plan_for(self.current)
+
+    def worth_learning(self, drafter: str, batch_size: int) -> bool:
+        """A drafter whose estimate is unknown or near break-even may win once it has learned more
+        (a cold Lookahead trie drafts little); one far below it is not fed batches it would not serve."""
+        estimate = self.speedup(drafter, bucket(batch_size))
+        return estimate is None or estimate >= self.settings.learn_above
 
     def observe(self, record: StepRecord) -> None:
         s = self.settings
         b = bucket(record.batch_size)
-        self.step_time.setdefault((record.drafter, b), Ema()).update(record.wall_s, s.smoothing)
+        row_time = record.wall_s / record.batch_size
+        self.row_time.setdefault((record.drafter, b), RecentMedian(s.time_window)).update(row_time)
         self.last_used[record.drafter] = self.step
         if record.drafter == AUTOREGRESSIVE:
             return
         gained = [a + 1 for a in record.accepted]
-        self.tau.setdefault(record.drafter, Ema()).update(sum(gained) / len(gained), s.smoothing)
+        weight = 1 - (1 - s.smoothing) ** min(1.0, len(gained) / s.smoothing_rows)
+        self.tau.setdefault(record.drafter, Ema()).update(sum(gained) / len(gained), weight)
         self._resize(record)
         for row, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
             if drafted and not accepted:
@@ -140,28 +182,50 @@ class AdaptiveController:
         """Estimated tokens/s of `drafter` over plain decoding at batch bucket `b` (None: unmeasured)."""
         if drafter == AUTOREGRESSIVE:
             return 1.0
-        plain, own, tau = (
-            self.step_time.get((AUTOREGRESSIVE, b)),
-            self.step_time.get((drafter, b)),
-            self.tau.get(drafter),
-        )
-        if not (plain and own and tau) or own.value <= 0:
+        tau, ratio = self.tau.get(drafter), self.cost_ratio(drafter, b)
+        if not tau or ratio is None:
             return None
-        return tau.value * plain.value / own.value
+        return tau.value / ratio
+
+    def cost_ratio(self, option: str, b: int) -> float | None:
+        """A step of `option` over a plain step, at bucket `b`; until both are measured there, at the
+        nearest bucket where they are (the larger of two as near: steps cost relatively more there),
+        so a new batch size starts from what neighbouring ones taught instead of exploring again."""
+        if option == AUTOREGRESSIVE:
+            return 1.0
+        measured = [m for (name, m) in self.row_time if name == option and (AUTOREGRESSIVE, m) in self.row_time]
+        if not measured:
+            return None
+        nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
+        plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
+        return self.row_time[(option, nearest)].value / plain if plain > 0 else None
 
     def drain_events(self) -> list[dict]:
         events, self.events = self.events, []
         return events
 
-    def _wait(self, option: str) -> int:
-        return self.probe_wait.get(option, self.settings.probe_every)
+    def probe_wait(self, option: str, b: int) -> int:
+        """Steps between probes of `option` at bucket `b`: a probe loses the option's step time times
+        its speed deficit against the current choice; probes may lose `probe_budget` of the time."""
+        s = self.settings
+        own, current = self.cost_ratio(option, b), self.cost_ratio(self.current, b)
+        estimate, current_estimate = self.speedup(option, b), self.speedup(self.current, b)
+        if own is None or not current or estimate is None or not current_estimate:
+            return s.probe_every
+        lost = own * max(0.0, 1 - estimate / current_estimate)  # in plain steps
+        return int(min(s.max_probe_wait, max(s.probe_every, lost / (s.probe_budget * current))))
 
-    def _probe_due(self, option: str) -> bool:
-        return self.step - self.last_used.get(option, 0) >= self._wait(option)
+    def _probe_due(self, option: str, b: int) -> bool:
+        return self.step - self.last_used.get(option, 0) >= self.probe_wait(option, b)
 
-    def _measured(self, option: str, b: int) -> int:
-        ema = self.step_time.get((option, b))
-        return ema.count if ema else 0
+    def _unexplored(self, option: str, b: int) -> bool:
+        """Plain steps are measured at every bucket; a drafter until it has a few measurements anywhere
+        (a new bucket borrows its cost from the nearest measured one, `cost_ratio`)."""
+        if option == AUTOREGRESSIVE:
+            ema = self.row_time.get((option, b))
+            return ema is None or ema.count < self.settings.explore_steps
+        measured = sum(ema.count for (name, _), ema in self.row_time.items() if name == option)
+        return measured < self.settings.explore_steps or self.speedup(option, b) is None
 
     def _choose(self, options: list[str], b: int) -> None:
         h = self.settings.hysteresis
@@ -184,7 +248,6 @@ class AdaptiveController:
             rounded = {o: (round(e, 3) if e is not None else None) for o, e in estimates.items()}
             self._event("batch", self.current, target, reason, estimates=rounded, batch_bucket=b)
             self.current = target
-            self.probe_wait.pop(target, None)
 
     def _plan_for(self, option: str) -> Plan:
         if option == AUTOREGRESSIVE:
@@ -193,20 +256,26 @@ class AdaptiveController:
         return Plan(option, self.depth[option], self.nodes[option], rows_off=off)
 
     def _resize(self, record: StepRecord) -> None:
+        """Size drafts by their acceptance over the last `resize_rows` drafted row steps (one step at
+        batch 1 is one row's luck)."""
         name = record.drafter
-        drafted = sum(record.drafted)
-        if not drafted:
+        tally = self.resize_tally.setdefault(name, [0, 0, 0])  # row steps, drafted, accepted
+        for drafted, accepted in zip(record.drafted, record.accepted, strict=True):
+            if drafted:
+                tally[0] += 1
+                tally[1] += drafted
+                tally[2] += accepted
+        if tally[0] < self.settings.resize_rows:
             return
+        rate = tally[2] / tally[1]  # accepted per drafted token (chains) or node (trees)
+        self.resize_tally[name] = [0, 0, 0]
         max_depth, max_nodes = self.limits[name]
-        accepted = sum(record.accepted)
-        if max_nodes > max_depth:  # a tree: spend nodes where paths go deep
-            reach = accepted / sum(1 for d in record.drafted if d) / self.depth[name]
-            if reach >= 0.6:
+        if max_nodes > max_depth:  # a tree: spend nodes where they are accepted
+            if rate >= 0.3:
                 self.nodes[name] = min(max_nodes, self.nodes[name] * 2)
-            elif reach <= 0.2:
+            elif rate < 0.1:
                 self.nodes[name] = max(min(self.settings.min_tree_nodes, max_nodes), self.nodes[name] // 2)
             return
-        rate = accepted / drafted
         if rate >= 0.8:
             self.depth[name] = min(max_depth, self.depth[name] + 1)
         elif rate < 0.4:
