@@ -16,7 +16,7 @@ from strategies.kv_cache import SlotLayer
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams
 from strategies.speculative import Drafter, SpeculativeStrategy
-from workers.controller import AdaptiveController, ControllerSettings, bucket
+from workers.controller import AdaptiveController, ControllerSettings, best_chain_depth, bucket
 
 LOOKUP = "lookup"
 
@@ -104,16 +104,26 @@ def test_rows_whose_drafts_keep_failing_step_plainly_for_a_while():
     assert any(e["scope"] == "row" and e["row"] == 0 for e in c.drain_events())
 
 
-def test_chain_depth_grows_with_acceptance_and_shrinks_without():
+def test_best_chain_depth_maximises_tokens_per_step_cost():
+    # α 0.55, a draft token costing 0.1 plain step: E/(1 + ck) = 1.41, 1.54, 1.55, 1.51 for k = 1..4.
+    assert best_chain_depth(0.55, 0.1, 8) == 3
+    assert best_chain_depth(0.9, 0.05, 8) == 8
+    assert best_chain_depth(0.2, 0.3, 8) == 1
+    assert best_chain_depth(1.0, 0.5, 5) == 5  # never rejected: as long as allowed
+    assert best_chain_depth(0.3, 0.0, 6) == 6  # free drafts: as long as allowed
+
+
+def test_chain_depth_moves_toward_the_best_one_token_at_a_time():
     c = _controller(resize_rows=4)  # a decision every 4 drafted row steps: every 2 steps of 2 rows
     c.depth[LOOKUP] = 2
     c.limits[LOOKUP] = (6, 6)
-    c.observe(StepRecord(LOOKUP, 2, 0.01, [2, 2], [2, 2]))
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    c.observe(StepRecord(LOOKUP, 2, 0.012, [2, 2], [2, 2]))  # a draft token costs 0.1 plain step
     assert c.depth[LOOKUP] == 2  # one step is not yet evidence
-    c.observe(StepRecord(LOOKUP, 2, 0.01, [2, 2], [2, 1]))  # 7 of 8 accepted
+    c.observe(StepRecord(LOOKUP, 2, 0.012, [2, 2], [2, 2]))  # never rejected: toward 6
     assert c.depth[LOOKUP] == 3
     for _ in range(6):
-        c.observe(StepRecord(LOOKUP, 2, 0.01, [3, 3], [0, 0]))
+        c.observe(StepRecord(LOOKUP, 2, 0.013, [3, 3], [0, 0]))  # always rejected: toward 1
     assert c.depth[LOOKUP] == 1
 
 

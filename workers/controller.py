@@ -23,8 +23,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   `max_probe_wait`: no choice is permanent, and a hopeless one costs little;
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
   `row_cooldown` steps;
-- sizes drafts: chains grow by one while most drafted tokens are accepted and shrink while few
-  are; trees double their node budget (up to the strategy's) while many drafted nodes are
+- sizes drafts: chains move one token at a time toward the length with the most tokens per step
+  cost, E(k) / (1 + c·k), from the measured acceptance α and the measured cost c of a draft
+  token; trees double their node budget (up to the strategy's) while many drafted nodes are
   accepted and halve it while few are.
 
 Every switch is an event (scope, from, to, reason, estimates) that the worker logs. It lives as
@@ -86,6 +87,19 @@ class RecentMedian:
     @property
     def value(self) -> float:
         return statistics.median(self.recent)
+
+
+def best_chain_depth(alpha: float, cost_per_token: float, max_depth: int) -> int:
+    """The chain length k in 1..max_depth with the most tokens per step cost: a chain whose tokens
+    are each accepted with probability `alpha` yields E(k) = (1 − α^{k+1}) / (1 − α) tokens per step
+    and costs 1 + c·k plain steps."""
+    if alpha >= 1:
+        return max_depth
+
+    def gain(k: int) -> float:
+        return (1 - alpha ** (k + 1)) / (1 - alpha) / (1 + cost_per_token * k)
+
+    return max(range(1, max_depth + 1), key=gain)
 
 
 def bucket(batch_size: int) -> int:
@@ -256,30 +270,33 @@ class AdaptiveController:
         return Plan(option, self.depth[option], self.nodes[option], rows_off=off)
 
     def _resize(self, record: StepRecord) -> None:
-        """Size drafts by their acceptance over the last `resize_rows` drafted row steps (one step at
-        batch 1 is one row's luck)."""
+        """Size drafts on the last `resize_rows` drafted row steps (one step at batch 1 is one row's luck)."""
         name = record.drafter
-        tally = self.resize_tally.setdefault(name, [0, 0, 0])  # row steps, drafted, accepted
+        tally = self.resize_tally.setdefault(name, [0, 0, 0, 0])  # row steps, drafted, accepted, rejections
         for drafted, accepted in zip(record.drafted, record.accepted, strict=True):
             if drafted:
                 tally[0] += 1
                 tally[1] += drafted
                 tally[2] += accepted
+                tally[3] += accepted < drafted
         if tally[0] < self.settings.resize_rows:
             return
-        rate = tally[2] / tally[1]  # accepted per drafted token (chains) or node (trees)
-        self.resize_tally[name] = [0, 0, 0]
+        _, drafted, accepted, rejections = tally
+        self.resize_tally[name] = [0, 0, 0, 0]
         max_depth, max_nodes = self.limits[name]
         if max_nodes > max_depth:  # a tree: spend nodes where they are accepted
+            rate = accepted / drafted
             if rate >= 0.3:
                 self.nodes[name] = min(max_nodes, self.nodes[name] * 2)
             elif rate < 0.1:
                 self.nodes[name] = max(min(self.settings.min_tree_nodes, max_nodes), self.nodes[name] // 2)
             return
-        if rate >= 0.8:
-            self.depth[name] = min(max_depth, self.depth[name] + 1)
-        elif rate < 0.4:
-            self.depth[name] = max(1, self.depth[name] - 1)
+        # A chain: one step toward the depth with the most tokens per unit of step cost.
+        ratio = self.cost_ratio(name, bucket(record.batch_size))
+        depth = self.depth[name]
+        cost_per_token = max(0.0, (ratio - 1) / depth) if ratio is not None else 0.0
+        best = best_chain_depth(accepted / (accepted + rejections), cost_per_token, max_depth)
+        self.depth[name] = depth + (best > depth) - (best < depth)
         self.nodes[name] = self.depth[name]
 
     def _event(self, scope: str, source: str, target: str, reason: str, **details) -> None:
