@@ -56,8 +56,18 @@ def test_hysteresis_keeps_the_choice_near_break_even_and_switches_off_below():
     assert c.plan(2).drafter == AUTOREGRESSIVE
     events = c.drain_events()
     assert events[-1]["from"] == LOOKUP and events[-1]["to"] == AUTOREGRESSIVE and "estimates" in events[-1]
-    c.observe(StepRecord(LOOKUP, 2, 0.0100, [4, 4], [0, 1]))  # 1.5 tokens per row: back on above 1.05
+    c.observe(StepRecord(LOOKUP, 2, 0.0100, [4, 4], [1, 1]))  # 2 tokens per row: back on above 1.05
     assert c.plan(2).drafter == LOOKUP
+
+
+def test_tau_is_the_slower_half_of_the_rows():
+    """A batch waits for its slowest rows: gains of 1 and 4 tokens count as the slower half's 1."""
+    c = _controller(smoothing=1.0)
+    _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
+    c.observe(StepRecord(LOOKUP, 2, 0.010, [4, 4], [0, 3]))
+    assert c.tau[LOOKUP].value == 1.0 and c.plan(2).drafter == AUTOREGRESSIVE
+    c.observe(StepRecord(LOOKUP, 1, 0.005, [4], [3]))  # one row: its own gain
+    assert c.tau[LOOKUP].value == 4.0
 
 
 def _probe_steps(settings: ControllerSettings, lookup_wall_s: float, steps: int = 40) -> list[int]:

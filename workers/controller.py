@@ -117,6 +117,8 @@ class AdaptiveController:
         self.depth: dict[str, int] = {}
         self.nodes: dict[str, int] = {}
         self.resize_tally: dict[str, list[int]] = {}
+        self.steps_measured: dict[str, int] = {}
+        self.ratios: dict[tuple[str, int], float | None] = {}  # cost_ratio, until the next measurement
         self.limits: dict[str, tuple[int, int]] = {}
         self.current = AUTOREGRESSIVE
         self.step = 0
@@ -163,11 +165,15 @@ class AdaptiveController:
         b = bucket(record.batch_size)
         row_time = record.wall_s / record.batch_size
         self.row_time.setdefault((record.drafter, b), RecentMedian(s.time_window)).update(row_time)
+        self.steps_measured[record.drafter] = self.steps_measured.get(record.drafter, 0) + 1
+        self.ratios.clear()
         self.last_used[record.drafter] = self.step
         if record.drafter == AUTOREGRESSIVE:
             return
-        gained = [a + 1 for a in record.accepted]
-        weight = 1 - (1 - s.smoothing) ** min(1.0, len(gained) / s.smoothing_rows)
+        # A batch ends with its slowest rows: a drafter that speeds up half the rows leaves the other
+        # half to tail steps that cost about as much as full ones. τ is the slower half's mean gain.
+        gained = sorted(a + 1 for a in record.accepted)[: max(1, len(record.accepted) // 2)]
+        weight = 1 - (1 - s.smoothing) ** min(1.0, len(record.accepted) / s.smoothing_rows)
         self.tau.setdefault(record.drafter, Ema()).update(sum(gained) / len(gained), weight)
         self._resize(record)
         for row, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
@@ -207,12 +213,15 @@ class AdaptiveController:
         so a new batch size starts from what neighbouring ones taught instead of exploring again."""
         if option == AUTOREGRESSIVE:
             return 1.0
-        measured = [m for (name, m) in self.row_time if name == option and (AUTOREGRESSIVE, m) in self.row_time]
-        if not measured:
-            return None
-        nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
-        plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
-        return self.row_time[(option, nearest)].value / plain if plain > 0 else None
+        if (option, b) not in self.ratios:
+            measured = [m for (name, m) in self.row_time if name == option and (AUTOREGRESSIVE, m) in self.row_time]
+            ratio = None
+            if measured:
+                nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
+                plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
+                ratio = self.row_time[(option, nearest)].value / plain if plain > 0 else None
+            self.ratios[(option, b)] = ratio
+        return self.ratios[(option, b)]
 
     def drain_events(self) -> list[dict]:
         events, self.events = self.events, []
@@ -238,7 +247,7 @@ class AdaptiveController:
         if option == AUTOREGRESSIVE:
             ema = self.row_time.get((option, b))
             return ema is None or ema.count < self.settings.explore_steps
-        measured = sum(ema.count for (name, _), ema in self.row_time.items() if name == option)
+        measured = self.steps_measured.get(option, 0)
         return measured < self.settings.explore_steps or self.speedup(option, b) is None
 
     def _choose(self, options: list[str], b: int) -> None:
