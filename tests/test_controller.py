@@ -9,10 +9,12 @@ import torch
 from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
 
+from strategies import registry
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.control import AUTOREGRESSIVE, StepRecord
+from strategies.control import AUTOREGRESSIVE, Plan, StepRecord
 from strategies.kv_cache import SlotLayer
+from strategies.options import StrategyOptions
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams
 from strategies.speculative import Drafter, SpeculativeStrategy
@@ -236,3 +238,50 @@ def test_out_of_memory_inside_the_verify_forward_leaves_caches_intact(runner, re
         assert state["raised"] >= 1
         assert out.rows[0].tokens == reference[0]
         assert any("OutOfMemoryError" in f for f in out.stats["faults"])
+
+
+class ScheduleController(AdaptiveController):
+    """Plain steps until `first_draft`, then the drafters in turn: drafters start after rows have
+    finished. `learn` answers `worth_learning` (a Lookahead trie fed from the batch's start, or not)."""
+
+    def __init__(self, first_draft: int, learn: bool):
+        super().__init__()
+        self.first_draft, self.learn = first_draft, learn
+
+    def plan(self, batch_size):
+        self.step += 1
+        names = sorted(self.limits, reverse=True)  # speculative, prompt_lookup, lookahead
+        if self.step < self.first_draft or not names:
+            return Plan(AUTOREGRESSIVE, 0, 0)
+        name = names[(self.step - self.first_draft) % len(names)]
+        return Plan(name, *self.limits[name])
+
+    def worth_learning(self, drafter, batch_size):
+        return self.learn
+
+
+@pytest.mark.parametrize("learn", [False, True], ids=["lazy", "eager"])
+def test_drafters_started_mid_batch_after_rows_finished_equal_greedy(runner, tiny_draft_dir, learn):
+    """A 70-token prompt meets the 96-token context after 26 tokens; the drafters start at step 28."""
+    draft = ModelRunner(AutoModelForCausalLM.from_pretrained(tiny_draft_dir, dtype=torch.float64))
+    options = StrategyOptions(name="auto")
+    prompts = [list(range(5, 75)), [13], [14, 15, 16] * 3, [17, 18, 19, 20, 21, 22]]
+    requests = [RowRequest(p, i) for i, p in enumerate(prompts)]
+    params = GenerationParams(60, SamplingParams(), frozenset(), ignore_eos=True)
+    reference = AutoregressiveStrategy(runner).generate(requests, params).rows
+    strategy = registry.create(options, runner, draft, ScheduleController(first_draft=28, learn=learn))
+    out = strategy.generate(requests, params)
+    assert [r.tokens for r in out.rows] == [r.tokens for r in reference]
+    assert len(reference[0].tokens) == 26 and all(len(r.tokens) == 60 for r in reference[1:])
+    steps = out.stats["steps_by_drafter"]
+    assert {"speculative", "prompt_lookup", "lookahead"} <= set(steps) and steps[AUTOREGRESSIVE] == 27
+
+
+@pytest.mark.parametrize("learn", [False, True], ids=["lazy", "eager"])
+def test_a_drafter_never_planned_starts_only_to_learn(runner, learn):
+    strategy = registry.create(
+        StrategyOptions(name="auto", candidates=["lookahead"]), runner, None, ScheduleController(10**6, learn)
+    )
+    out = strategy.generate(_requests(), PARAMS)
+    assert out.stats["steps_by_drafter"] == {AUTOREGRESSIVE: 39}
+    assert ("trie_nodes" in out.stats) == learn  # a started proposer reports its statistics
