@@ -24,7 +24,7 @@ LOOKUP = "lookup"
 
 
 def _controller(**settings) -> AdaptiveController:
-    controller = AdaptiveController(ControllerSettings(explore_steps=1, probe_every=1000, **settings))
+    controller = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1, probe_every=1000, **settings))
     controller.start_batch({LOOKUP: (4, 4)}, batch_size=2)
     return controller
 
@@ -33,6 +33,13 @@ def _step(controller, drafter, wall_s, accepted, drafted=(4, 4)):
     plan = controller.plan(2)
     controller.observe(StepRecord(drafter, 2, wall_s, list(drafted), list(accepted)))
     return plan
+
+
+def test_tau_starts_as_a_plain_mean_so_one_unlucky_first_step_does_not_stand():
+    c = _controller()
+    for accepted in (0, 3, 3, 3):  # batch 1: a step weighs 1/16 of a full moving-average weight
+        c.observe(StepRecord(LOOKUP, 1, 0.01, [4], [accepted]))
+    assert c.tau[LOOKUP].value == pytest.approx(3.25)
 
 
 def test_buckets_are_powers_of_two():
@@ -90,7 +97,7 @@ def _probe_steps(settings: ControllerSettings, lookup_wall_s: float, steps: int 
 def test_probes_come_back_spaced_by_what_they_cost():
     # Half as fast as plain steps: a probe loses 0.02 s × 0.5 = 0.01 s; with probes allowed 10% of
     # the time (0.001 s per 0.01 s step) that is one probe per 10 steps, after the exploration at step 2.
-    settings = ControllerSettings(explore_steps=1, probe_every=5, probe_budget=0.1, max_probe_wait=1000)
+    settings = ControllerSettings(explore_steps=1, explore_rows=1, probe_every=5, probe_budget=0.1, max_probe_wait=1000)
     assert _probe_steps(settings, 0.02) == [2, 12, 22, 32]
     # Never later than max_probe_wait: no fallback is permanent.
     assert _probe_steps(dataclasses.replace(settings, max_probe_wait=8), 0.02) == [2, 10, 18, 26, 34]

@@ -48,6 +48,7 @@ class ControllerSettings:
     time_window: int = 7  # step times: the median of this many recent measurements
     hysteresis: float = 0.05
     explore_steps: int = 2  # plain steps measured per bucket, and steps per drafter, before estimates count
+    explore_rows: int = 8  # row steps per drafter, too: at batch 1, two steps are two tokens' luck
     probe_every: int = 24  # fewest steps between probes of one option
     max_probe_wait: int = 512  # most steps between probes of one option
     probe_budget: float = 0.005  # share of the time one option's probes may lose
@@ -60,12 +61,16 @@ class ControllerSettings:
 
 @dataclass
 class Ema:
-    value: float = 0.0
-    count: int = 0
+    """A moving average that is a plain mean of its first measurements, until the moving weight is the
+    larger: a first unlucky step must not stand for many steps."""
 
-    def update(self, x: float, weight: float) -> None:
-        self.value = x if self.count == 0 else (1 - weight) * self.value + weight * x
-        self.count += 1
+    value: float = 0.0
+    seen: float = 0.0  # measurements so far, each counted by its share of a full weight
+
+    def update(self, x: float, weight: float, share: float = 1.0) -> None:
+        self.seen += share
+        weight = max(weight, share / self.seen)
+        self.value = (1 - weight) * self.value + weight * x
 
 
 @dataclass
@@ -117,7 +122,7 @@ class AdaptiveController:
         self.depth: dict[str, int] = {}
         self.nodes: dict[str, int] = {}
         self.resize_tally: dict[str, list[int]] = {}
-        self.steps_measured: dict[str, int] = {}
+        self.measured: dict[str, tuple[int, int]] = {}  # option -> steps and row steps measured
         self.ratios: dict[tuple[str, int], float | None] = {}  # cost_ratio, until the next measurement
         self.limits: dict[str, tuple[int, int]] = {}
         self.current = AUTOREGRESSIVE
@@ -165,7 +170,8 @@ class AdaptiveController:
         b = bucket(record.batch_size)
         row_time = record.wall_s / record.batch_size
         self.row_time.setdefault((record.drafter, b), RecentMedian(s.time_window)).update(row_time)
-        self.steps_measured[record.drafter] = self.steps_measured.get(record.drafter, 0) + 1
+        steps, rows = self.measured.get(record.drafter, (0, 0))
+        self.measured[record.drafter] = (steps + 1, rows + record.batch_size)
         self.ratios.clear()
         self.last_used[record.drafter] = self.step
         if record.drafter == AUTOREGRESSIVE:
@@ -173,8 +179,9 @@ class AdaptiveController:
         # A batch ends with its slowest rows: a drafter that speeds up half the rows leaves the other
         # half to tail steps that cost about as much as full ones. τ is the slower half's mean gain.
         gained = sorted(a + 1 for a in record.accepted)[: max(1, len(record.accepted) // 2)]
-        weight = 1 - (1 - s.smoothing) ** min(1.0, len(record.accepted) / s.smoothing_rows)
-        self.tau.setdefault(record.drafter, Ema()).update(sum(gained) / len(gained), weight)
+        share = min(1.0, len(record.accepted) / s.smoothing_rows)
+        weight = 1 - (1 - s.smoothing) ** share
+        self.tau.setdefault(record.drafter, Ema()).update(sum(gained) / len(gained), weight, share)
         self._resize(record)
         for row, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
             if drafted and not accepted:
@@ -247,8 +254,9 @@ class AdaptiveController:
         if option == AUTOREGRESSIVE:
             ema = self.row_time.get((option, b))
             return ema is None or ema.count < self.settings.explore_steps
-        measured = self.steps_measured.get(option, 0)
-        return measured < self.settings.explore_steps or self.speedup(option, b) is None
+        steps, rows = self.measured.get(option, (0, 0))
+        enough = steps >= self.settings.explore_steps and rows >= self.settings.explore_rows
+        return not enough or self.speedup(option, b) is None
 
     def _choose(self, options: list[str], b: int) -> None:
         h = self.settings.hysteresis
