@@ -162,7 +162,9 @@ class Bench:
             found[name] = lambda b, o=options: self.ours(self._fresh(o, batch_size), b)
         return found
 
-    def run(self) -> list[dict]:
+    def run(self, on_rows: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
+        """All batch sizes' rows; `on_rows` gets each batch size's as it completes (a long run that is
+        stopped still leaves what it measured)."""
         rows = []
         for batch_size in self.config.batch_sizes:
             batches = self.batches(batch_size)
@@ -173,7 +175,9 @@ class Bench:
             for _ in range(self.config.repeats):
                 for name, fn in contenders.items():
                     runs[name].append(fn(batches))
-            rows.extend(self._rows(batch_size, runs))
+            done = self._rows(batch_size, runs)
+            on_rows(done)
+            rows.extend(done)
         return rows
 
     def _rows(self, batch_size: int, runs: dict[str, list[Run]]) -> list[dict]:
@@ -204,21 +208,29 @@ class Bench:
         return rows
 
 
-def print_table(rows: list[dict]) -> None:
+def print_header() -> None:
+    print(
+        f"{'batch':>5}  {'contender':<28} {'wall_s':>8} {'tokens/s':>9} {'x gen':>6} {'x AR':>6} "
+        f"{'tau':>5} {'same':>5} {'rep':>5}",
+        flush=True,
+    )
+
+
+def print_rows(rows: list[dict]) -> None:
     def fmt(value, spec):
         return "-" if value is None else format(value, spec)
 
-    print(
-        f"{'batch':>5}  {'contender':<28} {'wall_s':>8} {'tokens/s':>9} {'x gen':>6} {'x AR':>6} "
-        f"{'tau':>5} {'same':>5} {'rep':>5}"
-    )
     for r in rows:
         print(
             f"{r['batch_size']:>5}  {r['contender']:<28} {r['median_wall_s']:>8.3f} {r['tokens_per_s']:>9.1f} "
             f"{fmt(r['x_generate'], '.2f'):>6} {fmt(r['x_autoregressive'], '.2f'):>6} "
             f"{fmt(r['mean_accepted_length'], '.2f'):>5} {fmt(r['rows_equal_to_generate'], '.0%'):>5} "
-            f"{r['repetition_rate']:>5.2f}"
+            f"{r['repetition_rate']:>5.2f}",
+            flush=True,
         )
+
+
+def print_legend() -> None:
     print("x gen / x AR: speed-up over transformers.generate / our autoregressive; tau: tokens per target forward")
     print("per row; same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion")
 
@@ -232,8 +244,10 @@ def main(args: list[str]) -> int:
     unknown = sorted(set(config.strategies) - set(registry.available()))
     if unknown:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
-    rows = Bench(config).run()
-    print_table(rows)
+    bench = Bench(config)
+    print_header()
+    rows = bench.run(on_rows=print_rows)
+    print_legend()
     if config.report:
         with open(config.report, "w") as f:
             json.dump(rows, f, indent=1)
