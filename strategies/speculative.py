@@ -136,6 +136,16 @@ class SpeculativeStrategy:
         # once while the controller thinks it may pay, so that it keeps learning while off.
         live: dict[str, Drafter] = dict(self.drafters)
         started: set[str] = set()
+
+        def start(drafter: Drafter) -> bool:
+            """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
+            started.add(drafter.name)
+            contexts = [requests[i].prompt + outputs[i] for i in active]
+            if self._call(stats, drafter.name, drafter.proposer.start, contexts, keys, params):
+                return True
+            live.pop(drafter.name)
+            return False
+
         if active:
             if len(active) < len(requests):
                 kv.select_rows(torch.tensor(active, device=runner.device))
@@ -143,21 +153,14 @@ class SpeculativeStrategy:
             if self.controller is not None:
                 limits = {name: (d.max_depth, d.max_nodes) for name, d in live.items()}
                 self.controller.start_batch(limits, len(active))
-            contexts = [requests[i].prompt + outputs[i] for i in active]
             for name, d in list(live.items()):
                 if d.learns and (self.controller is None or self.controller.worth_learning(name, len(active))):
-                    started.add(name)
-                    if not self._call(stats, name, d.proposer.start, contexts, keys, params):
-                        live.pop(name)
+                    start(d)
         while active:
             plan = self._plan(live, len(active))
             drafter = live.get(plan.drafter)
-            if drafter is not None and drafter.name not in started:
-                contexts = [requests[i].prompt + outputs[i] for i in active]
-                started.add(drafter.name)
-                if not self._call(stats, drafter.name, drafter.proposer.start, contexts, keys, params):
-                    live.pop(drafter.name)
-                    drafter = None
+            if drafter is not None and drafter.name not in started and not start(drafter):
+                drafter = None
             began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
             context = ProposalContext(
                 generated=[len(outputs[i]) for i in active],
