@@ -69,11 +69,10 @@ def tree_depths(parents: list[int]) -> list[int]:
 def tree_attention(parents: list[int], width: int) -> torch.Tensor:
     """[width, width] bool: slot i may see slot j (j is i, or an ancestor of i). Slots past the tree are
     padding (they see only themselves)."""
-    allowed = torch.eye(width, dtype=torch.bool)
+    ancestry = [{slot} for slot in range(width)]  # built in Python: one small tensor op per node costs more
     for i, p in enumerate(parents):
-        slot = i + 1
-        allowed[slot] |= allowed[p + 1]
-    return allowed
+        ancestry[i + 1] |= ancestry[p + 1]
+    return torch.tensor([[j in seen for j in range(width)] for seen in ancestry], dtype=torch.bool)
 
 
 def children_by_slot(draft: Draft) -> list[dict[int, int]]:

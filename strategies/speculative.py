@@ -316,22 +316,21 @@ class SpeculativeStrategy:
 
     def _verify(self, kv: RaggedKV, pending: list[int], drafts: list[Draft]) -> torch.Tensor:
         """One target forward over `[pending, nodes…]` of every row; logits [B, 1+N, V]."""
+        # Built as Python lists and turned into tensors once: per-row tensor writes cost more than the
+        # verify forward's own launches on a GPU at small batch.
         device = self.runner.device
         width = 1 + max(len(d) for d in drafts)
-        b = len(drafts)
-        ids = torch.zeros(b, width, dtype=torch.long)
-        depth = torch.zeros(b, width, dtype=torch.long)
-        valid = torch.zeros(b, width, dtype=torch.bool)
-        attend = torch.zeros(b, width, width, dtype=torch.bool)
-        for row, draft in enumerate(drafts):
-            n = len(draft)
-            ids[row, 0] = pending[row]
-            ids[row, 1 : n + 1] = torch.tensor(draft.tokens, dtype=torch.long)
-            depth[row, : n + 1] = torch.tensor(tree_depths(draft.parents))
-            valid[row, : n + 1] = True
-            attend[row] = tree_attention(draft.parents, width)
-        positions = kv.next_pos.cpu()[:, None] + depth
-        out = self.runner.forward(kv, ids.to(device), positions.to(device), valid.to(device), attend.to(device))
+        ids, depth, valid = [], [], []
+        for token, draft in zip(pending, drafts, strict=True):
+            pad = [0] * (width - 1 - len(draft))
+            ids.append([token, *draft.tokens, *pad])
+            depth.append([*tree_depths(draft.parents), *pad])
+            valid.append([True] * (1 + len(draft)) + [False] * len(pad))
+        chains = all(p == i - 1 for d in drafts for i, p in enumerate(d.parents))
+        attend = None if chains else torch.stack([tree_attention(d.parents, width) for d in drafts]).to(device)
+        positions = kv.next_pos[:, None] + torch.tensor(depth, device=device)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=device)
+        out = self.runner.forward(kv, ids_t, positions, torch.tensor(valid, device=device), attend)
         return out.logits
 
     def _accept(
