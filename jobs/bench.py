@@ -13,6 +13,7 @@ larger batches.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import gzip
 import json
 import statistics
@@ -174,6 +175,9 @@ class Bench:
             runs: dict[str, list[Run]] = {name: [] for name in contenders}
             for _ in range(self.config.repeats):
                 for name, fn in contenders.items():
+                    # A pass starts with no garbage of earlier ones: a Lookahead pass leaves a trie of
+                    # some 10^5 objects whose collection would otherwise land in the next pass's time.
+                    gc.collect()
                     runs[name].append(fn(batches))
             done = self._rows(batch_size, runs)
             on_rows(done)
