@@ -69,6 +69,18 @@ def test_hysteresis_keeps_the_choice_near_break_even_and_switches_off_below():
     assert c.plan(2).drafter == LOOKUP
 
 
+def test_speculation_comes_on_only_on_fresh_evidence():
+    c = _controller(time_window=1)
+    _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
+    _step(c, LOOKUP, 0.030, [0, 0])  # a third as fast as plain steps
+    for _ in range(5):
+        _step(c, AUTOREGRESSIVE, 0.050, [0, 0], drafted=(0, 0))  # the machine slows down
+    assert c.speedup(LOOKUP, 2) == pytest.approx(5 / 3)  # against an old measurement of lookup
+    assert c.plan(2).drafter == AUTOREGRESSIVE  # not switched on that
+    c.observe(StepRecord(LOOKUP, 2, 0.030, [4, 4], [0, 0]))  # probed now: still faster
+    assert c.plan(2).drafter == LOOKUP
+
+
 def test_tau_is_the_slower_half_of_the_rows():
     """A batch waits for its slowest rows: gains of 1 and 4 tokens count as the slower half's 1."""
     c = _controller(smoothing=1.0)

@@ -16,7 +16,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
 - explores each option for a few steps (plain steps at every batch size; a drafter once, its cost
   at a batch size it has not run at taken from the nearest one it has), then follows the best
   estimate, with hysteresis: speculation goes off when the best falls below 1 − h and comes back
-  above 1 + h;
+  above 1 + h, on or over to another drafter only right after that drafter ran (fresh evidence:
+  2-core step times drift, and an old measurement of a drafter against a fresh one of plain steps
+  would switch on noise);
 - probes an option it is not using again after a wait sized so that probing it costs at most
   `probe_budget` of the time (the step time it would take, times the share of speed it would lose
   against the current choice), never sooner than `probe_every` steps nor later than
@@ -275,6 +277,12 @@ class AdaptiveController:
             target, reason = best, f"{best} estimated {best_gain:.2f} vs {current_gain:.2f}"
         else:
             return
+        if target not in (AUTOREGRESSIVE, self.current) and self.step - self.last_used.get(target, 0) > 1:
+            # Its measurements are old: the machine may have been faster then. Turn speculation on
+            # (or over) right after the option's next probe, on fresh evidence; off at once.
+            if self.current == AUTOREGRESSIVE or current_gain >= 1 - h:
+                return
+            target = AUTOREGRESSIVE
         if target != self.current:
             rounded = {o: (round(e, 3) if e is not None else None) for o, e in estimates.items()}
             self._event("batch", self.current, target, reason, estimates=rounded, batch_bucket=b)
