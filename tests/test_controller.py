@@ -117,6 +117,17 @@ def test_probes_come_back_spaced_by_what_they_cost():
     assert _probe_steps(settings, 0.0105) == [2, 7, 12, 17, 22, 27, 32, 37]
 
 
+def test_options_share_the_probe_budget():
+    waits = []
+    for drafters in ({LOOKUP: (4, 4)}, {LOOKUP: (4, 4), "other": (4, 4)}):
+        c = AdaptiveController(ControllerSettings(probe_every=1, probe_budget=0.1, max_probe_wait=1000))
+        c.start_batch(drafters, 2)
+        c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
+        c.observe(StepRecord(LOOKUP, 2, 0.02, [4, 4], [0, 0]))  # loses 0.01 s a probe
+        waits.append(c.probe_wait(LOOKUP, 2))
+    assert waits == [10, 20]  # two options not in use: each may lose half of the 10%
+
+
 def test_a_hopeless_option_is_probed_rarely_with_default_settings():
     c = AdaptiveController()
     c.start_batch({LOOKUP: (4, 4)}, 2)

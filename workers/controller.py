@@ -19,10 +19,11 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   above 1 + h, on or over to another drafter only right after that drafter ran (fresh evidence:
   2-core step times drift, and an old measurement of a drafter against a fresh one of plain steps
   would switch on noise);
-- probes an option it is not using again after a wait sized so that probing it costs at most
-  `probe_budget` of the time (the step time it would take, times the share of speed it would lose
-  against the current choice), never sooner than `probe_every` steps nor later than
-  `max_probe_wait`: no choice is permanent, and a hopeless one costs little;
+- probes an option it is not using again after a wait sized so that probes cost at most
+  `probe_budget` of the time in all (each option an equal share; a probe costs the option's step
+  time times the share of speed it would lose against the current choice), never sooner than
+  `probe_every` steps nor later than `max_probe_wait`: no choice is permanent, and a hopeless one
+  costs little;
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
   `row_cooldown` steps;
 - sizes drafts: chains move one token at a time toward the length with the most tokens per step
@@ -53,12 +54,12 @@ class ControllerSettings:
     explore_rows: int = 8  # row steps per drafter, too: at batch 1, two steps are two tokens' luck
     probe_every: int = 24  # fewest steps between probes of one option
     max_probe_wait: int = 512  # most steps between probes of one option
-    probe_budget: float = 0.005  # share of the time one option's probes may lose
+    probe_budget: float = 0.005  # share of the time all probes together may lose
     row_patience: int = 4
     row_cooldown: int = 16
     min_tree_nodes: int = 4
     resize_rows: int = 16  # drafted row steps between draft-size decisions
-    learn_above: float = 0.75  # a learning drafter sees batches while its estimate is above this
+    learn_above: float = 0.85  # a learning drafter sees batches while its estimate is above this
 
 
 @dataclass
@@ -238,14 +239,16 @@ class AdaptiveController:
 
     def probe_wait(self, option: str, b: int) -> int:
         """Steps between probes of `option` at bucket `b`: a probe loses the option's step time times
-        its speed deficit against the current choice; probes may lose `probe_budget` of the time."""
+        its speed deficit against the current choice; each option not in use may lose its share of
+        `probe_budget`."""
         s = self.settings
         own, current = self.cost_ratio(option, b), self.cost_ratio(self.current, b)
         estimate, current_estimate = self.speedup(option, b), self.speedup(self.current, b)
         if own is None or not current or estimate is None or not current_estimate:
             return s.probe_every
         lost = own * max(0.0, 1 - estimate / current_estimate)  # in plain steps
-        return int(min(s.max_probe_wait, max(s.probe_every, lost / (s.probe_budget * current))))
+        share = s.probe_budget / max(1, len(self.limits) - len(self.failed))  # options besides the current
+        return int(min(s.max_probe_wait, max(s.probe_every, lost / (share * current))))
 
     def _probe_due(self, option: str, b: int) -> bool:
         return self.step - self.last_used.get(option, 0) >= self.probe_wait(option, b)
