@@ -133,6 +133,8 @@ def test_a_hopeless_option_is_probed_rarely_with_default_settings():
     c.start_batch({LOOKUP: (4, 4)}, 2)
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
     c.observe(StepRecord(LOOKUP, 2, 0.05, [4, 4], [1, 1]))  # speed-up 0.4 at five times the cost
+    assert c.probe_wait(LOOKUP, 2) == 600  # a probe loses 5 x 0.6 = 3 plain steps: 0.5% of 600
+    c.observe(StepRecord(LOOKUP, 2, 0.50, [4, 4], [1, 1]))  # fifty times the cost: the longest wait
     assert c.probe_wait(LOOKUP, 2) == c.settings.max_probe_wait
 
 

@@ -53,7 +53,7 @@ class ControllerSettings:
     explore_steps: int = 2  # plain steps measured per bucket, and steps per drafter, before estimates count
     explore_rows: int = 8  # row steps per drafter, too: at batch 1, two steps are two tokens' luck
     probe_every: int = 24  # fewest steps between probes of one option
-    max_probe_wait: int = 512  # most steps between probes of one option
+    max_probe_wait: int = 2048  # most steps between probes of one option
     probe_budget: float = 0.005  # share of the time all probes together may lose
     row_patience: int = 4
     row_cooldown: int = 16
