@@ -2,9 +2,10 @@
 
 Every contender decodes the same prompts (the first `num_prompts`, cycled to fill a batch) in
 batches of each batch size, for the same fixed length (EOS ignored; `min_new_tokens` for
-transformers). Repeats are interleaved, so drift on a noisy machine hits all contenders alike, and
-the table reports medians, ratios to `transformers.generate` and to our `autoregressive`, the mean
-accepted length (tokens per target forward, per row), and the share of rows whose tokens equal
+transformers). Repeats are interleaved, in alternating order, so drift on a noisy machine and the
+position in a round hit all contenders alike, and the table reports medians, ratios to
+`transformers.generate` and to our `autoregressive`, the mean accepted length (tokens per target
+forward, per row), and the share of rows whose tokens equal
 `generate`'s greedy output in the working dtype (DESIGN.md: a different matmul shape can flip a
 near-tie). transformers' assisted generation and prompt lookup run at batch 1 only: it refuses
 larger batches.
@@ -173,12 +174,14 @@ class Bench:
             for fn in contenders.values():  # warm-up: first calls allocate and pick kernels
                 fn(batches[:1])
             runs: dict[str, list[Run]] = {name: [] for name in contenders}
+            order = list(contenders.items())
             for _ in range(self.config.repeats):
-                for name, fn in contenders.items():
+                for name, fn in order:
                     # A pass starts with no garbage of earlier ones: a Lookahead pass leaves a trie of
                     # some 10^5 objects whose collection would otherwise land in the next pass's time.
                     gc.collect()
                     runs[name].append(fn(batches))
+                order.reverse()  # rounds alternate their order: a contender is not always first or last
             done = self._rows(batch_size, runs)
             on_rows(done)
             rows.extend(done)
