@@ -10,10 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
+from job_config import job_config
 from transformers import AutoConfig, AutoTokenizer
 
-from jobs.cli import default_job_config
-from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from pipeline.verify import verify
@@ -37,18 +36,7 @@ def _text_of_tokens(tokenizer, n: int) -> str:
 
 
 def _config(tmp_path: Path, model: Path, *extra: str):
-    return load_config(
-        default_job_config(),
-        None,
-        [
-            f"input.url={tmp_path / 'in'}",
-            f"output.url={tmp_path / 'out'}",
-            f"model.target={model}",
-            "generation.max_new_tokens=4",
-            "input.id_column=id",
-            *extra,
-        ],
-    )
+    return job_config(tmp_path, model, "generation.max_new_tokens=4", "input.id_column=id", *extra)
 
 
 def test_bad_rows_become_error_rows(tmp_path, tiny_model_dir):

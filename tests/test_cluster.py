@@ -10,10 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
+from job_config import job_config
 from ray.cluster_utils import Cluster
 
-from jobs.cli import default_job_config
-from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.verify import verify
 from workers.faults import FAULTS_ENV
@@ -34,19 +33,14 @@ def test_job_on_a_two_node_cluster(tmp_path, tiny_model_dir, two_node_cluster):
     (tmp_path / "in").mkdir()
     prompts = [f"def f{i}(x):" for i in range(8)]
     pq.write_table(pa.table({"prompt": prompts}), tmp_path / "in" / "a.parquet", row_group_size=2)
-    config = load_config(
-        default_job_config(),
-        None,
-        [
-            f"input.url={tmp_path / 'in'}",
-            f"output.url={tmp_path / 'out'}",
-            f"model.target={tiny_model_dir}",
-            "input.rows_per_unit=2",
-            "generation.max_new_tokens=4",
-            f"ray.address={two_node_cluster.address}",
-            "workers.num_actors=2",
-            "workers.custom_resources={decoder: 1}",  # both actors on the worker node
-        ],
+    config = job_config(
+        tmp_path,
+        tiny_model_dir,
+        "input.rows_per_unit=2",
+        "generation.max_new_tokens=4",
+        f"ray.address={two_node_cluster.address}",
+        "workers.num_actors=2",
+        "workers.custom_resources={decoder: 1}",  # both actors on the worker node
     )
     assert run_job(config).status == "succeeded"
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
@@ -70,20 +64,15 @@ def test_a_node_removed_mid_job(tmp_path, tiny_model_dir, three_node_cluster, mo
     prompts = [f"def f{i}(x):" for i in range(16)]
     pq.write_table(pa.table({"prompt": prompts}), tmp_path / "in" / "a.parquet", row_group_size=2)
     monkeypatch.setenv(FAULTS_ENV, json.dumps({"batch_sleep_s": 1.0}))
-    config = load_config(
-        default_job_config(),
-        None,
-        [
-            f"input.url={tmp_path / 'in'}",
-            f"output.url={tmp_path / 'out'}",
-            f"model.target={tiny_model_dir}",
-            "input.rows_per_unit=2",
-            "generation.max_new_tokens=4",
-            f"ray.address={cluster.address}",
-            "workers.num_actors=2",
-            "workers.num_cpus_per_actor=0.5",
-            "workers.custom_resources={decoder: 1}",
-        ],
+    config = job_config(
+        tmp_path,
+        tiny_model_dir,
+        "input.rows_per_unit=2",
+        "generation.max_new_tokens=4",
+        f"ray.address={cluster.address}",
+        "workers.num_actors=2",
+        "workers.num_cpus_per_actor=0.5",
+        "workers.custom_resources={decoder: 1}",
     )
     outcome: dict = {}
     job = threading.Thread(target=lambda: outcome.update(result=run_job(config)))

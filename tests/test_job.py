@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
+from job_config import job_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.cli import default_job_config
@@ -46,22 +47,17 @@ def _write_input(folder: Path) -> dict[str, str | None]:
 
 
 def _config(tmp_path: Path, model: Path, *extra: str):
-    return load_config(
-        default_job_config(),
-        None,
-        [
-            f"input.url={tmp_path / 'in'}",
-            f"output.url={tmp_path / 'out'}",
-            f"model.target={model}",
-            "model.dtype=float64",
-            "input.id_column=id",
-            "input.keep_columns=[n]",
-            "input.rows_per_unit=2",
-            "generation.max_new_tokens=12",
-            "generation.ignore_eos=true",
-            "workers.batch_size=3",
-            *extra,
-        ],
+    return job_config(
+        tmp_path,
+        model,
+        "model.dtype=float64",
+        "input.id_column=id",
+        "input.keep_columns=[n]",
+        "input.rows_per_unit=2",
+        "generation.max_new_tokens=12",
+        "generation.ignore_eos=true",
+        "workers.batch_size=3",
+        *extra,
     )
 
 

@@ -1,0 +1,13 @@
+"""The job configuration most tests run: input in `tmp_path/in`, output to `tmp_path/out`, a given model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jobs.cli import default_job_config
+from pipeline.config import JobConfig, load_config
+
+
+def job_config(tmp_path: Path, model: Path, *overrides: str) -> JobConfig:
+    base = [f"input.url={tmp_path / 'in'}", f"output.url={tmp_path / 'out'}", f"model.target={model}"]
+    return load_config(default_job_config(), None, [*base, *overrides])
