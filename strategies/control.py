@@ -20,6 +20,8 @@ class Plan:
     depth: int  # deepest draft path to ask for
     nodes: int  # most draft nodes per row (trees)
     rows_off: set[int] = field(default_factory=set)  # batch rows that take a plain step anyway
+    # Plain plans: steps to take before asking again (fewer if a row finishes); None: until one does.
+    steps: int | None = 1
 
 
 @dataclass

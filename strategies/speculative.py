@@ -7,8 +7,9 @@ ragged cache, so rows of one step keep different numbers of tokens. Emitted toke
 same finish checks as autoregressive decoding, one at a time, so EOS, stop strings,
 `max_new_tokens` and the context end a row exactly where plain decoding would.
 
-With a controller (`control.Controller`), each step may use any of several drafters or none (a
-plain autoregressive step), and rows whose drafts keep failing step plainly. Faults are fallbacks:
+With a controller (`control.Controller`), each step may use any of several drafters or none, and
+rows whose drafts keep failing step plainly. Steps without drafts are the autoregressive strategy's
+own (`plain.decode_plainly`), run for as many steps as the controller's plan allows. Faults are fallbacks:
 a proposer that raises is off for the rest of the batch; a verify forward that raises (a CUDA
 out-of-memory error, say) leaves every row's cache as it was, and the step is redone plainly.
 """
@@ -22,13 +23,14 @@ from dataclasses import dataclass, field
 import torch
 
 from strategies.acceptance import Verdict, rejection_chain, relaxed_walk, walk
-from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, finish_reason
+from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
 from strategies.control import AUTOREGRESSIVE, Controller, Plan, StepRecord
 from strategies.drafts import Draft, draft_problem, tree_attention, tree_depths
 from strategies.kv_cache import RaggedKV
+from strategies.plain import Batch, decode_plainly, start_batch
 from strategies.proposer import ProposalContext, Proposer
 from strategies.runner import ModelRunner
-from strategies.sampling import choose_tokens, filtered_probs, keyed_uniform, sample_from
+from strategies.sampling import filtered_probs, keyed_uniform, sample_from
 
 # Streams of keyed uniforms: 0 is the target's own draw (as in autoregressive decoding).
 STREAM_ACCEPT, STREAM_RESIDUAL = 1, 2
@@ -82,10 +84,10 @@ class SpecStats:
         for d in range(len(verdict.path)):
             _bump(self.accepted_at, d)
 
-    def record_plain(self, rows: int) -> None:
-        """A step without drafts: each row emitted one token."""
-        self.row_steps += rows
-        self.emitted_tokens += rows
+    def record_plain(self, row_steps: int) -> None:
+        """Steps without drafts: each row emitted one token a step."""
+        self.row_steps += row_steps
+        self.emitted_tokens += row_steps
 
     def as_dict(self) -> dict:
         accepted_at = self.accepted_at + [0] * (len(self.proposed_at) - len(self.accepted_at))
@@ -119,17 +121,11 @@ class SpeculativeStrategy:
         self.controller = controller
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
-        runner, sampling = self.runner, params.sampling
-        if any(d.relaxed for d in self.drafters.values()) and not sampling.greedy:
+        runner = self.runner
+        if any(d.relaxed for d in self.drafters.values()) and not params.sampling.greedy:
             raise ValueError(f"{self.name} relaxes greedy verification: use it with temperature 0")
-        kv = runner.new_kv(len(requests))
-        logits = runner.prefill(kv, [r.prompt for r in requests])
-        keys = torch.tensor([r.key for r in requests], dtype=torch.long)
-        first = choose_tokens(logits, sampling, keys, torch.zeros(len(requests), dtype=torch.long)).tolist()
-        outputs = [[t] for t in first]
-        reasons = [finish_reason(r, o, params, runner.max_context) for r, o in zip(requests, outputs, strict=True)]
+        batch = start_batch(runner, requests, params)
         emitted_by = [dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests]
-        active = [i for i, reason in enumerate(reasons) if reason is None]
         stats = SpecStats()
         # Drafters not failed in this batch. A drafter starts (prefills, indexes) when first planned,
         # so one the controller keeps off costs nothing; one that learns from every batch starts at
@@ -140,104 +136,66 @@ class SpeculativeStrategy:
         def start(drafter: Drafter) -> bool:
             """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
             started.add(drafter.name)
-            contexts = [requests[i].prompt + outputs[i] for i in active]
-            if self._call(stats, drafter.name, drafter.proposer.start, contexts, keys, params):
+            contexts = [requests[i].prompt + batch.outputs[i] for i in batch.active]
+            if self._call(stats, drafter.name, drafter.proposer.start, contexts, batch.keys, params):
                 return True
             live.pop(drafter.name)
             return False
 
-        if active:
-            if len(active) < len(requests):
-                kv.select_rows(torch.tensor(active, device=runner.device))
-            keys = keys[active]
+        if batch.active:
             if self.controller is not None:
                 limits = {name: (d.max_depth, d.max_nodes) for name, d in live.items()}
-                self.controller.start_batch(limits, len(active))
+                self.controller.start_batch(limits, len(batch.active))
             for name, d in list(live.items()):
-                if d.learns and (self.controller is None or self.controller.worth_learning(name, len(active))):
+                if d.learns and (self.controller is None or self.controller.worth_learning(name, len(batch.active))):
                     start(d)
-        while active:
-            plan = self._plan(live, len(active))
+        while batch.active:
+            plan = self._plan(live, len(batch.active))
             drafter = live.get(plan.drafter)
             if drafter is not None and drafter.name not in started and not start(drafter):
                 drafter = None
+            if drafter is None:
+                self._plain(batch, plan.steps, None, 0.0, stats, emitted_by, live, started)
+                continue
             began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
             context = ProposalContext(
-                generated=[len(outputs[i]) for i in active],
+                generated=[len(batch.outputs[i]) for i in batch.active],
                 budgets=[
-                    0
-                    if drafter is None or row in plan.rows_off
-                    else self._room(requests[i], outputs[i], params, plan.depth)
-                    for row, i in enumerate(active)
+                    0 if row in plan.rows_off else self._room(requests[i], batch.outputs[i], params, plan.depth)
+                    for row, i in enumerate(batch.active)
                 ],
                 max_nodes=plan.nodes,
             )
             drafts = self._drafts(drafter, context, stats, live)
-            if not any(len(d) for d in drafts):
-                drafter = None  # nothing to verify: a plain step
-            pending = [outputs[i][-1] for i in active]
-            first_slot = kv.num_slots
-            verdicts = None
-            if drafter is not None:
-                try:
-                    logits = self._verify(kv, pending, drafts)
-                    verdicts = self._accept(logits, drafts, context, keys, params, drafter)
-                except Exception as exc:  # the cache is as before the step (runner.forward); redo it plainly
-                    stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
-                    if self.controller is not None:
-                        self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
-                    live.pop(drafter.name, None)
-                    _free_device_memory(runner.device)
-                    drafter, drafts = None, [Draft.empty() for _ in active]
-            if verdicts is None:
-                verdicts = self._plain_step(kv, pending, context, keys, params)
-            used = drafter.name if drafter is not None else AUTOREGRESSIVE
+            if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
+                self._plain(batch, 1, drafter.name, time.perf_counter() - began, stats, emitted_by, live, started)
+                continue
+            verdicts = self._speculate(batch, drafter, drafts, context, stats, live)
+            if verdicts is None:  # the verify forward raised; the cache is as before the step
+                self._plain(batch, 1, None, 0.0, stats, emitted_by, live, started)
+                continue
             stats.target_forwards += 1
-            stats.steps_by_drafter[used] = stats.steps_by_drafter.get(used, 0) + 1
-            if drafter is None:
-                stats.record_plain(len(verdicts))
-            else:
-                for draft, verdict in zip(drafts, verdicts, strict=True):
-                    stats.record(draft, verdict)
-            if drafter is not None:  # slots off each row's accepted path leave the cache
-                keep = torch.zeros_like(kv.valid)
-                for row, verdict in enumerate(verdicts):
-                    keep[row, [first_slot + s for s in (0, *verdict.path)]] = True
-                kv.invalidate(~keep & (torch.arange(kv.num_slots, device=keep.device) >= first_slot))
-                if kv.waste() > COMPACT_WASTE:
-                    kv.compact()
-            emitted = [v.tokens for v in verdicts]
-            for name, d in self._started(live, started):
-                if not self._call(stats, name, d.proposer.accepted, emitted):
-                    live.pop(name)
+            stats.steps_by_drafter[drafter.name] = stats.steps_by_drafter.get(drafter.name, 0) + 1
             still = []
-            for row, (i, verdict) in enumerate(zip(active, verdicts, strict=True)):
+            for row, (i, draft, verdict) in enumerate(zip(batch.active, drafts, verdicts, strict=True)):
+                stats.record(draft, verdict)
                 for token in verdict.tokens:
-                    outputs[i].append(token)
-                    emitted_by[i][used] += 1
-                    reasons[i] = finish_reason(requests[i], outputs[i], params, runner.max_context)
-                    if reasons[i] is not None:
+                    emitted_by[i][drafter.name] += 1
+                    if batch.emit(i, token, runner.max_context):
                         break
-                if reasons[i] is None:
+                if batch.reasons[i] is None:
                     still.append(row)
-            batch_size, wall_s = len(active), time.perf_counter() - began
-            if len(still) < len(active):
-                kv.select_rows(torch.tensor(still, dtype=torch.long, device=runner.device))
-                keys = keys[still]
-                active = [active[row] for row in still]
-                for name, d in self._started(live, started):
-                    if not self._call(stats, name, d.proposer.keep_rows, still):
-                        live.pop(name)
-            if self.controller is not None:
-                # The step's cost as the controller must weigh it: drafting, verifying, rolling back and
-                # telling the proposers. Dropping finished rows is not counted: every option pays it.
-                drafted, accepted = [len(d) for d in drafts], [len(v.path) for v in verdicts]
-                self.controller.observe(StepRecord(used, batch_size, wall_s, drafted, accepted))
-                if len(still) < batch_size:
-                    self.controller.keep_rows(still)
+            record = StepRecord(
+                drafter.name,
+                len(batch.active),
+                time.perf_counter() - began,
+                [len(d) for d in drafts],
+                [len(v.path) for v in verdicts],
+            )
+            self._after_step(batch, [v.tokens for v in verdicts], still, [record], stats, live, started)
         rows = [
             RowOutput(tokens=o, finish_reason=r, strategy=self._row_strategy(counts))
-            for o, r, counts in zip(outputs, reasons, emitted_by, strict=True)
+            for o, r, counts in zip(batch.outputs, batch.reasons, emitted_by, strict=True)
         ]
         extra: dict = {}
         for _, d in self._started(live, started):
@@ -245,6 +203,97 @@ class SpeculativeStrategy:
         return BatchOutput(
             rows=rows, strategy=self.name, target_forwards=stats.target_forwards, stats={**stats.as_dict(), **extra}
         )
+
+    def _speculate(
+        self,
+        batch: Batch,
+        drafter: Drafter,
+        drafts: list[Draft],
+        context: ProposalContext,
+        stats: SpecStats,
+        live: dict[str, Drafter],
+    ) -> list[Verdict] | None:
+        """Verify the drafts in one target forward and roll the rejected slots back; None when the
+        verify forward raised (a CUDA out-of-memory error, say): the drafter is off for the batch."""
+        kv = batch.kv
+        first_slot = kv.num_slots
+        pending = [batch.outputs[i][-1] for i in batch.active]
+        try:
+            logits = self._verify(kv, pending, drafts)
+            verdicts = self._accept(logits, drafts, context, batch.keys, batch.params, drafter)
+        except Exception as exc:  # runner.forward left the cache as it was
+            stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
+            if self.controller is not None:
+                self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
+            live.pop(drafter.name, None)
+            _free_device_memory(self.runner.device)
+            return None
+        keep = torch.zeros_like(kv.valid)  # slots off each row's accepted path leave the cache
+        for row, verdict in enumerate(verdicts):
+            keep[row, [first_slot + s for s in (0, *verdict.path)]] = True
+        kv.invalidate(~keep & (torch.arange(kv.num_slots, device=keep.device) >= first_slot))
+        if kv.waste() > COMPACT_WASTE:
+            kv.compact()
+        return verdicts
+
+    def _plain(
+        self,
+        batch: Batch,
+        max_steps: int | None,
+        billed_to: str | None,
+        overhead_s: float,
+        stats: SpecStats,
+        emitted_by: list[dict[str, int]],
+        live: dict[str, Drafter],
+        started: set[str],
+    ) -> None:
+        """Plain steps, the autoregressive strategy's own (`plain.decode_plainly`). The controller sees
+        each as a plain step, or, after a drafter that found nothing to draft (`billed_to`), as that
+        drafter's step, its drafting time (`overhead_s`) included: steps where it finds nothing are
+        part of what the drafter is worth."""
+        active = batch.active
+        run = decode_plainly(self.runner, batch, max_steps)
+        stats.target_forwards += run.steps
+        stats.steps_by_drafter[AUTOREGRESSIVE] = stats.steps_by_drafter.get(AUTOREGRESSIVE, 0) + run.steps
+        stats.record_plain(sum(run.rows))
+        for i, tokens in zip(active, run.emitted, strict=True):
+            emitted_by[i][AUTOREGRESSIVE] += len(tokens)
+        records = [
+            StepRecord(AUTOREGRESSIVE, n, s, [0] * n, [0] * n) for n, s in zip(run.rows, run.seconds, strict=True)
+        ]
+        if billed_to is not None:
+            records[0].drafter, records[0].wall_s = billed_to, records[0].wall_s + overhead_s
+        self._after_step(batch, run.emitted, run.still, records, stats, live, started)
+
+    def _after_step(
+        self,
+        batch: Batch,
+        emitted: list[list[int]],
+        still: list[int],
+        records: list[StepRecord],
+        stats: SpecStats,
+        live: dict[str, Drafter],
+        started: set[str],
+    ) -> None:
+        """Tell the proposers what each row emitted and which rows go on, then the controller what the
+        step(s) cost: telling the proposers is part of the (last) step's cost; dropping finished rows
+        is not, every option pays it."""
+        told = time.perf_counter()
+        for name, d in self._started(live, started):
+            if not self._call(stats, name, d.proposer.accepted, emitted):
+                live.pop(name)
+        records[-1].wall_s += time.perf_counter() - told
+        batch_size = len(batch.active)
+        if len(still) < batch_size:
+            batch.keep(still)
+            for name, d in self._started(live, started):
+                if not self._call(stats, name, d.proposer.keep_rows, still):
+                    live.pop(name)
+        if self.controller is not None:
+            for record in records:
+                self.controller.observe(record)
+            if len(still) < batch_size:
+                self.controller.keep_rows(still)
 
     @staticmethod
     def _started(live: dict[str, Drafter], started: set[str]) -> list[tuple[str, Drafter]]:
@@ -261,7 +310,7 @@ class SpeculativeStrategy:
         if self.controller is not None:
             return self.controller.plan(batch_size)
         if not live:
-            return Plan(AUTOREGRESSIVE, 0, 0)
+            return Plan(AUTOREGRESSIVE, 0, 0, steps=None)
         d = next(iter(live.values()))
         return Plan(d.name, d.max_depth, d.max_nodes)
 
@@ -282,11 +331,11 @@ class SpeculativeStrategy:
         return max(0, min(depth, room))
 
     def _drafts(
-        self, drafter: Drafter | None, context: ProposalContext, stats: SpecStats, live: dict[str, Drafter]
+        self, drafter: Drafter, context: ProposalContext, stats: SpecStats, live: dict[str, Drafter]
     ) -> list[Draft]:
-        """The drafter's drafts, each checked; empty drafts when there is none or it failed."""
+        """The drafter's drafts, each checked; empty drafts when it failed."""
         empty = [Draft.empty() for _ in context.budgets]
-        if drafter is None or not any(context.budgets):
+        if not any(context.budgets):
             return empty
         drafts: list[Draft] = []
         if not self._call(stats, drafter.name, lambda: drafts.extend(drafter.proposer.propose(context))):
@@ -302,17 +351,6 @@ class SpeculativeStrategy:
                 draft = Draft.empty()
             checked.append(draft)
         return checked
-
-    def _plain_step(
-        self, kv: RaggedKV, pending: list[int], context: ProposalContext, keys: torch.Tensor, params: GenerationParams
-    ) -> list[Verdict]:
-        """One autoregressive step for every row, as lean as the autoregressive strategy's."""
-        device = self.runner.device
-        ids = torch.tensor(pending, dtype=torch.long, device=device)[:, None]  # [B, 1]
-        out = self.runner.forward(kv, ids, kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool))
-        positions = None if params.sampling.greedy else torch.tensor(context.generated, dtype=torch.long)
-        tokens = choose_tokens(out.logits[:, -1], params.sampling, keys, positions).tolist()
-        return [Verdict(path=[], tokens=[t]) for t in tokens]
 
     def _verify(self, kv: RaggedKV, pending: list[int], drafts: list[Draft]) -> torch.Tensor:
         """One target forward over `[pending, nodes…]` of every row; logits [B, 1+N, V]."""

@@ -100,9 +100,9 @@ def _probe_steps(settings: ControllerSettings, lookup_wall_s: float, steps: int 
     for _ in range(steps):
         plan = c.plan(2)
         slow = plan.drafter == LOOKUP
+        c.observe(StepRecord(plan.drafter, 2, lookup_wall_s if slow else 0.01, [4, 4] if slow else [0, 0], [0, 0]))
         if slow:
             tried.append(c.step)
-        c.observe(StepRecord(plan.drafter, 2, lookup_wall_s if slow else 0.01, [4, 4] if slow else [0, 0], [0, 0]))
     return tried
 
 
@@ -115,6 +115,22 @@ def test_probes_come_back_spaced_by_what_they_cost():
     assert _probe_steps(dataclasses.replace(settings, max_probe_wait=8), 0.02) == [2, 10, 18, 26, 34]
     # Nearly as fast as plain steps: probing costs almost nothing, so it comes every probe_every steps.
     assert _probe_steps(settings, 0.0105) == [2, 7, 12, 17, 22, 27, 32, 37]
+
+
+def test_plain_steps_run_unasked_until_the_next_probe():
+    settings = ControllerSettings(explore_steps=1, explore_rows=1, probe_every=5, probe_budget=0.1, max_probe_wait=1000)
+    c = AdaptiveController(settings)
+    c.start_batch({LOOKUP: (4, 4)}, 2)
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
+    c.observe(StepRecord(LOOKUP, 2, 0.02, [4, 4], [0, 0]))  # a probe every 10 steps (see above)
+    plan = c.plan(2)
+    assert plan.drafter == AUTOREGRESSIVE and plan.steps == 9  # steps 3-11; step 12 probes
+    for _ in range(plan.steps):
+        c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
+    assert c.plan(2).drafter == LOOKUP
+    # Without a drafter to probe, plain steps go on until a row finishes.
+    c.start_batch({}, 2)
+    assert c.plan(2).steps is None
 
 
 def test_options_share_the_probe_budget():
@@ -279,13 +295,14 @@ class ScheduleController(AdaptiveController):
     def __init__(self, first_draft: int, learn: bool):
         super().__init__()
         self.first_draft, self.learn = first_draft, learn
+        self.planned = 0
 
     def plan(self, batch_size):
-        self.step += 1
+        self.planned += 1
         names = sorted(self.limits, reverse=True)  # speculative, prompt_lookup, lookahead
-        if self.step < self.first_draft or not names:
+        if self.planned < self.first_draft or not names:
             return Plan(AUTOREGRESSIVE, 0, 0)
-        name = names[(self.step - self.first_draft) % len(names)]
+        name = names[(self.planned - self.first_draft) % len(names)]
         return Plan(name, *self.limits[name])
 
     def worth_learning(self, drafter, batch_size):

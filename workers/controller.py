@@ -129,7 +129,7 @@ class AdaptiveController:
         self.ratios: dict[tuple[str, int], float | None] = {}  # cost_ratio, until the next measurement
         self.limits: dict[str, tuple[int, int]] = {}
         self.current = AUTOREGRESSIVE
-        self.step = 0
+        self.step = 0  # steps observed
         self.last_used: dict[str, int] = {}
         self.events: list[dict] = []
         self.failed: set[str] = set()
@@ -150,7 +150,6 @@ class AdaptiveController:
         self.row_off_until = [0] * batch_size
 
     def plan(self, batch_size: int) -> Plan:
-        self.step += 1
         b = bucket(batch_size)
         options = [AUTOREGRESSIVE, *(name for name in self.limits if name not in self.failed)]
         unexplored = [o for o in options if self._unexplored(o, b)]
@@ -160,7 +159,12 @@ class AdaptiveController:
         if due:
             return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)))
         self._choose(options, b)
-        return self._plan_for(self.current)
+        plan = self._plan_for(self.current)
+        if self.current == AUTOREGRESSIVE:
+            # Nothing changes the choice before the next probe: plain steps run until then unasked.
+            waits = [self.probe_wait(o, b) - self._since(o) for o in options[1:]]
+            plan.steps = max(1, min(waits)) if waits else None
+        return plan
 
     def worth_learning(self, drafter: str, batch_size: int) -> bool:
         """A drafter whose estimate is unknown or near break-even may win once it has learned more
@@ -171,6 +175,7 @@ class AdaptiveController:
     def observe(self, record: StepRecord) -> None:
         s = self.settings
         b = bucket(record.batch_size)
+        self.step += 1
         row_time = record.wall_s / record.batch_size
         self.row_time.setdefault((record.drafter, b), RecentMedian(s.time_window)).update(row_time)
         steps, rows = self.measured.get(record.drafter, (0, 0))
@@ -251,7 +256,11 @@ class AdaptiveController:
         return int(min(s.max_probe_wait, max(s.probe_every, lost / (share * current))))
 
     def _probe_due(self, option: str, b: int) -> bool:
-        return self.step - self.last_used.get(option, 0) >= self.probe_wait(option, b)
+        return self._since(option) >= self.probe_wait(option, b)
+
+    def _since(self, option: str) -> int:
+        """Steps since `option` last ran, counting the one about to be planned."""
+        return self.step + 1 - self.last_used.get(option, 0)
 
     def _unexplored(self, option: str, b: int) -> bool:
         """Plain steps are measured at every bucket; a drafter until it has a few measurements anywhere
@@ -280,7 +289,7 @@ class AdaptiveController:
             target, reason = best, f"{best} estimated {best_gain:.2f} vs {current_gain:.2f}"
         else:
             return
-        if target not in (AUTOREGRESSIVE, self.current) and self.step - self.last_used.get(target, 0) > 1:
+        if target not in (AUTOREGRESSIVE, self.current) and self.last_used.get(target) != self.step:
             # Its measurements are old: the machine may have been faster then. Turn speculation on
             # (or over) right after the option's next probe, on fresh evidence; off at once.
             if self.current == AUTOREGRESSIVE or current_gain >= 1 - h:
@@ -294,7 +303,7 @@ class AdaptiveController:
     def _plan_for(self, option: str) -> Plan:
         if option == AUTOREGRESSIVE:
             return Plan(AUTOREGRESSIVE, 0, 0)
-        off = {row for row, until in enumerate(self.row_off_until) if until > self.step}
+        off = {row for row, until in enumerate(self.row_off_until) if until > self.step + 1}
         return Plan(option, self.depth[option], self.nodes[option], rows_off=off)
 
     def _resize(self, record: StepRecord) -> None:

@@ -1,0 +1,104 @@
+"""Plain autoregressive steps: the one implementation that the autoregressive strategy runs, and that
+the speculative loop runs whenever it does not draft.
+
+Why one: a plain step of `auto` must cost what a step of the autoregressive strategy costs, on every
+device. Between plain steps the chosen tokens stay on the device and the host syncs once per step
+(to read them for the finish checks); a speculative loop that rebuilt its inputs from Python lists
+every step would pay for that in host work, which is what bounds a small model's step on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from strategies.base import GenerationParams, RowRequest, finish_reason
+from strategies.kv_cache import RaggedKV
+from strategies.runner import ModelRunner
+from strategies.sampling import choose_tokens
+
+
+@dataclass
+class Batch:
+    """A batch in decoding: each unfinished row's newest token is pending (chosen, not yet in `kv`)."""
+
+    requests: list[RowRequest]
+    params: GenerationParams
+    kv: RaggedKV
+    outputs: list[list[int]]  # per request: generated tokens, the pending one last
+    reasons: list[str | None]  # per request: why it finished, None while it goes on
+    active: list[int]  # batch row -> request index, unfinished rows only
+    keys: torch.Tensor  # [len(active)] the active rows' sampling keys
+
+    def emit(self, request: int, token: int, max_context: int) -> bool:
+        """Append `token` to a row's output; True when the row has finished with it."""
+        output = self.outputs[request]
+        output.append(token)
+        self.reasons[request] = finish_reason(self.requests[request], output, self.params, max_context)
+        return self.reasons[request] is not None
+
+    def keep(self, still: list[int]) -> None:
+        """Only batch rows `still` (in order) go on: the cache and keys follow."""
+        if len(still) == len(self.active):
+            return
+        if still:
+            self.kv.select_rows(torch.tensor(still, dtype=torch.long, device=self.kv.valid.device))
+        self.keys = self.keys[still]
+        self.active = [self.active[row] for row in still]
+
+
+def start_batch(runner: ModelRunner, requests: list[RowRequest], params: GenerationParams) -> Batch:
+    """Prefill the prompts and choose every row's first token; rows that end on it leave the batch."""
+    kv = runner.new_kv(len(requests))
+    logits = runner.prefill(kv, [r.prompt for r in requests])  # [B, V]
+    keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
+    first = choose_tokens(logits, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
+    n = len(requests)
+    batch = Batch(
+        requests, params, kv, outputs=[[] for _ in range(n)], reasons=[None] * n, active=list(range(n)), keys=keys
+    )
+    batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token, runner.max_context)])
+    return batch
+
+
+@dataclass
+class PlainRun:
+    """What a run of plain steps did, for the caller's bookkeeping."""
+
+    rows: list[int] = field(default_factory=list)  # per step: rows it decoded
+    seconds: list[float] = field(default_factory=list)  # per step: wall time
+    emitted: list[list[int]] = field(default_factory=list)  # per row at the start: tokens it gained
+    still: list[int] = field(default_factory=list)  # rows at the start that go on
+
+    @property
+    def steps(self) -> int:
+        return len(self.rows)
+
+
+def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = None) -> PlainRun:
+    """Plain steps for the batch's active rows: until `max_steps`, or until a step after which a row
+    has finished (the batch's size changes there, and a caller that chooses per batch size chooses
+    again). Finished rows are not dropped: `run.still` says which rows go on (`Batch.keep`)."""
+    params, active = batch.params, batch.active
+    device = runner.device
+    pending = torch.tensor([batch.outputs[i][-1] for i in active], dtype=torch.long, device=device)  # [B]
+    run = PlainRun(emitted=[[] for _ in active], still=list(range(len(active))))
+    while max_steps is None or run.steps < max_steps:
+        began = time.perf_counter()
+        ids = pending[:, None]  # [B, 1]
+        out = runner.forward(batch.kv, ids, batch.kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool))
+        # Generation index of each row's next token: keys a sampled draw (greedy needs none).
+        positions = None if params.sampling.greedy else torch.tensor([len(batch.outputs[i]) for i in active])
+        pending = choose_tokens(out.logits[:, -1], params.sampling, batch.keys, positions)  # [B]
+        finished = False
+        for row, (i, token) in enumerate(zip(active, pending.tolist(), strict=True)):
+            run.emitted[row].append(token)
+            finished |= batch.emit(i, token, runner.max_context)
+        run.rows.append(len(active))
+        run.seconds.append(time.perf_counter() - began)
+        if finished:
+            run.still = [row for row, i in enumerate(active) if batch.reasons[i] is None]
+            break
+    return run
