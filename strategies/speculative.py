@@ -166,6 +166,9 @@ class SpeculativeStrategy:
                 ],
                 max_nodes=plan.nodes,
             )
+            if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
+                self._plain(batch, 1, None, 0.0, stats, emitted_by, live, started)
+                continue
             drafts = self._drafts(drafter, context, stats, live)
             if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
                 self._plain(batch, 1, drafter.name, time.perf_counter() - began, stats, emitted_by, live, started)
@@ -335,8 +338,6 @@ class SpeculativeStrategy:
     ) -> list[Draft]:
         """The drafter's drafts, each checked; empty drafts when it failed."""
         empty = [Draft.empty() for _ in context.budgets]
-        if not any(context.budgets):
-            return empty
         drafts: list[Draft] = []
         if not self._call(stats, drafter.name, lambda: drafts.extend(drafter.proposer.propose(context))):
             live.pop(drafter.name, None)

@@ -18,7 +18,7 @@ from strategies.options import StrategyOptions
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams
 from strategies.speculative import Drafter, SpeculativeStrategy
-from workers.controller import AdaptiveController, ControllerSettings, best_chain_depth, bucket
+from workers.controller import AdaptiveController, ControllerSettings, RecentTime, best_chain_depth, bucket
 
 LOOKUP = "lookup"
 
@@ -40,6 +40,13 @@ def test_tau_starts_as_a_plain_mean_so_one_unlucky_first_step_does_not_stand():
     for accepted in (0, 3, 3, 3):  # batch 1: a step weighs 1/16 of a full moving-average weight
         c.observe(StepRecord(LOOKUP, 1, 0.01, [4], [accepted]))
     assert c.tau[LOOKUP].value == pytest.approx(3.25)
+
+
+def test_step_times_are_recent_means_without_pauses():
+    times = RecentTime(window=6)
+    for x in (9.0, 1.0, 1.0, 1.0, 1.5, 1.5, 30.0):  # 9.0 leaves the window; 30.0 is a pause
+        times.update(x)
+    assert times.value == pytest.approx(1.2)  # a drafter's two kinds of step, averaged
 
 
 def test_buckets_are_powers_of_two():
@@ -162,6 +169,11 @@ def test_rows_whose_drafts_keep_failing_step_plainly_for_a_while():
     plan = c.plan(2)
     assert plan.rows_off == {0}
     assert any(e["scope"] == "row" and e["row"] == 0 for e in c.drain_events())
+    # A batch of one row: the batch estimate decides, not the row's streak.
+    c.keep_rows([0])
+    for _ in range(4):
+        c.observe(StepRecord(LOOKUP, 1, 0.005, [4], [0]))
+    assert c.row_off_until[0] <= c.step + 1 and not c.drain_events()
 
 
 def test_best_chain_depth_maximises_tokens_per_step_cost():

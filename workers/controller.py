@@ -25,7 +25,7 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   `probe_every` steps nor later than `max_probe_wait`: no choice is permanent, and a hopeless one
   costs little;
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
-  `row_cooldown` steps;
+  `row_cooldown` steps, when the batch has other rows;
 - sizes drafts: chains move one token at a time toward the length with the most tokens per step
   cost, E(k) / (1 + c·k), from the measured acceptance α and the measured cost c of a draft
   token; trees double their node budget (up to the strategy's) while many drafted nodes are
@@ -48,7 +48,7 @@ from strategies.control import AUTOREGRESSIVE, Plan, StepRecord
 class ControllerSettings:
     smoothing: float = 0.3  # weight in τ's moving average of a step over `smoothing_rows` rows
     smoothing_rows: int = 16  # a step over fewer rows weighs less: at batch 1, τ is one row's luck
-    time_window: int = 7  # step times: the median of this many recent measurements
+    time_window: int = 9  # step times: the mean of this many recent measurements, outliers left out
     hysteresis: float = 0.05
     explore_steps: int = 2  # plain steps measured per bucket, and steps per drafter, before estimates count
     explore_rows: int = 8  # row steps per drafter, too: at batch 1, two steps are two tokens' luck
@@ -77,12 +77,16 @@ class Ema:
 
 
 @dataclass
-class RecentMedian:
-    """The median of the last `window` measurements: 2-core step times have rare outliers of tens of
-    times the usual (a garbage collection, another process), which a moving average would carry for
-    many steps and a median ignores."""
+class RecentTime:
+    """The mean of the last `window` measurements, those over `outlier` times their median left out.
+
+    Why not a moving average: 2-core step times have rare outliers of tens of times the usual (a
+    garbage collection, another process), which it would carry for many steps. Why not the median:
+    a drafter's steps have two costs, a verify when it drafted and a plain step plus the search when
+    it found nothing, and the median of such a mix jumps from one to the other."""
 
     window: int
+    outlier: float = 3.0
     recent: deque[float] = field(default_factory=deque)
     count: int = 0
 
@@ -94,7 +98,8 @@ class RecentMedian:
 
     @property
     def value(self) -> float:
-        return statistics.median(self.recent)
+        limit = self.outlier * statistics.median(self.recent)
+        return statistics.fmean(x for x in self.recent if x <= limit)
 
 
 def best_chain_depth(alpha: float, cost_per_token: float, max_depth: int) -> int:
@@ -120,7 +125,7 @@ class AdaptiveController:
     settings: ControllerSettings = field(default_factory=ControllerSettings)
 
     def __post_init__(self) -> None:
-        self.row_time: dict[tuple[str, int], RecentMedian] = {}  # (option, bucket) -> seconds per row-step
+        self.row_time: dict[tuple[str, int], RecentTime] = {}  # (option, bucket) -> seconds per row-step
         self.tau: dict[str, Ema] = {}
         self.depth: dict[str, int] = {}
         self.nodes: dict[str, int] = {}
@@ -177,7 +182,7 @@ class AdaptiveController:
         b = bucket(record.batch_size)
         self.step += 1
         row_time = record.wall_s / record.batch_size
-        self.row_time.setdefault((record.drafter, b), RecentMedian(s.time_window)).update(row_time)
+        self.row_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(row_time)
         steps, rows = self.measured.get(record.drafter, (0, 0))
         self.measured[record.drafter] = (steps + 1, rows + record.batch_size)
         self.ratios.clear()
@@ -194,7 +199,9 @@ class AdaptiveController:
         for row, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
             if drafted and not accepted:
                 self.row_streak[row] += 1
-                if self.row_streak[row] >= s.row_patience:
+                # A row alone is the batch: whether its drafts pay is the batch estimate's to say, and a
+                # streak of rejections is common where a drafter pays on average (Lookahead trees).
+                if self.row_streak[row] >= s.row_patience and record.batch_size > 1:
                     self.row_off_until[row] = self.step + s.row_cooldown
                     self.row_streak[row] = 0
                     self._event("row", record.drafter, AUTOREGRESSIVE, f"{s.row_patience} drafts rejected", row=row)
