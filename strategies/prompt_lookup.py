@@ -48,25 +48,21 @@ class PromptLookupProposer:
 
     def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
         self.rows = [NgramIndex(c, self.min_ngram, self.max_ngram) for c in contexts]
-        # Tokens emitted since the last proposal: indexed only when a proposal needs them, so steps
-        # that do not speculate (under the controller) cost almost nothing here.
-        self.backlog: list[list[int]] = [[] for _ in contexts]
 
     def propose(self, context: ProposalContext) -> list[Draft]:
-        drafts = []
-        for index, backlog, budget in zip(self.rows, self.backlog, context.budgets, strict=True):
-            index.extend(backlog)
-            backlog.clear()
-            drafts.append(Draft.chain(index.continuation(budget) if budget else []))
-        return drafts
+        return [
+            Draft.chain(index.continuation(budget) if budget else [])
+            for index, budget in zip(self.rows, context.budgets, strict=True)
+        ]
 
     def accepted(self, emitted: list[list[int]]) -> None:
-        for backlog, tokens in zip(self.backlog, emitted, strict=True):
-            backlog.extend(tokens)
+        # Indexed as tokens arrive (a run of plain steps reports its tokens at once), not at the next
+        # proposal: a probe after a long run would carry the run's indexing and look dearer than it is.
+        for index, tokens in zip(self.rows, emitted, strict=True):
+            index.extend(tokens)
 
     def keep_rows(self, rows: list[int]) -> None:
         self.rows = [self.rows[r] for r in rows]
-        self.backlog = [self.backlog[r] for r in rows]
 
     def stats(self) -> dict[str, float]:
         return {}

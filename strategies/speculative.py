@@ -279,13 +279,15 @@ class SpeculativeStrategy:
         started: set[str],
     ) -> None:
         """Tell the proposers what each row emitted and which rows go on, then the controller what the
-        step(s) cost: telling the proposers is part of the (last) step's cost; dropping finished rows
-        is not, every option pays it."""
+        step(s) cost: telling the proposers is part of it, shared by the steps told about; dropping
+        finished rows is not, every option pays it."""
         told = time.perf_counter()
         for name, d in self._started(live, started):
             if not self._call(stats, name, d.proposer.accepted, emitted):
                 live.pop(name)
-        records[-1].wall_s += time.perf_counter() - told
+        share = (time.perf_counter() - told) / len(records)
+        for record in records:
+            record.wall_s += share
         batch_size = len(batch.active)
         if len(still) < batch_size:
             batch.keep(still)
