@@ -199,18 +199,26 @@ def test_chain_depth_moves_toward_the_best_one_token_at_a_time():
     assert c.depth[LOOKUP] == 1
 
 
-def test_tree_budget_follows_accepted_tokens_per_node():
+def test_tree_budget_follows_what_a_node_yields_against_what_it_costs():
     c = _controller(resize_rows=2, min_tree_nodes=4)
     c.limits[LOOKUP], c.nodes[LOOKUP] = (8, 16), 16
-    c.observe(StepRecord(LOOKUP, 2, 0.01, [16, 16], [1, 2]))  # 3 of 32 nodes: under 0.1 per node
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    # A 16-node step costs 2.6 plain steps: 0.1 a node. 3 of 32 nodes accepted: under that, halve.
+    c.observe(StepRecord(LOOKUP, 2, 0.026, [16, 16], [1, 2]))
     assert c.nodes[LOOKUP] == 8
-    c.observe(StepRecord(LOOKUP, 2, 0.01, [8, 8], [1, 0]))
+    c.row_time.clear()  # costs measured afresh below
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    c.observe(StepRecord(LOOKUP, 2, 0.012, [8, 8], [0, 0]))  # 0.025 a node, nothing accepted: halve
     assert c.nodes[LOOKUP] == 4
-    c.observe(StepRecord(LOOKUP, 2, 0.01, [4, 4], [0, 0]))
+    c.observe(StepRecord(LOOKUP, 2, 0.012, [4, 4], [0, 0]))
     assert c.nodes[LOOKUP] == 4  # never under min_tree_nodes
-    c.observe(StepRecord(LOOKUP, 2, 0.01, [4, 4], [2, 1]))  # 3 of 8: spend more
+    c.row_time.clear()
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    c.observe(StepRecord(LOOKUP, 2, 0.011, [4, 4], [1, 0]))  # 1 of 8 (0.125) against 0.025: grow
     assert c.nodes[LOOKUP] == 8
-    c.observe(StepRecord(LOOKUP, 2, 0.01, [8, 8], [1, 1]))  # 2 of 16: keep
+    c.row_time.clear()
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    c.observe(StepRecord(LOOKUP, 2, 0.018, [8, 8], [1, 1]))  # 0.125 against 0.1 a node: keep
     assert c.nodes[LOOKUP] == 8
 
 

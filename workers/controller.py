@@ -28,8 +28,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   `row_cooldown` steps, when the batch has other rows;
 - sizes drafts: chains move one token at a time toward the length with the most tokens per step
   cost, E(k) / (1 + c·k), from the measured acceptance α and the measured cost c of a draft
-  token; trees double their node budget (up to the strategy's) while many drafted nodes are
-  accepted and halve it while few are.
+  token; trees double their node budget (up to the strategy's) while a node
+  yields at least twice what it costs (accepted tokens per node against the measured cost of a
+  node, both in plain steps) and halve it while it yields less than it costs.
 
 Every switch is an event (scope, from, to, reason, estimates) that the worker logs. It lives as
 long as its actor, so what it learned carries over from batch to batch.
@@ -328,15 +329,18 @@ class AdaptiveController:
         _, drafted, accepted, rejections = tally
         self.resize_tally[name] = [0, 0, 0, 0]
         max_depth, max_nodes = self.limits[name]
-        if max_nodes > max_depth:  # a tree: spend nodes where they are accepted
-            rate = accepted / drafted
-            if rate >= 0.3:
-                self.nodes[name] = min(max_nodes, self.nodes[name] * 2)
-            elif rate < 0.1:
-                self.nodes[name] = max(min(self.settings.min_tree_nodes, max_nodes), self.nodes[name] // 2)
+        ratio = self.cost_ratio(name, bucket(record.batch_size))
+        if max_nodes > max_depth:  # a tree: double or halve on what a node yields against what it costs
+            nodes = self.nodes[name]
+            node_cost = max(0.0, (ratio - 1) / nodes) if ratio is not None else 0.0  # in plain steps
+            yield_per_node = accepted / drafted  # accepted tokens, each a plain step saved
+            # The nodes a change adds or drops are the tree's least likely: twice the cost to grow.
+            if yield_per_node >= 2 * node_cost:
+                self.nodes[name] = min(max_nodes, nodes * 2)
+            elif yield_per_node < node_cost:
+                self.nodes[name] = max(min(self.settings.min_tree_nodes, max_nodes), nodes // 2)
             return
         # A chain: one step toward the depth with the most tokens per unit of step cost.
-        ratio = self.cost_ratio(name, bucket(record.batch_size))
         depth = self.depth[name]
         cost_per_token = max(0.0, (ratio - 1) / depth) if ratio is not None else 0.0
         best = best_chain_depth(accepted / (accepted + rejections), cost_per_token, max_depth)
