@@ -9,9 +9,9 @@ same finish checks as autoregressive decoding, one at a time, so EOS, stop strin
 
 With a controller (`control.Controller`), each step may use any of several drafters or none, and
 rows whose drafts keep failing step plainly. Steps without drafts are the autoregressive strategy's
-own (`plain.decode_plainly`), run for as many steps as the controller's plan allows. Faults are fallbacks:
-a proposer that raises is off for the rest of the batch; a verify forward that raises (a CUDA
-out-of-memory error, say) leaves every row's cache as it was, and the step is redone plainly.
+own (`plain.decode_plainly`), run for as many steps as the controller's plan allows. Faults are
+fallbacks: a proposer that raises is off for the rest of the batch; a verify forward that raises (a
+CUDA out-of-memory error, say) leaves every row's cache as it was, and the step is redone plainly.
 """
 
 from __future__ import annotations

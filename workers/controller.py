@@ -28,9 +28,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   `row_cooldown` steps, when the batch has other rows;
 - sizes drafts: chains move one token at a time toward the length with the most tokens per step
   cost, E(k) / (1 + c·k), from the measured acceptance α and the measured cost c of a draft
-  token; trees double their node budget (up to the strategy's) while a node
-  yields at least twice what it costs (accepted tokens per node against the measured cost of a
-  node, both in plain steps) and halve it while it yields less than it costs.
+  token; trees double their node budget (up to the strategy's) while a node yields at least twice
+  what it costs (accepted tokens per node against the measured cost of a node, both in plain
+  steps) and halve it while it yields less than it costs.
 
 Every switch is an event (scope, from, to, reason, estimates) that the worker logs. It lives as
 long as its actor, so what it learned carries over from batch to batch.
