@@ -109,6 +109,21 @@ def _bump(counts: list[int], index: int) -> None:
     counts[index] += 1
 
 
+@dataclass
+class _Decoding:
+    """One batch in the speculative loop: its rows, its metrics and its drafters' state."""
+
+    batch: Batch
+    emitted_by: list[dict[str, int]]  # per request: tokens emitted under each option
+    live: dict[str, Drafter]  # drafters not failed in this batch
+    started: set[str] = field(default_factory=set)  # drafters started in this batch
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    def running(self) -> list[Drafter]:
+        """The live drafters that have started, as a list: a failing callback removes its drafter."""
+        return [d for name, d in self.live.items() if name in self.started]
+
+
 class SpeculativeStrategy:
     """Speculative decoding with one drafter (a fixed strategy) or several under a controller (`auto`)."""
 
@@ -121,41 +136,31 @@ class SpeculativeStrategy:
         self.controller = controller
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
-        runner = self.runner
         if any(d.relaxed for d in self.drafters.values()) and not params.sampling.greedy:
             raise ValueError(f"{self.name} relaxes greedy verification: use it with temperature 0")
-        batch = start_batch(runner, requests, params)
-        emitted_by = [dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests]
-        stats = SpecStats()
-        # Drafters not failed in this batch. A drafter starts (prefills, indexes) when first planned,
-        # so one the controller keeps off costs nothing; one that learns from every batch starts at
-        # once while the controller thinks it may pay, so that it keeps learning while off.
-        live: dict[str, Drafter] = dict(self.drafters)
-        started: set[str] = set()
-
-        def start(drafter: Drafter) -> bool:
-            """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
-            started.add(drafter.name)
-            contexts = [requests[i].prompt + batch.outputs[i] for i in batch.active]
-            if self._call(stats, drafter.name, drafter.proposer.start, contexts, batch.keys, params):
-                return True
-            live.pop(drafter.name)
-            return False
-
+        run = _Decoding(
+            batch=start_batch(self.runner, requests, params),
+            emitted_by=[dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests],
+            live=dict(self.drafters),
+        )
+        batch = run.batch
         if batch.active:
             if self.controller is not None:
-                limits = {name: (d.max_depth, d.max_nodes) for name, d in live.items()}
+                limits = {name: (d.max_depth, d.max_nodes) for name, d in run.live.items()}
                 self.controller.start_batch(limits, len(batch.active))
-            for name, d in list(live.items()):
+            # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
+            # costs nothing; one that learns from every batch starts at once while the controller
+            # thinks it may pay, so that it keeps learning while off.
+            for name, d in list(run.live.items()):
                 if d.learns and (self.controller is None or self.controller.worth_learning(name, len(batch.active))):
-                    start(d)
+                    self._start(run, d)
         while batch.active:
-            plan = self._plan(live, len(batch.active))
-            drafter = live.get(plan.drafter)
-            if drafter is not None and drafter.name not in started and not start(drafter):
+            plan = self._plan(run.live, len(batch.active))
+            drafter = run.live.get(plan.drafter)
+            if drafter is not None and drafter.name not in run.started and not self._start(run, drafter):
                 drafter = None
             if drafter is None:
-                self._plain(batch, plan.steps, None, 0.0, stats, emitted_by, live, started)
+                self._plain(run, plan.steps)
                 continue
             began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
             context = ProposalContext(
@@ -167,68 +172,50 @@ class SpeculativeStrategy:
                 max_nodes=plan.nodes,
             )
             if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
-                self._plain(batch, 1, None, 0.0, stats, emitted_by, live, started)
+                self._plain(run, 1)
                 continue
-            drafts = self._drafts(drafter, context, stats, live)
+            drafts = self._drafts(run, drafter, context)
             if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
-                self._plain(batch, 1, drafter.name, time.perf_counter() - began, stats, emitted_by, live, started)
+                self._plain(run, 1, billed_to=drafter.name, overhead_s=time.perf_counter() - began)
                 continue
-            verdicts = self._speculate(batch, drafter, drafts, context, stats, live)
+            verdicts = self._speculate(run, drafter, drafts, context)
             if verdicts is None:  # the verify forward raised; the cache is as before the step
-                self._plain(batch, 1, None, 0.0, stats, emitted_by, live, started)
+                self._plain(run, 1)
                 continue
-            stats.target_forwards += 1
-            stats.steps_by_drafter[drafter.name] = stats.steps_by_drafter.get(drafter.name, 0) + 1
-            still = []
-            for row, (i, draft, verdict) in enumerate(zip(batch.active, drafts, verdicts, strict=True)):
-                stats.record(draft, verdict)
-                for token in verdict.tokens:
-                    emitted_by[i][drafter.name] += 1
-                    if batch.emit(i, token, runner.max_context):
-                        break
-                if batch.reasons[i] is None:
-                    still.append(row)
-            record = StepRecord(
-                drafter.name,
-                len(batch.active),
-                time.perf_counter() - began,
-                [len(d) for d in drafts],
-                [len(v.path) for v in verdicts],
-            )
-            self._after_step(batch, [v.tokens for v in verdicts], still, [record], stats, live, started)
+            self._drafted(run, drafter.name, drafts, verdicts, began)
         rows = [
             RowOutput(tokens=o, finish_reason=r, strategy=self._row_strategy(counts))
-            for o, r, counts in zip(batch.outputs, batch.reasons, emitted_by, strict=True)
+            for o, r, counts in zip(batch.outputs, batch.reasons, run.emitted_by, strict=True)
         ]
         extra: dict = {}
-        for _, d in self._started(live, started):
+        for d in run.running():
             extra.update(d.proposer.stats())
-        return BatchOutput(
-            rows=rows, strategy=self.name, target_forwards=stats.target_forwards, stats={**stats.as_dict(), **extra}
-        )
+        stats = {**run.stats.as_dict(), **extra}
+        return BatchOutput(rows=rows, strategy=self.name, target_forwards=run.stats.target_forwards, stats=stats)
+
+    def _start(self, run: _Decoding, drafter: Drafter) -> bool:
+        """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
+        run.started.add(drafter.name)
+        batch = run.batch
+        contexts = [batch.requests[i].prompt + batch.outputs[i] for i in batch.active]
+        return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.keys, batch.params)
 
     def _speculate(
-        self,
-        batch: Batch,
-        drafter: Drafter,
-        drafts: list[Draft],
-        context: ProposalContext,
-        stats: SpecStats,
-        live: dict[str, Drafter],
+        self, run: _Decoding, drafter: Drafter, drafts: list[Draft], context: ProposalContext
     ) -> list[Verdict] | None:
         """Verify the drafts in one target forward and roll the rejected slots back; None when the
         verify forward raised (a CUDA out-of-memory error, say): the drafter is off for the batch."""
-        kv = batch.kv
+        kv = run.batch.kv
         first_slot = kv.num_slots
-        pending = [batch.outputs[i][-1] for i in batch.active]
+        pending = [run.batch.outputs[i][-1] for i in run.batch.active]
         try:
             logits = self._verify(kv, pending, drafts)
-            verdicts = self._accept(logits, drafts, context, batch.keys, batch.params, drafter)
+            verdicts = self._accept(logits, drafts, context, run.batch.keys, run.batch.params, drafter)
         except Exception as exc:  # runner.forward left the cache as it was
-            stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
+            run.stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
             if self.controller is not None:
                 self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
-            live.pop(drafter.name, None)
+            run.live.pop(drafter.name, None)
             _free_device_memory(self.runner.device)
             return None
         keep = torch.zeros_like(kv.valid)  # slots off each row's accepted path leave the cache
@@ -239,71 +226,69 @@ class SpeculativeStrategy:
             kv.compact()
         return verdicts
 
+    def _drafted(
+        self, run: _Decoding, drafter: str, drafts: list[Draft], verdicts: list[Verdict], began: float
+    ) -> None:
+        """Emit a drafted step's tokens through the finish checks, one at a time, and report the step."""
+        batch, stats = run.batch, run.stats
+        stats.target_forwards += 1
+        stats.steps_by_drafter[drafter] = stats.steps_by_drafter.get(drafter, 0) + 1
+        still = []
+        for row, (i, draft, verdict) in enumerate(zip(batch.active, drafts, verdicts, strict=True)):
+            stats.record(draft, verdict)
+            for token in verdict.tokens:
+                run.emitted_by[i][drafter] += 1
+                if batch.emit(i, token, self.runner.max_context):
+                    break
+            if batch.reasons[i] is None:
+                still.append(row)
+        drafted, accepted = [len(d) for d in drafts], [len(v.path) for v in verdicts]
+        record = StepRecord(drafter, len(batch.active), time.perf_counter() - began, drafted, accepted)
+        self._after_step(run, [v.tokens for v in verdicts], still, [record])
+
     def _plain(
-        self,
-        batch: Batch,
-        max_steps: int | None,
-        billed_to: str | None,
-        overhead_s: float,
-        stats: SpecStats,
-        emitted_by: list[dict[str, int]],
-        live: dict[str, Drafter],
-        started: set[str],
+        self, run: _Decoding, max_steps: int | None, billed_to: str | None = None, overhead_s: float = 0.0
     ) -> None:
         """Plain steps, the autoregressive strategy's own (`plain.decode_plainly`). The controller sees
         each as a plain step, or, after a drafter that found nothing to draft (`billed_to`), as that
         drafter's step, its drafting time (`overhead_s`) included: steps where it finds nothing are
         part of what the drafter is worth."""
-        active = batch.active
-        run = decode_plainly(self.runner, batch, max_steps)
-        stats.target_forwards += run.steps
-        stats.steps_by_drafter[AUTOREGRESSIVE] = stats.steps_by_drafter.get(AUTOREGRESSIVE, 0) + run.steps
-        stats.record_plain(sum(run.rows))
-        for i, tokens in zip(active, run.emitted, strict=True):
-            emitted_by[i][AUTOREGRESSIVE] += len(tokens)
+        active = run.batch.active
+        steps = decode_plainly(self.runner, run.batch, max_steps)
+        run.stats.target_forwards += steps.steps
+        run.stats.steps_by_drafter[AUTOREGRESSIVE] = run.stats.steps_by_drafter.get(AUTOREGRESSIVE, 0) + steps.steps
+        run.stats.record_plain(sum(steps.rows))
+        for i, tokens in zip(active, steps.emitted, strict=True):
+            run.emitted_by[i][AUTOREGRESSIVE] += len(tokens)
         records = [
-            StepRecord(AUTOREGRESSIVE, n, s, [0] * n, [0] * n) for n, s in zip(run.rows, run.seconds, strict=True)
+            StepRecord(AUTOREGRESSIVE, n, s, [0] * n, [0] * n) for n, s in zip(steps.rows, steps.seconds, strict=True)
         ]
         if billed_to is not None:
             records[0].drafter, records[0].wall_s = billed_to, records[0].wall_s + overhead_s
-        self._after_step(batch, run.emitted, run.still, records, stats, live, started)
+        self._after_step(run, steps.emitted, steps.still, records)
 
     def _after_step(
-        self,
-        batch: Batch,
-        emitted: list[list[int]],
-        still: list[int],
-        records: list[StepRecord],
-        stats: SpecStats,
-        live: dict[str, Drafter],
-        started: set[str],
+        self, run: _Decoding, emitted: list[list[int]], still: list[int], records: list[StepRecord]
     ) -> None:
         """Tell the proposers what each row emitted and which rows go on, then the controller what the
         step(s) cost: telling the proposers is part of it, shared by the steps told about; dropping
         finished rows is not, every option pays it."""
         told = time.perf_counter()
-        for name, d in self._started(live, started):
-            if not self._call(stats, name, d.proposer.accepted, emitted):
-                live.pop(name)
+        for d in run.running():
+            self._call(run, d.name, d.proposer.accepted, emitted)
         share = (time.perf_counter() - told) / len(records)
         for record in records:
             record.wall_s += share
-        batch_size = len(batch.active)
+        batch_size = len(run.batch.active)
         if len(still) < batch_size:
-            batch.keep(still)
-            for name, d in self._started(live, started):
-                if not self._call(stats, name, d.proposer.keep_rows, still):
-                    live.pop(name)
+            run.batch.keep(still)
+            for d in run.running():
+                self._call(run, d.name, d.proposer.keep_rows, still)
         if self.controller is not None:
             for record in records:
                 self.controller.observe(record)
             if len(still) < batch_size:
                 self.controller.keep_rows(still)
-
-    @staticmethod
-    def _started(live: dict[str, Drafter], started: set[str]) -> list[tuple[str, Drafter]]:
-        """The live drafters that have started, as a list: a failing callback removes its drafter."""
-        return [(name, d) for name, d in live.items() if name in started]
 
     def _row_strategy(self, counts: dict[str, int]) -> str:
         """What decoded the row: the strategy itself when fixed; under a controller, whichever emitted most."""
@@ -319,13 +304,14 @@ class SpeculativeStrategy:
         d = next(iter(live.values()))
         return Plan(d.name, d.max_depth, d.max_nodes)
 
-    def _call(self, stats: SpecStats, name: str, fn: Callable[..., object], *args: object) -> bool:
+    def _call(self, run: _Decoding, name: str, fn: Callable[..., object], *args: object) -> bool:
         """Run a proposer callback; on an exception the drafter is off for the batch (a fallback, logged)."""
         try:
             fn(*args)
             return True
         except Exception as exc:
-            stats.faults.append(f"proposer {name}: {type(exc).__name__}: {exc}")
+            run.stats.faults.append(f"proposer {name}: {type(exc).__name__}: {exc}")
+            run.live.pop(name, None)
             if self.controller is not None:
                 self.controller.drafter_failed(name, f"proposer raised {type(exc).__name__}")
             return False
@@ -335,22 +321,19 @@ class SpeculativeStrategy:
         room = min(params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
         return max(0, min(depth, room))
 
-    def _drafts(
-        self, drafter: Drafter, context: ProposalContext, stats: SpecStats, live: dict[str, Drafter]
-    ) -> list[Draft]:
+    def _drafts(self, run: _Decoding, drafter: Drafter, context: ProposalContext) -> list[Draft]:
         """The drafter's drafts, each checked; empty drafts when it failed."""
         empty = [Draft.empty() for _ in context.budgets]
         drafts: list[Draft] = []
-        if not self._call(stats, drafter.name, lambda: drafts.extend(drafter.proposer.propose(context))):
-            live.pop(drafter.name, None)
+        if not self._call(run, drafter.name, lambda: drafts.extend(drafter.proposer.propose(context))):
             return empty
         if len(drafts) != len(context.budgets):
-            stats.faults.append(f"proposer {drafter.name}: {len(drafts)} drafts for {len(context.budgets)} rows")
+            run.stats.faults.append(f"proposer {drafter.name}: {len(drafts)} drafts for {len(context.budgets)} rows")
             return empty
         checked = []
         for draft, budget in zip(drafts, context.budgets, strict=True):
             if draft_problem(draft, self.runner.vocab_size, context.max_nodes, budget) is not None:
-                stats.fallbacks += 1
+                run.stats.fallbacks += 1
                 draft = Draft.empty()
             checked.append(draft)
         return checked
