@@ -31,12 +31,13 @@ class Batch:
     reasons: list[str | None]  # per request: why it finished, None while it goes on
     active: list[int]  # batch row -> request index, unfinished rows only
     keys: torch.Tensor  # [len(active)] the active rows' sampling keys
+    max_context: int  # the model's: a row ends when its next token would not fit
 
-    def emit(self, request: int, token: int, max_context: int) -> bool:
+    def emit(self, request: int, token: int) -> bool:
         """Append `token` to a row's output; True when the row has finished with it."""
         output = self.outputs[request]
         output.append(token)
-        self.reasons[request] = finish_reason(self.requests[request], output, self.params, max_context)
+        self.reasons[request] = finish_reason(self.requests[request], output, self.params, self.max_context)
         return self.reasons[request] is not None
 
     def keep(self, still: list[int]) -> None:
@@ -56,10 +57,8 @@ def start_batch(runner: ModelRunner, requests: list[RowRequest], params: Generat
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
     first = choose_tokens(logits, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     n = len(requests)
-    batch = Batch(
-        requests, params, kv, outputs=[[] for _ in range(n)], reasons=[None] * n, active=list(range(n)), keys=keys
-    )
-    batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token, runner.max_context)])
+    batch = Batch(requests, params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context)
+    batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token)])
     return batch
 
 
@@ -95,7 +94,7 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
         finished = False
         for row, (i, token) in enumerate(zip(active, pending.tolist(), strict=True)):
             run.emitted[row].append(token)
-            finished |= batch.emit(i, token, runner.max_context)
+            finished |= batch.emit(i, token)
         run.rows.append(len(active))
         run.seconds.append(time.perf_counter() - began)
         if finished:

@@ -238,7 +238,7 @@ class SpeculativeStrategy:
             stats.record(draft, verdict)
             for token in verdict.tokens:
                 run.emitted_by[i][drafter] += 1
-                if batch.emit(i, token, self.runner.max_context):
+                if batch.emit(i, token):
                     break
             if batch.reasons[i] is None:
                 still.append(row)

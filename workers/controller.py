@@ -274,8 +274,8 @@ class AdaptiveController:
         """Plain steps are measured at every bucket; a drafter until it has a few measurements anywhere
         (a new bucket borrows its cost from the nearest measured one, `cost_ratio`)."""
         if option == AUTOREGRESSIVE:
-            ema = self.row_time.get((option, b))
-            return ema is None or ema.count < self.settings.explore_steps
+            times = self.row_time.get((option, b))
+            return times is None or times.count < self.settings.explore_steps
         steps, rows = self.measured.get(option, (0, 0))
         enough = steps >= self.settings.explore_steps and rows >= self.settings.explore_rows
         return not enough or self.speedup(option, b) is None
@@ -330,9 +330,9 @@ class AdaptiveController:
         self.resize_tally[name] = [0, 0, 0, 0]
         max_depth, max_nodes = self.limits[name]
         ratio = self.cost_ratio(name, bucket(record.batch_size))
+        nodes = self.nodes[name]  # a chain's nodes are its depth
+        node_cost = max(0.0, (ratio - 1) / nodes) if ratio is not None else 0.0  # in plain steps
         if max_nodes > max_depth:  # a tree: double or halve on what a node yields against what it costs
-            nodes = self.nodes[name]
-            node_cost = max(0.0, (ratio - 1) / nodes) if ratio is not None else 0.0  # in plain steps
             yield_per_node = accepted / drafted  # accepted tokens, each a plain step saved
             # The nodes a change adds or drops are the tree's least likely: twice the cost to grow.
             if yield_per_node >= 2 * node_cost:
@@ -342,8 +342,7 @@ class AdaptiveController:
             return
         # A chain: one step toward the depth with the most tokens per unit of step cost.
         depth = self.depth[name]
-        cost_per_token = max(0.0, (ratio - 1) / depth) if ratio is not None else 0.0
-        best = best_chain_depth(accepted / (accepted + rejections), cost_per_token, max_depth)
+        best = best_chain_depth(accepted / (accepted + rejections), node_cost, max_depth)
         self.depth[name] = depth + (best > depth) - (best < depth)
         self.nodes[name] = self.depth[name]
 
