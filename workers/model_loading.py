@@ -76,7 +76,20 @@ def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None) 
         ]
         return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
     path = resolve_model_dir(url)
-    files = sorted(p for p in path.iterdir() if p.is_file())
+    return _files_sha256(sorted(p for p in path.iterdir() if p.is_file()))
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """sha256 over a local model folder's `*.safetensors` files (names and contents): the weights'
+    identity wherever the folder was copied, which heads record as the target they were trained for."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model folder {model_dir} holds no *.safetensors weights")
+    return _files_sha256(files)
+
+
+def _files_sha256(files: list[Path]) -> str:
+    """sha256 over `files` (names and contents), cached per (path, size, mtime) across runs."""
     stamp = json.dumps([(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files])
     cache = _read_hash_cache()
     if stamp in cache:
