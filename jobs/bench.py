@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jobs.cli import SAMPLE_PROMPTS, SHIPPED_DRAFT, SHIPPED_TARGET, print_keys, split_args
+from jobs.cli import SAMPLE_PROMPTS, SHIPPED_DRAFT, SHIPPED_HEADS, SHIPPED_TARGET, print_keys, split_args
 from pipeline.config import load_config, option
 from pipeline.errors import JobError
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
 from strategies.options import StrategyOptions
-from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
-from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
+from workers.model_loading import load_models, resolve_dtype
 from workers.rows import repetition_rate
 from workers.storage import filesystem
 
@@ -47,6 +46,7 @@ class BenchConfig:
     num_prompts: int = option(16, "Prompts decoded per contender and batch size (cycled to fill a batch).")
     model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
     draft: str = option(str(SHIPPED_DRAFT), "Draft model for speculative strategies and assisted generation.")
+    heads: str = option(str(SHIPPED_HEADS), "Draft heads of the target for medusa and blockwise.")
     dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
     strategies: list[str] = option(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
     transformers: list[str] = option(
@@ -80,7 +80,25 @@ class Run:
 
     wall_s: float
     tokens: list[list[int]]
-    row_steps: float = 0.0  # (row, target forward) pairs, ours only: the denominator of tau
+    stats: list[dict] = field(default_factory=list)  # ours only: each batch's speculation metrics
+
+    def tau(self) -> float | None:
+        """Tokens per verify step over the pass (`strategies.metrics`); None without verify steps."""
+        steps = sum(sum(s.get("verify_steps", {}).values()) for s in self.stats)
+        emitted = sum(sum(s.get("verify_emitted", {}).values()) for s in self.stats)
+        return emitted / steps if steps else None
+
+    def acceptance_by_position(self) -> list[float]:
+        """Per draft depth d+1 (per head, for heads): verify steps accepting it over those reaching it."""
+        reached: list[int] = []
+        accepted: list[int] = []
+        for s in self.stats:
+            for counts, add in ((reached, s.get("reached_depth", [])), (accepted, s.get("accepted_at", []))):
+                counts.extend([0] * (len(add) - len(counts)))
+                for d, n in enumerate(add):
+                    counts[d] += n
+        accepted.extend([0] * (len(reached) - len(accepted)))
+        return [round(a / r, 3) for a, r in zip(accepted, reached, strict=True) if r]
 
 
 class Bench:
@@ -90,13 +108,22 @@ class Bench:
             torch.set_num_threads(config.torch_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = resolve_dtype(config.dtype, self.device)
-        self.model, self.tokenizer = load_model(resolve_model_dir(config.model), dtype, self.device)
-        self.runner = ModelRunner(self.model)
-        needs_draft = (
-            set(config.strategies) & (registry.NEEDS_DRAFT | {registry.AUTO}) or "assisted" in config.transformers
+        uses = set(config.strategies)
+        needs_draft = uses & (registry.NEEDS_DRAFT | {registry.AUTO}) or "assisted" in config.transformers
+        needs_heads = uses & (registry.NEEDS_HEADS | {registry.AUTO}) and config.heads
+        loaded = load_models(
+            config.model,
+            dtype,
+            self.device,
+            draft_url=config.draft if needs_draft else None,
+            heads_url=config.heads if needs_heads else None,
         )
-        self.draft_model = load_model(resolve_model_dir(config.draft), dtype, self.device)[0] if needs_draft else None
-        self.draft_runner = ModelRunner(self.draft_model) if self.draft_model is not None else None
+        self.model, self.tokenizer, self.draft_model, self.models = (
+            loaded.target,
+            loaded.tokenizer,
+            loaded.draft,
+            loaded.models,
+        )
         texts = read_prompts(config.prompts, config.prompt_column)
         if not texts:
             raise JobError(f"bench prompts {config.prompts} hold no prompts in {config.prompt_column!r}")
@@ -132,14 +159,13 @@ class Bench:
         return Run(time.perf_counter() - started, tokens)
 
     def ours(self, strategy, batches: list[list[list[int]]]) -> Run:
-        tokens, row_steps = [], 0.0
+        tokens, stats = [], []
         started = time.perf_counter()
         for batch in batches:
             out = strategy.generate([RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)], self.params)
             tokens.extend(r.tokens for r in out.rows)
-            tau = out.stats.get("mean_accepted_length")
-            row_steps += len(batch) * self.config.max_new_tokens / tau if tau else 0.0
-        return Run(time.perf_counter() - started, tokens, row_steps)
+            stats.append(out.stats)
+        return Run(time.perf_counter() - started, tokens, stats)
 
     def _fresh(self, options: StrategyOptions, batch_size: int):
         """A new strategy instance per timed pass: a Lookahead trie warmed by an earlier pass over the
@@ -148,7 +174,7 @@ class Bench:
         controller = None
         if options.name == registry.AUTO or options.adaptive:
             controller = self.controllers.setdefault((options.name, batch_size), AdaptiveController())
-        return registry.create(options, self.runner, self.draft_runner, controller)
+        return registry.create(options, self.models, controller)
 
     def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
         config = self.config
@@ -207,9 +233,8 @@ class Bench:
                 "x_generate": ratio(HF_GENERATE, name),
                 "x_autoregressive": ratio("autoregressive", name),
                 # Per pass, then the median, as the times: under `auto` a pass's τ depends on its choices.
-                "mean_accepted_length": (
-                    round(statistics.median(total / r.row_steps for r in rs), 3) if last.row_steps else None
-                ),
+                "tau": _median_or_none([r.tau() for r in rs]),
+                "acceptance_by_position": last.acceptance_by_position(),
                 "rows_equal_to_generate": (
                     sum(a == b for a, b in zip(last.tokens, reference, strict=True)) / len(reference)
                     if reference
@@ -219,6 +244,11 @@ class Bench:
             }
             rows.append(row)
         return rows
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 3) if known else None
 
 
 def paired_speedup(reference: list[float], contender: list[float]) -> float:
@@ -233,7 +263,7 @@ def paired_speedup(reference: list[float], contender: list[float]) -> float:
 def print_header() -> None:
     print(
         f"{'batch':>5}  {'contender':<28} {'wall_s':>8} {'tokens/s':>9} {'x gen':>6} {'x AR':>6} "
-        f"{'tau':>5} {'same':>5} {'rep':>5}",
+        f"{'tau':>5} {'same':>5} {'rep':>5}  acceptance by position",
         flush=True,
     )
 
@@ -246,16 +276,17 @@ def print_rows(rows: list[dict]) -> None:
         print(
             f"{r['batch_size']:>5}  {r['contender']:<28} {r['median_wall_s']:>8.3f} {r['tokens_per_s']:>9.1f} "
             f"{fmt(r['x_generate'], '.2f'):>6} {fmt(r['x_autoregressive'], '.2f'):>6} "
-            f"{fmt(r['mean_accepted_length'], '.2f'):>5} {fmt(r['rows_equal_to_generate'], '.0%'):>5} "
-            f"{r['repetition_rate']:>5.2f}",
+            f"{fmt(r['tau'], '.2f'):>5} {fmt(r['rows_equal_to_generate'], '.0%'):>5} "
+            f"{r['repetition_rate']:>5.2f}  {' '.join(f'{a:.2f}' for a in r.get('acceptance_by_position') or [])}",
             flush=True,
         )
 
 
 def print_legend() -> None:
     print("x gen / x AR: speed-up over transformers.generate / our autoregressive (median of per-round ratios);")
-    print("tau: tokens per target forward per row; same: rows identical to generate's greedy output;")
-    print("rep: share of repeated 4-grams per completion")
+    print("tau: tokens per verify step (accepted draft tokens + the target's own), plain steps left out;")
+    print("same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion;")
+    print("acceptance by position: share of verify steps reaching draft depth d+1 that accepted it (per head)")
 
 
 def main(args: list[str]) -> int:

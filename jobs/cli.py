@@ -19,6 +19,7 @@ from pipeline.errors import JobError
 ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED_TARGET = ASSETS / "models" / "target"
 SHIPPED_DRAFT = ASSETS / "models" / "draft"
+SHIPPED_HEADS = ASSETS / "models" / "heads"
 SAMPLE_PROMPTS = ASSETS / "prompts" / "sample.parquet"
 
 USAGE = """usage: accelgen <command> [args]
@@ -34,7 +35,8 @@ commands:
 def default_job_config() -> JobConfig:
     """The schema's defaults, with the shipped model family as the default model."""
     draft = str(SHIPPED_DRAFT) if (SHIPPED_DRAFT / "config.json").is_file() else None
-    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft))
+    heads = str(SHIPPED_HEADS) if (SHIPPED_HEADS / "heads.json").is_file() else None
+    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads))
 
 
 def print_keys(title: str, config: object) -> None:

@@ -56,6 +56,9 @@ class OutputConfig:
 class ModelConfig:
     target: str = option(MISSING, "Hugging Face causal LM: a local directory or an fsspec URL of one.")
     draft: str | None = option(None, "Draft model for speculative strategies (local directory or fsspec URL).")
+    heads: str | None = option(
+        None, "Draft heads trained on the target (`accelgen train heads`) for medusa and blockwise: folder or URL."
+    )
     dtype: str = option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
     trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
     cache_dir: str = option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")

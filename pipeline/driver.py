@@ -29,10 +29,15 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.shards import check_columns, check_ids, list_shards, plan_units
 from strategies import registry
-from strategies.lookahead import MODES
 from workers import faults
 from workers.generator import Generator, UnitInputError
-from workers.model_loading import model_weights_hash
+from workers.model_loading import (
+    HEADS_CONFIG,
+    check_heads_target,
+    is_local,
+    model_weights_hash,
+    resolve_model_dir,
+)
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
@@ -99,28 +104,14 @@ def validate(config: JobConfig) -> None:
         problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
     if config.model.dtype not in DTYPES:
         problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
-    if config.strategy.name not in registry.available():
-        problems.append(
-            f"strategy.name {config.strategy.name!r} is unknown; available: {', '.join(registry.available())}"
-        )
-    if config.strategy.name == registry.AUTO and not config.strategy.adaptive:
-        problems.append("strategy.name=auto chooses per step with the controller: keep strategy.adaptive=true")
-    unknown = sorted(set(config.strategy.candidates) - set(registry.drafting()))
-    if unknown:
-        problems.append(f"strategy.candidates {unknown} are unknown; available: {', '.join(registry.drafting())}")
+    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0))
+    for name in _strategies_named(config):
+        for model in sorted(registry.needs_models(name)):
+            if not getattr(config.model, model):
+                what = {"draft": "a draft model", "heads": "heads trained on the target"}[model]
+                problems.append(f"strategy.name={name} needs {what}: set model.{model}")
     if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
         problems.append("workers.max_batch_tokens and workers.unit_timeout_s must be > 0")
-    if config.strategy.name in registry.NEEDS_DRAFT and not config.model.draft:
-        problems.append(f"strategy.name={config.strategy.name} needs a draft model: set model.draft")
-    if config.strategy.num_speculative_tokens < 0 or config.strategy.specdec.top_beta < 1:
-        problems.append("strategy.num_speculative_tokens must be >= 0 and strategy.specdec.top_beta >= 1")
-    la, pl = config.strategy.lookahead, config.strategy.prompt_lookup
-    if la.mode not in MODES or min(la.decoding_length, la.branch_length, la.max_query_length, la.max_nodes) < 1:
-        problems.append(f"strategy.lookahead: mode must be one of {', '.join(MODES)}; lengths and max_nodes >= 1")
-    if not 1 <= pl.min_ngram <= pl.max_ngram:
-        problems.append("strategy.prompt_lookup: need 1 <= min_ngram <= max_ngram")
-    if config.strategy.name == "specdec" and g.temperature > 0:
-        problems.append("strategy.name=specdec relaxes greedy verification: use generation.temperature=0")
     if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:
         problems.append("workers.batch_size, workers.max_unit_attempts and input.rows_per_unit must be > 0")
     if w.num_cpus_per_actor <= 0 or w.num_gpus_per_actor < 0 or w.torch_threads < 0:
@@ -143,12 +134,20 @@ def run_job(config: JobConfig) -> JobOutcome:
         check_ids(shards, config.input.id_column, config.input.storage_options)
     units = plan_units(shards, config.input.rows_per_unit)
     hashes = {"target": _model_hash(config.model.target, "model.target")}
-    if _uses_draft(config):
-        hashes["draft"] = _model_hash(config.model.draft, "model.draft")
+    for model in _optional_models(config):
+        hashes[model] = _model_hash(getattr(config.model, model), f"model.{model}")
+    if "heads" in hashes:
+        _check_heads(config)
     ident = identity(config, shards, hashes)
     job_id = fingerprint(ident)
     output = OutputFolder(config.output.url, config.output.storage_options)
-    job_record = {"fingerprint": job_id, "identity": ident, "config": to_plain_dict(config), "versions": _versions()}
+    job_record = {
+        "fingerprint": job_id,
+        "identity": ident,
+        "config": to_plain_dict(config),
+        "versions": _versions(),
+        "lossy": _lossy(config),
+    }
     total_rows = sum(u.num_rows for u in units)
     if output.claim(job_id, job_record):
         print(f"job {job_id[:12]} already complete in {config.output.url}: nothing to do")
@@ -190,17 +189,43 @@ def run_job(config: JobConfig) -> JobOutcome:
     return JobOutcome("succeeded", summary)
 
 
-def _uses_draft(config: JobConfig) -> bool:
-    """The draft model is loaded (and part of the job's identity) only when a strategy may use it."""
-    may_draft = config.strategy.name in registry.NEEDS_DRAFT | {registry.AUTO} or config.input.strategy_column
-    return bool(config.model.draft and may_draft)
+def _strategies_named(config: JobConfig) -> list[str]:
+    """The strategy the job names; `auto` and a strategy column may use any."""
+    return [config.strategy.name] if config.strategy.name in registry.drafting() else []
+
+
+def _optional_models(config: JobConfig) -> list[str]:
+    """The optional models (`draft`, `heads`) set and possibly used: loaded, and part of the job's
+    identity, only then."""
+    may_use_any = config.strategy.name == registry.AUTO or config.input.strategy_column
+    wanted = {"draft", "heads"} if may_use_any else registry.needs_models(config.strategy.name)
+    return sorted(m for m in wanted if getattr(config.model, m))
+
+
+def _lossy(config: JobConfig) -> dict[str, str]:
+    """Strategies of the job that may emit other tokens than the target would, and why (the manifest
+    says so: empty means every row is the target's own output)."""
+    names = [config.strategy.name, *(config.strategy.candidates if config.strategy.name == registry.AUTO else [])]
+    reasons = {n: registry.lossy_reason(n, config.strategy) for n in names}
+    return {n: r for n, r in reasons.items() if r is not None}
 
 
 def _model_hash(url: str, key: str) -> str:
     try:
-        return model_weights_hash(url)
+        return model_weights_hash(url, marker=HEADS_CONFIG if key == "model.heads" else "config.json")
     except FileNotFoundError as exc:
         raise JobError(f"{key}: {exc}") from None
+
+
+def _check_heads(config: JobConfig) -> None:
+    """Heads trained for another target fail the job before anything is written (local folders; the
+    actors check remote ones as they load them)."""
+    heads, target = config.model.heads, config.model.target
+    if is_local(heads) and is_local(target):
+        try:
+            check_heads_target(resolve_model_dir(heads, marker=HEADS_CONFIG), resolve_model_dir(target), heads, target)
+        except (ValueError, FileNotFoundError) as exc:
+            raise JobError(str(exc)) from None
 
 
 def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
@@ -208,7 +233,8 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
     return WorkerSpec(
         job_id=job_id,
         model_target=config.model.target,
-        model_draft=config.model.draft if _uses_draft(config) else None,
+        model_draft=config.model.draft if "draft" in _optional_models(config) else None,
+        model_heads=config.model.heads if "heads" in _optional_models(config) else None,
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         cache_dir=config.model.cache_dir,

@@ -1,7 +1,7 @@
 """A job's identity: a hash of everything that decides its output rows, and nothing else.
 
 In: the input listing (names, sizes, modification stamps), the columns read, the model (path and
-weights hash, draft too), the dtype, and the generation and strategy settings. Out: credentials and
+weights hash; draft and heads too), the dtype, and the generation and strategy settings. Out: credentials and
 storage options, actor counts, batch sizes, the Ray address — changing those must resume a job,
 not start a different one.
 """
@@ -33,6 +33,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
         "model": {
             "target": config.model.target,
             "draft": config.model.draft if "draft" in model_hashes else None,
+            **({"heads": config.model.heads} if "heads" in model_hashes else {}),
             "dtype": config.model.dtype,
             "weights_sha256": model_hashes,
         },

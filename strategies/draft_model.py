@@ -12,22 +12,22 @@ import torch
 
 from strategies.base import GenerationParams
 from strategies.drafts import Draft
-from strategies.proposer import ProposalContext
+from strategies.proposer import ProposalContext, TargetStates
 from strategies.runner import ModelRunner
-from strategies.sampling import filtered_probs, keyed_uniform, sample_from
-
-STREAM_DRAFT = 3  # keyed uniforms of the draft's own sampling
-COMPACT_WASTE = 0.5
+from strategies.sampling import STREAM_DRAFT, filtered_probs, keyed_uniform, sample_from
 
 
 class DraftModelProposer:
     name = "draft_model"
+    wants_states = False
 
     def __init__(self, draft: ModelRunner, vocab_size: int) -> None:
         self.draft = draft
         self.vocab_size = vocab_size  # the target's: draft logits are cut or padded to it
 
-    def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
+    def start(
+        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
+    ) -> None:
         self.params = params
         self.keys = keys
         self.contexts = [list(c) for c in contexts]
@@ -92,7 +92,7 @@ class DraftModelProposer:
             logits = self._logits(out.logits[:, -1])
         return [Draft.chain(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
 
-    def accepted(self, emitted: list[list[int]]) -> None:
+    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         if not any(self.fed_slots):  # a step that did not draft: only the contexts grow
             for ctx, tokens in zip(self.contexts, emitted, strict=True):
                 ctx.extend(tokens)
@@ -107,8 +107,7 @@ class DraftModelProposer:
             self.contexts[row].extend(tokens)
         self.fed_slots = [[] for _ in emitted]
         self.kv.invalidate(drop)
-        if self.kv.waste() > COMPACT_WASTE:
-            self.kv.compact()
+        self.kv.compact_if_wasteful()
 
     def keep_rows(self, rows: list[int]) -> None:
         if not rows:

@@ -58,6 +58,11 @@ def draft_problem(draft: Draft, vocab_size: int, max_nodes: int, max_depth: int)
     return None
 
 
+def is_chain(draft: Draft) -> bool:
+    """True when every node's parent is the node before it."""
+    return all(p == i - 1 for i, p in enumerate(draft.parents))
+
+
 def tree_depths(parents: list[int]) -> list[int]:
     """Depth of each slot: 0 for the pending token, 1 for its children, … (length N + 1)."""
     depths = [0]

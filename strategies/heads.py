@@ -108,7 +108,7 @@ class DraftHeads(torch.nn.Module):
         expected = (self.config.vocab_size, self.config.hidden_size)
         if tuple(lm_head.shape) != expected:
             raise ValueError(f"the target's LM head is {tuple(lm_head.shape)}, the heads expect {expected}")
-        self.lm_head = lm_head
+        self.lm_head = lm_head.detach()  # a Parameter here would register as the heads' own and be saved
 
     def save(self, directory: Path) -> None:
         """Write `heads.json` and `heads.safetensors` (float32) to `directory`."""

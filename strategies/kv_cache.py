@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+COMPACT_WASTE = 0.5  # compact when more than this share of the slots is dead
+
 
 class SlotLayer(CacheLayerMixin):
     """One decoder layer's keys and values in growable storage `[B, H, capacity, D]`."""
@@ -137,6 +139,12 @@ class RaggedKV:
     def waste(self) -> float:
         """Share of slots that no row attends to."""
         return 1.0 - float(self.valid.float().mean()) if self.valid.numel() else 0.0
+
+    def compact_if_wasteful(self) -> None:
+        """Compact once dead slots pass `COMPACT_WASTE`: a compaction copies the whole cache, worth it
+        only when much of it is dead."""
+        if self.waste() > COMPACT_WASTE:
+            self.compact()
 
     def compact(self) -> None:
         """Move each row's valid slots to the left, in order, and drop the columns freed."""

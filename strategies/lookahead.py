@@ -23,7 +23,7 @@ import torch
 
 from strategies.base import GenerationParams
 from strategies.drafts import Draft
-from strategies.proposer import ProposalContext
+from strategies.proposer import ProposalContext, TargetStates
 
 MODES = ("hier", "one")
 
@@ -161,6 +161,7 @@ class LookaheadProposer:
     """Drafts trees from one `TokenTrie` per actor; it outlives batches, so it warms over a job."""
 
     name = "lookahead"
+    wants_states = False
 
     def __init__(
         self,
@@ -181,7 +182,9 @@ class LookaheadProposer:
         self.trie = TokenTrie(max_query_length + branch_length, max_nodes)
         self._next_row = itertools.count()
 
-    def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
+    def start(
+        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
+    ) -> None:
         self.rows = [next(self._next_row) for _ in contexts]
         self.contexts = [list(c) for c in contexts]
         # The batch's starting context counts as the row's prompt; outputs are counted from the
@@ -218,7 +221,7 @@ class LookaheadProposer:
                 return gather_tree(node, row, self.own_prompt_weight, nodes, depth, self.mode)
         return Draft.empty()
 
-    def accepted(self, emitted: list[list[int]]) -> None:
+    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         for ctx, tokens in zip(self.contexts, emitted, strict=True):
             ctx.extend(tokens)
 

@@ -43,6 +43,58 @@ class LookaheadOptions:
     )
 
 
+# Medusa's default tree: 16 nodes over 4 heads, most valuable paths first (README, "Draft heads").
+MEDUSA_TREE = [
+    [0],
+    [0, 0],
+    [1],
+    [0, 0, 0],
+    [0, 1],
+    [2],
+    [1, 0],
+    [0, 0, 0, 0],
+    [0, 0, 1],
+    [0, 2],
+    [3],
+    [2, 0],
+    [0, 1, 0],
+    [1, 1],
+    [0, 0, 0, 1],
+    [0, 0, 2],
+]
+MEDUSA_ACCEPTANCE = ("exact", "typical")
+
+
+@dataclass
+class MedusaOptions:
+    choices: list[list[int]] = field(
+        default_factory=lambda: [list(p) for p in MEDUSA_TREE],
+        metadata={
+            "help": "Tree of candidates: paths of ranks, [0, 1] = top-1 of head 0, then top-2 of head 1 below it; "
+            "most valuable first, each path after its prefix (a smaller node budget keeps the first ones)."
+        },
+    )
+    acceptance: str = field(
+        default="exact",
+        metadata={"help": f"One of {MEDUSA_ACCEPTANCE}. exact: lossless; typical: Medusa's typical rule (lossy)."},
+    )
+    typical_epsilon: float = field(
+        default=0.09, metadata={"help": "Typical acceptance ε: accept x when p(x) > min(ε, δ·exp(−H(p)))."}
+    )
+    typical_delta: float = field(default=0.3, metadata={"help": "Typical acceptance δ (about √ε in the paper)."})
+
+
+@dataclass
+class BlockwiseOptions:
+    top_k: int = field(
+        default=1,
+        metadata={
+            "help": "Accept a drafted token when it is among the target's top-k. 1: exact (lossless); "
+            ">1: lossy, greedy only."
+        },
+    )
+
+
 @dataclass
 class StrategyOptions:
     name: str = field(
@@ -62,3 +114,5 @@ class StrategyOptions:
     specdec: SpecDecOptions = field(default_factory=SpecDecOptions)
     prompt_lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
     lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)
+    medusa: MedusaOptions = field(default_factory=MedusaOptions)
+    blockwise: BlockwiseOptions = field(default_factory=BlockwiseOptions)

@@ -16,6 +16,7 @@ import torch
 
 from strategies.base import GenerationParams, RowRequest, finish_reason
 from strategies.kv_cache import RaggedKV
+from strategies.proposer import TargetStates
 from strategies.runner import ModelRunner
 from strategies.sampling import choose_tokens
 
@@ -32,6 +33,9 @@ class Batch:
     active: list[int]  # batch row -> request index, unfinished rows only
     keys: torch.Tensor  # [len(active)] the active rows' sampling keys
     max_context: int  # the model's: a row ends when its next token would not fit
+    # The target's states from its latest forward (prefill, verify or a run of plain steps), kept
+    # only when a drafter reads them (`Proposer.wants_states`).
+    states: TargetStates | None = None
 
     def emit(self, request: int, token: int) -> bool:
         """Append `token` to a row's output; True when the row has finished with it."""
@@ -48,16 +52,23 @@ class Batch:
             self.kv.select_rows(torch.tensor(still, dtype=torch.long, device=self.kv.valid.device))
         self.keys = self.keys[still]
         self.active = [self.active[row] for row in still]
+        if self.states is not None and still:
+            self.states = self.states.rows(still)
 
 
-def start_batch(runner: ModelRunner, requests: list[RowRequest], params: GenerationParams) -> Batch:
+def start_batch(
+    runner: ModelRunner, requests: list[RowRequest], params: GenerationParams, want_states: bool = False
+) -> Batch:
     """Prefill the prompts and choose every row's first token; rows that end on it leave the batch."""
     kv = runner.new_kv(len(requests))
-    logits = runner.prefill(kv, [r.prompt for r in requests])  # [B, V]
+    out = runner.prefill(kv, [r.prompt for r in requests], want_hidden=want_states)
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
-    first = choose_tokens(logits, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
+    first = choose_tokens(out.logits[:, -1], params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     n = len(requests)
     batch = Batch(requests, params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context)
+    if want_states:
+        width = out.hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
+        batch.states = TargetStates(out.hidden, [list(range(width - len(r.prompt), width)) for r in requests])
     batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token)])
     return batch
 
@@ -82,12 +93,18 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
     again). Finished rows are not dropped: `run.still` says which rows go on (`Batch.keep`)."""
     params, active = batch.params, batch.active
     device = runner.device
+    want_states = batch.states is not None
+    hidden: list[torch.Tensor] = []  # per step: [B, H] when the batch keeps the target's states
     pending = torch.tensor([batch.outputs[i][-1] for i in active], dtype=torch.long, device=device)  # [B]
     run = PlainRun(emitted=[[] for _ in active], still=list(range(len(active))))
     while max_steps is None or run.steps < max_steps:
         began = time.perf_counter()
         ids = pending[:, None]  # [B, 1]
-        out = runner.forward(batch.kv, ids, batch.kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool))
+        out = runner.forward(
+            batch.kv, ids, batch.kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool), want_hidden=want_states
+        )
+        if want_states:
+            hidden.append(out.hidden[:, -1])
         # Generation index of each row's next token: keys a sampled draw (greedy needs none).
         positions = None if params.sampling.greedy else torch.tensor([len(batch.outputs[i]) for i in active])
         pending = choose_tokens(out.logits[:, -1], params.sampling, batch.keys, positions)  # [B]
@@ -100,4 +117,6 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
         if finished:
             run.still = [row for row, i in enumerate(active) if batch.reasons[i] is None]
             break
+    if hidden:
+        batch.states = TargetStates(torch.stack(hidden, dim=1), [list(range(len(hidden)))] * len(active))
     return run

@@ -11,7 +11,7 @@ import torch
 
 from strategies.base import GenerationParams
 from strategies.drafts import Draft
-from strategies.proposer import ProposalContext
+from strategies.proposer import ProposalContext, TargetStates
 
 
 class NgramIndex:
@@ -42,11 +42,14 @@ class NgramIndex:
 
 class PromptLookupProposer:
     name = "prompt_lookup"
+    wants_states = False
 
     def __init__(self, min_ngram: int, max_ngram: int) -> None:
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
-    def start(self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams) -> None:
+    def start(
+        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
+    ) -> None:
         self.rows = [NgramIndex(c, self.min_ngram, self.max_ngram) for c in contexts]
 
     def propose(self, context: ProposalContext) -> list[Draft]:
@@ -55,7 +58,7 @@ class PromptLookupProposer:
             for index, budget in zip(self.rows, context.budgets, strict=True)
         ]
 
-    def accepted(self, emitted: list[list[int]]) -> None:
+    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         # Indexed as tokens arrive (a run of plain steps reports its tokens at once), not at the next
         # proposal: a probe after a long run would carry the run's indexing and look dearer than it is.
         for index, tokens in zip(self.rows, emitted, strict=True):

@@ -1,64 +1,108 @@
-"""Strategy names -> constructors. An unknown name fails loudly with the list of known ones.
+"""Strategy names -> constructors, and each strategy's own option checks. An unknown name fails
+loudly with the list of known ones.
 
-Every drafting strategy is the speculative loop with one drafter; `auto` is the loop with several
-drafters under the controller, which also chooses plain autoregressive steps.
+Every drafting strategy is the speculative loop (`speculative.py`) with one drafter: a proposer,
+its limits and the acceptance rule it is verified with (`acceptance.py`, through `verify.py`);
+`auto` is the loop with several drafters under the controller, which also chooses plain
+autoregressive steps. A new method of the field is one proposer file and one entry in `_DRAFTERS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from strategies.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import Strategy
 from strategies.control import AUTOREGRESSIVE, Controller
 from strategies.draft_model import DraftModelProposer
-from strategies.lookahead import LookaheadProposer
-from strategies.options import StrategyOptions
+from strategies.heads import DraftHeads
+from strategies.lookahead import MODES, LookaheadProposer
+from strategies.medusa import HeadsProposer, chain_choices, check_choices
+from strategies.options import MEDUSA_ACCEPTANCE, StrategyOptions
 from strategies.prompt_lookup import PromptLookupProposer
 from strategies.runner import ModelRunner
-from strategies.speculative import Drafter, RelaxedRule, SpeculativeStrategy
+from strategies.speculative import Drafter, SpeculativeStrategy
 
 AUTO = "auto"
 
 
-def _speculative(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None) -> Drafter:
+@dataclass
+class Models:
+    """What strategies draft and verify with: the target, and the optional draft model and heads."""
+
+    target: ModelRunner
+    draft: ModelRunner | None = None
+    heads: DraftHeads | None = None
+
+
+def _speculative(options: StrategyOptions, models: Models) -> Drafter:
     k = options.num_speculative_tokens
-    return Drafter("speculative", DraftModelProposer(_need_draft(draft, "speculative"), target.vocab_size), k, k)
+    proposer = DraftModelProposer(_need_draft(models, "speculative"), models.target.vocab_size)
+    return Drafter("speculative", proposer, k, k, RejectionSampling())
 
 
-def _specdec(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None) -> Drafter:
+def _specdec(options: StrategyOptions, models: Models) -> Drafter:
     k = options.num_speculative_tokens
-    rule = RelaxedRule(options.specdec.top_beta, options.specdec.tolerance)
-    return Drafter("specdec", DraftModelProposer(_need_draft(draft, "specdec"), target.vocab_size), k, k, rule)
+    rule = Relaxed(options.specdec.top_beta, options.specdec.tolerance)
+    return Drafter("specdec", DraftModelProposer(_need_draft(models, "specdec"), models.target.vocab_size), k, k, rule)
 
 
-def _prompt_lookup(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None) -> Drafter:
+def _prompt_lookup(options: StrategyOptions, models: Models) -> Drafter:
     k, o = options.num_speculative_tokens, options.prompt_lookup
     return Drafter("prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), k, k)
 
 
-def _lookahead(options: StrategyOptions, target: ModelRunner, draft: ModelRunner | None) -> Drafter:
+def _lookahead(options: StrategyOptions, models: Models) -> Drafter:
     o = options.lookahead
     proposer = LookaheadProposer(
         o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
     )
-    return Drafter("lookahead", proposer, o.branch_length, o.decoding_length, learns=True)
+    return Drafter("lookahead", proposer, o.branch_length, o.decoding_length, trees=True, learns=True)
 
 
-def _need_draft(draft: ModelRunner | None, name: str) -> ModelRunner:
-    if draft is None:
+def _medusa(options: StrategyOptions, models: Models) -> Drafter:
+    o, heads = options.medusa, _need_heads(models, "medusa")
+    problem = check_choices(o.choices, heads.num_heads, models.target.vocab_size)
+    if problem is not None:
+        raise ValueError(f"strategy.medusa.choices: {problem}")
+    rule = Typical(o.typical_epsilon, o.typical_delta) if o.acceptance == "typical" else ExactMatch()
+    depth = max(len(c) for c in o.choices)
+    branching = len({tuple(c) for c in o.choices}) > depth
+    return Drafter("medusa", HeadsProposer("medusa", heads, o.choices), depth, len(o.choices), rule, trees=branching)
+
+
+def _blockwise(options: StrategyOptions, models: Models) -> Drafter:
+    heads = _need_heads(models, "blockwise")
+    k = min(options.num_speculative_tokens, heads.num_heads)
+    top_k = options.blockwise.top_k
+    rule = Relaxed(top_k) if top_k > 1 else ExactMatch()
+    return Drafter("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
+
+
+def _need_draft(models: Models, name: str) -> ModelRunner:
+    if models.draft is None:
         raise ValueError(f"strategy {name!r} needs a draft model: set model.draft")
-    return draft
+    return models.draft
 
 
-_DRAFTERS: dict[str, Callable[[StrategyOptions, ModelRunner, ModelRunner | None], Drafter]] = {
+def _need_heads(models: Models, name: str) -> DraftHeads:
+    if models.heads is None:
+        raise ValueError(f"strategy {name!r} drafts with heads on the target: set model.heads")
+    return models.heads
+
+
+_DRAFTERS: dict[str, Callable[[StrategyOptions, Models], Drafter]] = {
     "speculative": _speculative,
     "specdec": _specdec,
     "prompt_lookup": _prompt_lookup,
     "lookahead": _lookahead,
+    "medusa": _medusa,
+    "blockwise": _blockwise,
 }
 NEEDS_DRAFT = frozenset({"speculative", "specdec"})
-LOSSY = frozenset({"specdec"})
+NEEDS_HEADS = frozenset({"medusa", "blockwise"})
 
 
 def available() -> list[str]:
@@ -70,31 +114,73 @@ def drafting() -> list[str]:
     return sorted(_DRAFTERS)
 
 
-def auto_candidates(options: StrategyOptions, has_draft: bool) -> list[str]:
-    """`strategy.candidates`, or every lossless drafting strategy whose models are available."""
+def lossy_reason(name: str, options: StrategyOptions) -> str | None:
+    """Why strategy `name` with these options may emit other tokens than the target would, or None."""
+    if name == "specdec":
+        return "SpecDec's relaxed verification (strategy.specdec)"
+    if name == "medusa" and options.medusa.acceptance == "typical":
+        return "Medusa's typical acceptance (strategy.medusa.acceptance=typical)"
+    if name == "blockwise" and options.blockwise.top_k > 1:
+        return f"blockwise top-{options.blockwise.top_k} acceptance (strategy.blockwise.top_k)"
+    return None
+
+
+def needs_models(name: str) -> set[str]:
+    """Which optional models (`draft`, `heads`) strategy `name` drafts with."""
+    return ({"draft"} if name in NEEDS_DRAFT else set()) | ({"heads"} if name in NEEDS_HEADS else set())
+
+
+def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
+    """`strategy.candidates`, or every lossless drafting strategy whose models (`has`) are available."""
     if options.candidates:
         return list(options.candidates)
-    return [name for name in sorted(_DRAFTERS) if name not in LOSSY and (has_draft or name not in NEEDS_DRAFT)]
+    return [n for n in drafting() if lossy_reason(n, options) is None and needs_models(n) <= has]
 
 
-def create(
-    options: StrategyOptions,
-    target: ModelRunner,
-    draft: ModelRunner | None = None,
-    controller: Controller | None = None,
-) -> Strategy:
+def problems(options: StrategyOptions, greedy: bool) -> list[str]:
+    """What is wrong with the strategy options for this job, each naming its key (empty: nothing)."""
+    found = []
+    if options.name not in available():
+        found.append(f"strategy.name {options.name!r} is unknown; available: {', '.join(available())}")
+    if options.name == AUTO and not options.adaptive:
+        found.append("strategy.name=auto chooses per step with the controller: keep strategy.adaptive=true")
+    unknown = sorted(set(options.candidates) - set(drafting()))
+    if unknown:
+        found.append(f"strategy.candidates {unknown} are unknown; available: {', '.join(drafting())}")
+    if options.num_speculative_tokens < 0 or options.specdec.top_beta < 1:
+        found.append("strategy.num_speculative_tokens must be >= 0 and strategy.specdec.top_beta >= 1")
+    la, pl, md = options.lookahead, options.prompt_lookup, options.medusa
+    if la.mode not in MODES or min(la.decoding_length, la.branch_length, la.max_query_length, la.max_nodes) < 1:
+        found.append(f"strategy.lookahead: mode must be one of {', '.join(MODES)}; lengths and max_nodes >= 1")
+    if not 1 <= pl.min_ngram <= pl.max_ngram:
+        found.append("strategy.prompt_lookup: need 1 <= min_ngram <= max_ngram")
+    if md.acceptance not in MEDUSA_ACCEPTANCE:
+        found.append(f"strategy.medusa.acceptance={md.acceptance!r}: use one of {', '.join(MEDUSA_ACCEPTANCE)}")
+    if not md.choices:
+        found.append("strategy.medusa.choices is empty: give at least one path, e.g. [[0]]")
+    if options.blockwise.top_k < 1:
+        found.append(f"strategy.blockwise.top_k={options.blockwise.top_k}: use 1 (exact) or more")
+    relaxed = options.name == "specdec" or (options.name == "blockwise" and options.blockwise.top_k > 1)
+    if relaxed and not greedy:
+        reason = lossy_reason(options.name, options)
+        found.append(f"strategy.name={options.name} uses {reason}, which relaxes greedy decoding: use temperature 0")
+    return found
+
+
+def create(options: StrategyOptions, models: Models, controller: Controller | None = None) -> Strategy:
     """The strategy `options.name`; drafting strategies run under `controller` when one is given."""
     name = options.name
     if name == AUTOREGRESSIVE:
-        return AutoregressiveStrategy(target)
+        return AutoregressiveStrategy(models.target)
     if name == AUTO:
         if controller is None:
             raise ValueError("strategy 'auto' chooses per step: it needs the controller (strategy.adaptive=true)")
-        names = auto_candidates(options, draft is not None)
+        has = {m for m, present in (("draft", models.draft), ("heads", models.heads)) if present is not None}
+        names = auto_candidates(options, has)
         unknown = sorted(set(names) - set(_DRAFTERS))
         if unknown:
             raise KeyError(f"strategy.candidates {unknown} are unknown; available: {', '.join(drafting())}")
-        return SpeculativeStrategy(AUTO, target, [_DRAFTERS[n](options, target, draft) for n in names], controller)
+        return SpeculativeStrategy(AUTO, models.target, [_DRAFTERS[n](options, models) for n in names], controller)
     if name not in _DRAFTERS:
         raise KeyError(f"unknown strategy {name!r}; available: {', '.join(available())}")
-    return SpeculativeStrategy(name, target, [_DRAFTERS[name](options, target, draft)], controller)
+    return SpeculativeStrategy(name, models.target, [_DRAFTERS[name](options, models)], controller)

@@ -19,7 +19,7 @@ from strategies.kv_cache import RaggedKV
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [B, n_kept, V]
-    hidden: torch.Tensor | None  # [B, n, H] last hidden states, when asked for
+    hidden: torch.Tensor | None  # [B, n, H] last hidden states (after the final norm), when asked for
 
 
 class ModelRunner:
@@ -105,8 +105,9 @@ class ModelRunner:
         kv.append(new_valid)
         return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
 
-    def prefill(self, kv: RaggedKV, prompts: list[list[int]]) -> torch.Tensor:
-        """Left-pad `prompts` into one forward; return each row's next-token logits [B, V]."""
+    def prefill(self, kv: RaggedKV, prompts: list[list[int]], want_hidden: bool = False) -> ForwardOutput:
+        """Left-pad `prompts` into one forward: logits [B, 1, V] at each row's last prompt token, and
+        (when asked) the hidden states [B, L, H] of every slot, row b's prompt in its last len(prompt)."""
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         valid = torch.zeros(len(prompts), width, dtype=torch.bool)
@@ -115,5 +116,4 @@ class ModelRunner:
             valid[row, width - len(prompt) :] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # [B, L]
-        out = self.forward(kv, ids, positions, valid, logits_to_keep=1)
-        return out.logits[:, -1]
+        return self.forward(kv, ids, positions, valid, logits_to_keep=1, want_hidden=want_hidden)

@@ -12,6 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
+# Streams of keyed uniforms: which draw at a position each serves. The target's own draw is 0 in
+# every strategy, so a row's sample does not depend on how it was decoded.
+STREAM_TARGET = 0  # the target's token at a position (autoregressive, walks, bonus tokens)
+STREAM_ACCEPT = 1  # speculative sampling's acceptance test of a draft token
+STREAM_RESIDUAL = 2  # the draw from the residual max(0, p - q) after a rejection
+STREAM_DRAFT = 3  # the draft model's own sample
+
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
@@ -41,11 +48,10 @@ def row_key(row_id: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
-def keyed_uniform(seed: int, keys: torch.Tensor, positions: torch.Tensor, stream: int = 0) -> torch.Tensor:
+def keyed_uniform(seed: int, keys: torch.Tensor, positions: torch.Tensor, stream: int = STREAM_TARGET) -> torch.Tensor:
     """Uniform floats in [0, 1), float64, one per (key, position): `keys` and `positions` [B] int64.
 
-    `stream` separates independent uses at the same position (e.g. the draft's sample and the
-    verifier's acceptance test).
+    `stream` separates independent uses at the same position (the `STREAM_*` constants above).
     """
     x = _splitmix64(torch.full_like(keys, seed) ^ keys)
     x = _splitmix64(x ^ (positions * 8 + stream))

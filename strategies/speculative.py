@@ -1,9 +1,9 @@
 """Draft, then verify: the decoding loop shared by every proposer, for chains and trees alike.
 
-Each step: a drafter's proposer drafts below every row's pending token; one target forward verifies
-all rows (`[pending, nodes…]` with a tree mask and depth positions); the acceptance rule picks each
-row's accepted path and the target token after it; slots off the path are invalidated in the
-ragged cache, so rows of one step keep different numbers of tokens. Emitted tokens go through the
+Each step: a drafter's proposer drafts below every row's pending token; the verifier
+(`strategies.verify`) checks all rows in one target forward with the drafter's acceptance rule
+and rolls the rejected slots back, so rows of one step keep different numbers of tokens. Proposers
+that draft from the target's own states receive them after every forward. Emitted tokens go through the
 same finish checks as autoregressive decoding, one at a time, so EOS, stop strings,
 `max_new_tokens` and the context end a row exactly where plain decoding would.
 
@@ -22,27 +22,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from strategies.acceptance import Verdict, rejection_chain, relaxed_walk, walk
+from strategies.acceptance import AcceptanceRule, ExactMatch, Verdict
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
 from strategies.control import AUTOREGRESSIVE, Controller, Plan, StepRecord
-from strategies.drafts import Draft, draft_problem, tree_attention, tree_depths
-from strategies.kv_cache import RaggedKV
+from strategies.drafts import Draft, draft_problem
+from strategies.metrics import SpecStats
 from strategies.plain import Batch, decode_plainly, start_batch
 from strategies.proposer import ProposalContext, Proposer
 from strategies.runner import ModelRunner
-from strategies.sampling import filtered_probs, keyed_uniform, sample_from
-
-# Streams of keyed uniforms: 0 is the target's own draw (as in autoregressive decoding).
-STREAM_ACCEPT, STREAM_RESIDUAL = 1, 2
-COMPACT_WASTE = 0.5  # compact the cache when more than this share of its slots is dead
-
-
-@dataclass(frozen=True)
-class RelaxedRule:
-    """SpecDec's relaxed verification (greedy only)."""
-
-    top_beta: int
-    tolerance: float
+from strategies.verify import verify
 
 
 @dataclass
@@ -53,60 +41,9 @@ class Drafter:
     proposer: Proposer
     max_depth: int  # longest draft path (chain length)
     max_nodes: int  # most nodes per row (trees); chains: max_depth
-    relaxed: RelaxedRule | None = None
+    rule: AcceptanceRule = field(default_factory=ExactMatch)
+    trees: bool = False  # it drafts trees (several children below a node), not only chains
     learns: bool = False  # it learns from every batch it sees (a Lookahead trie), drafting or not
-
-
-@dataclass
-class SpecStats:
-    """Per-batch speculation metrics (DESIGN.md, "Metrics vocabulary")."""
-
-    target_forwards: int = 0
-    row_steps: int = 0  # (row, verify forward) pairs
-    drafts: int = 0  # row steps with at least one draft token
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    emitted_tokens: int = 0
-    fallbacks: int = 0  # row steps whose draft was refused (invalid or proposer error)
-    faults: list[str] = field(default_factory=list)  # drafter and verify faults, with their reason
-    proposed_at: list[int] = field(default_factory=list)  # draft tokens at depth d+1
-    accepted_at: list[int] = field(default_factory=list)
-    steps_by_drafter: dict[str, int] = field(default_factory=dict)
-
-    def record(self, draft: Draft, verdict: Verdict) -> None:
-        self.row_steps += 1
-        self.drafts += bool(len(draft))
-        self.draft_tokens += len(draft)
-        self.accepted_tokens += len(verdict.path)
-        self.emitted_tokens += len(verdict.tokens)
-        for d in tree_depths(draft.parents)[1:]:
-            _bump(self.proposed_at, d - 1)
-        for d in range(len(verdict.path)):
-            _bump(self.accepted_at, d)
-
-    def record_plain(self, row_steps: int) -> None:
-        """Steps without drafts: each row emitted one token a step."""
-        self.row_steps += row_steps
-        self.emitted_tokens += row_steps
-
-    def as_dict(self) -> dict:
-        accepted_at = self.accepted_at + [0] * (len(self.proposed_at) - len(self.accepted_at))
-        return {
-            "drafts": self.drafts,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "fallbacks": self.fallbacks,
-            "faults": self.faults,
-            "steps_by_drafter": self.steps_by_drafter,
-            "acceptance_by_position": [round(a / p, 4) for a, p in zip(accepted_at, self.proposed_at, strict=True)],
-            # τ: tokens a row gains per target forward, the bonus/correction token included.
-            "mean_accepted_length": round(self.emitted_tokens / self.row_steps, 4) if self.row_steps else None,
-        }
-
-
-def _bump(counts: list[int], index: int) -> None:
-    counts.extend([0] * (index + 1 - len(counts)))
-    counts[index] += 1
 
 
 @dataclass
@@ -134,12 +71,16 @@ class SpeculativeStrategy:
         self.runner = runner
         self.drafters = {d.name: d for d in drafters}
         self.controller = controller
+        # The target's states are kept (and, off the lean forward, computed) only for drafters that read them.
+        self.want_states = any(d.proposer.wants_states for d in drafters)
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
-        if any(d.relaxed for d in self.drafters.values()) and not params.sampling.greedy:
-            raise ValueError(f"{self.name} relaxes greedy verification: use it with temperature 0")
+        for d in self.drafters.values():
+            refusal = d.rule.refusal(greedy=params.sampling.greedy, trees=d.trees)
+            if refusal is not None:
+                raise ValueError(f"{self.name}: {refusal}")
         run = _Decoding(
-            batch=start_batch(self.runner, requests, params),
+            batch=start_batch(self.runner, requests, params, self.want_states),
             emitted_by=[dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests],
             live=dict(self.drafters),
         )
@@ -198,44 +139,48 @@ class SpeculativeStrategy:
         run.started.add(drafter.name)
         batch = run.batch
         contexts = [batch.requests[i].prompt + batch.outputs[i] for i in batch.active]
-        return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.keys, batch.params)
+        states = batch.states if drafter.proposer.wants_states else None
+        return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.keys, batch.params, states)
 
     def _speculate(
         self, run: _Decoding, drafter: Drafter, drafts: list[Draft], context: ProposalContext
     ) -> list[Verdict] | None:
-        """Verify the drafts in one target forward and roll the rejected slots back; None when the
-        verify forward raised (a CUDA out-of-memory error, say): the drafter is off for the batch."""
-        kv = run.batch.kv
-        first_slot = kv.num_slots
-        pending = [run.batch.outputs[i][-1] for i in run.batch.active]
+        """Verify the drafts in one target forward (`verify.verify`); None when it raised (a CUDA
+        out-of-memory error, say): the cache is as before the step and the drafter is off for the batch."""
+        batch = run.batch
+        pending = [batch.outputs[i][-1] for i in batch.active]
         try:
-            logits = self._verify(kv, pending, drafts)
-            verdicts = self._accept(logits, drafts, context, run.batch.keys, run.batch.params, drafter)
-        except Exception as exc:  # runner.forward left the cache as it was
+            checked = verify(
+                self.runner,
+                batch.kv,
+                pending,
+                drafts,
+                drafter.rule,
+                batch.params.sampling,
+                batch.keys,
+                context.generated,
+                want_states=self.want_states,
+            )
+        except Exception as exc:
             run.stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
             if self.controller is not None:
                 self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
             run.live.pop(drafter.name, None)
             _free_device_memory(self.runner.device)
             return None
-        keep = torch.zeros_like(kv.valid)  # slots off each row's accepted path leave the cache
-        for row, verdict in enumerate(verdicts):
-            keep[row, [first_slot + s for s in (0, *verdict.path)]] = True
-        kv.invalidate(~keep & (torch.arange(kv.num_slots, device=keep.device) >= first_slot))
-        if kv.waste() > COMPACT_WASTE:
-            kv.compact()
-        return verdicts
+        if checked.states is not None:
+            batch.states = checked.states
+        return checked.verdicts
 
     def _drafted(
         self, run: _Decoding, drafter: str, drafts: list[Draft], verdicts: list[Verdict], began: float
     ) -> None:
         """Emit a drafted step's tokens through the finish checks, one at a time, and report the step."""
         batch, stats = run.batch, run.stats
-        stats.target_forwards += 1
-        stats.steps_by_drafter[drafter] = stats.steps_by_drafter.get(drafter, 0) + 1
+        stats.count_forwards(drafter, 1)
         still = []
         for row, (i, draft, verdict) in enumerate(zip(batch.active, drafts, verdicts, strict=True)):
-            stats.record(draft, verdict)
+            stats.record(drafter, draft, verdict)
             for token in verdict.tokens:
                 run.emitted_by[i][drafter] += 1
                 if batch.emit(i, token):
@@ -255,8 +200,7 @@ class SpeculativeStrategy:
         part of what the drafter is worth."""
         active = run.batch.active
         steps = decode_plainly(self.runner, run.batch, max_steps)
-        run.stats.target_forwards += steps.steps
-        run.stats.steps_by_drafter[AUTOREGRESSIVE] = run.stats.steps_by_drafter.get(AUTOREGRESSIVE, 0) + steps.steps
+        run.stats.count_forwards(AUTOREGRESSIVE, steps.steps)
         run.stats.record_plain(sum(steps.rows))
         for i, tokens in zip(active, steps.emitted, strict=True):
             run.emitted_by[i][AUTOREGRESSIVE] += len(tokens)
@@ -275,7 +219,8 @@ class SpeculativeStrategy:
         finished rows is not, every option pays it."""
         told = time.perf_counter()
         for d in run.running():
-            self._call(run, d.name, d.proposer.accepted, emitted)
+            states = run.batch.states if d.proposer.wants_states else None
+            self._call(run, d.name, d.proposer.accepted, emitted, states)
         share = (time.perf_counter() - told) / len(records)
         for record in records:
             record.wall_s += share
@@ -337,74 +282,6 @@ class SpeculativeStrategy:
                 draft = Draft.empty()
             checked.append(draft)
         return checked
-
-    def _verify(self, kv: RaggedKV, pending: list[int], drafts: list[Draft]) -> torch.Tensor:
-        """One target forward over `[pending, nodes…]` of every row; logits [B, 1+N, V]."""
-        # Built as Python lists and turned into tensors once: per-row tensor writes cost more than the
-        # verify forward's own launches on a GPU at small batch.
-        device = self.runner.device
-        width = 1 + max(len(d) for d in drafts)
-        ids, depth, valid = [], [], []
-        for token, draft in zip(pending, drafts, strict=True):
-            pad = [0] * (width - 1 - len(draft))
-            ids.append([token, *draft.tokens, *pad])
-            depth.append([*tree_depths(draft.parents), *pad])
-            valid.append([True] * (1 + len(draft)) + [False] * len(pad))
-        chains = all(p == i - 1 for d in drafts for i, p in enumerate(d.parents))
-        attend = None if chains else torch.stack([tree_attention(d.parents, width) for d in drafts]).to(device)
-        positions = kv.next_pos[:, None] + torch.tensor(depth, device=device)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=device)
-        out = self.runner.forward(kv, ids_t, positions, torch.tensor(valid, device=device), attend)
-        return out.logits
-
-    def _accept(
-        self,
-        logits: torch.Tensor,  # [B, 1+N, V]
-        drafts: list[Draft],
-        context: ProposalContext,
-        keys: torch.Tensor,
-        params: GenerationParams,
-        drafter: Drafter | None,
-    ) -> list[Verdict]:
-        sampling = params.sampling
-        if drafter is not None and drafter.relaxed is not None:
-            rule = drafter.relaxed
-            return [
-                relaxed_walk(d, logits[row, : len(d) + 1], rule.top_beta, rule.tolerance)
-                for row, d in enumerate(drafts)
-            ]
-        b, width, _ = logits.shape
-        if sampling.greedy:
-            chosen = logits.argmax(dim=-1).tolist()  # [B, 1+N]
-            return [walk(d, chosen[row]) for row, d in enumerate(drafts)]
-        generated = torch.tensor(context.generated, dtype=torch.long)
-        depths = torch.zeros(b, width, dtype=torch.long)
-        for row, d in enumerate(drafts):
-            depths[row, : len(d) + 1] = torch.tensor(tree_depths(d.parents))
-        # The token drawn at a slot is generation index `generated + depth` of its row.
-        positions = generated[:, None] + depths  # [B, 1+N]
-        flat_keys = keys[:, None].expand(b, width).reshape(-1)
-
-        def uniforms(stream: int) -> torch.Tensor:
-            return keyed_uniform(sampling.seed, flat_keys, positions.reshape(-1), stream).view(b, width)
-
-        probs = filtered_probs(logits, sampling).cpu()  # [B, 1+N, V]
-        draws = uniforms(0)
-        if all(d.probs is None for d in drafts):
-            chosen = sample_from(probs.reshape(b * width, -1), draws.reshape(-1)).view(b, width).tolist()
-            return [walk(d, chosen[row]) for row, d in enumerate(drafts)]
-        accept_u, residual_u = uniforms(STREAM_ACCEPT), uniforms(STREAM_RESIDUAL)
-        verdicts = []
-        for row, d in enumerate(drafts):
-            n = len(d)
-            if d.probs is None:  # a deterministic draft among probabilistic ones: q is one-hot
-                one_hot = torch.nn.functional.one_hot(torch.tensor(d.tokens, dtype=torch.long), probs.shape[-1])
-                d = Draft(d.tokens, d.parents, one_hot.to(probs.dtype))
-            # Draft token i is a candidate for the token drawn at slot i (generation index generated + i).
-            verdicts.append(
-                rejection_chain(d, probs[row, : n + 1], accept_u[row, :n], residual_u[row, :n], float(draws[row, n]))
-            )
-        return verdicts
 
 
 def _free_device_memory(device: torch.device) -> None:

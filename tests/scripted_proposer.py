@@ -14,12 +14,13 @@ class ScriptedProposer:
     """
 
     name = "scripted"
+    wants_states = False
 
     def __init__(self, reference: list[list[int]], vocab_size: int, right: bool = True, fail_at: int | None = None):
         self.reference, self.vocab_size, self.right, self.fail_at = reference, vocab_size, right, fail_at
         self.calls = 0
 
-    def start(self, contexts, keys, params) -> None:
+    def start(self, contexts, keys, params, states) -> None:
         self.rows = list(range(len(contexts)))
 
     def propose(self, context: ProposalContext) -> list[Draft]:
@@ -32,7 +33,7 @@ class ScriptedProposer:
             drafts.append(Draft.chain(truth if self.right else [(t + 1) % self.vocab_size for t in truth]))
         return drafts
 
-    def accepted(self, emitted: list[list[int]]) -> None:
+    def accepted(self, emitted: list[list[int]], states) -> None:
         pass
 
     def keep_rows(self, rows: list[int]) -> None:

@@ -338,7 +338,7 @@ def test_drafters_started_mid_batch_after_rows_finished_equal_greedy(runner, tin
     requests = [RowRequest(p, i) for i, p in enumerate(prompts)]
     params = GenerationParams(60, SamplingParams(), frozenset(), ignore_eos=True)
     reference = AutoregressiveStrategy(runner).generate(requests, params).rows
-    strategy = registry.create(options, runner, draft, ScheduleController(first_draft=28, learn=learn))
+    strategy = registry.create(options, registry.Models(runner, draft), ScheduleController(first_draft=28, learn=learn))
     out = strategy.generate(requests, params)
     assert [r.tokens for r in out.rows] == [r.tokens for r in reference]
     assert len(reference[0].tokens) == 26 and all(len(r.tokens) == 60 for r in reference[1:])
@@ -349,7 +349,9 @@ def test_drafters_started_mid_batch_after_rows_finished_equal_greedy(runner, tin
 @pytest.mark.parametrize("learn", [False, True], ids=["lazy", "eager"])
 def test_a_drafter_never_planned_starts_only_to_learn(runner, learn):
     strategy = registry.create(
-        StrategyOptions(name="auto", candidates=["lookahead"]), runner, None, ScheduleController(10**6, learn)
+        StrategyOptions(name="auto", candidates=["lookahead"]),
+        registry.Models(runner),
+        ScheduleController(10**6, learn),
     )
     out = strategy.generate(_requests(), PARAMS)
     assert out.stats["steps_by_drafter"] == {AUTOREGRESSIVE: 39}

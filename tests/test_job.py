@@ -190,7 +190,7 @@ def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_di
     rows = _read_output(tmp_path / "spec").to_pylist()
     assert {r["row_id"]: r["completion"] for r in rows} == greedy
     assert {r["strategy"] for r in rows if r["finish_reason"] != "error"} == {"speculative"}
-    metrics = {"draft_tokens", "accepted_tokens", "acceptance_by_position", "mean_accepted_length"}
+    metrics = {"draft_tokens", "accepted_tokens", "acceptance_by_position", "tau", "tau_by_drafter"}
     assert all(metrics <= set(r) for r in _read_logs(tmp_path / "spec"))
 
     sampled = _config(tmp_path, tiny_model_dir, *spec, "generation.temperature=0.8", f"output.url={tmp_path / 's'}")

@@ -48,7 +48,7 @@ def test_prefill_and_tree_step_match_transformers(model):
     results = []
     for runner in (fast, reference):
         kv = runner.new_kv(2)
-        first = runner.prefill(kv, prompts)
+        first = runner.prefill(kv, prompts).logits
         depth = torch.tensor([0, 1, 1, 2])
         out = runner.forward(
             kv, nodes, kv.next_pos[:, None] + depth, torch.ones_like(nodes, dtype=torch.bool), tree.expand(2, 4, 4)

@@ -7,13 +7,14 @@ import torch
 from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
 
+from strategies.acceptance import Relaxed
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import FINISH_LENGTH, FINISH_STOP, GenerationParams, RowRequest
 from strategies.draft_model import DraftModelProposer
 from strategies.drafts import Draft
 from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams
-from strategies.speculative import Drafter, RelaxedRule, SpeculativeStrategy
+from strategies.speculative import Drafter, SpeculativeStrategy
 
 K = 4
 PROMPTS = [
@@ -42,8 +43,9 @@ def random_draft(tiny_draft_dir):
     return ModelRunner(_load(tiny_draft_dir))
 
 
-def _spec(name, runner, proposer, relaxed=None):
-    return SpeculativeStrategy(name, runner, [Drafter(name, proposer, K, K, relaxed)])
+def _spec(name, runner, proposer, rule=None):
+    drafter = Drafter(name, proposer, K, K) if rule is None else Drafter(name, proposer, K, K, rule)
+    return SpeculativeStrategy(name, runner, [drafter])
 
 
 def _params(n=24, eos=frozenset(), ignore_eos=True, **sampling):
@@ -75,7 +77,7 @@ def test_speculative_equals_autoregressive(target, random_draft, tiny_model_dir,
         out = _spec("scripted", target, proposer).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
         if right:
-            assert out.stats["mean_accepted_length"] > K
+            assert out.stats["tau"] > K
         else:
             assert out.stats["accepted_tokens"] == 0 and out.stats["draft_tokens"] > 0
 
@@ -106,14 +108,14 @@ def test_specdec(target, random_draft):
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
     proposer = DraftModelProposer(random_draft, target.vocab_size)
-    exact = _spec("specdec", target, proposer, RelaxedRule(top_beta=1, tolerance=0.0))
+    exact = _spec("specdec", target, proposer, Relaxed(top_beta=1, tolerance=0.0))
     assert _tokens(exact, PROMPTS, params) == reference
     # From the same state (one step, the same drafts), β > 1 accepts at least as many tokens.
     one_step = _params(K + 1)
     strict = exact.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"]
-    loose = _spec("specdec", target, proposer, RelaxedRule(top_beta=4, tolerance=3.0))
+    loose = _spec("specdec", target, proposer, Relaxed(top_beta=4, tolerance=3.0))
     assert loose.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"] >= strict
-    with pytest.raises(ValueError, match="temperature 0"):
+    with pytest.raises(ValueError, match="temperature=0"):
         exact.generate(_requests(PROMPTS), _params(temperature=1.0))
 
 

@@ -24,11 +24,10 @@ from transformers.utils import logging as transformers_logging
 
 from strategies import registry
 from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest, Strategy
-from strategies.runner import ModelRunner
 from strategies.sampling import SamplingParams, row_key
 from workers import faults
 from workers.controller import AdaptiveController
-from workers.model_loading import load_model, resolve_dtype, resolve_model_dir
+from workers.model_loading import load_models, resolve_dtype
 from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
@@ -68,17 +67,24 @@ class Generator:
         transformers_logging.disable_progress_bar()  # one progress bar per job, the driver's
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = resolve_dtype(spec.dtype, self.device)
-        model_dir = resolve_model_dir(spec.model_target, spec.cache_dir)
-        model, self.tokenizer = load_model(model_dir, self.dtype, self.device, spec.trust_remote_code)
-        self.runner = ModelRunner(model)
-        self.draft = self._load_draft() if spec.model_draft else None
+        loaded = load_models(
+            spec.model_target,
+            self.dtype,
+            self.device,
+            draft_url=spec.model_draft,
+            heads_url=spec.model_heads,
+            cache_dir=spec.cache_dir,
+            trust_remote_code=spec.trust_remote_code,
+        )
+        self.tokenizer, self.models = loaded.tokenizer, loaded.models
+        self.runner = self.models.target
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         self._strategies: dict[str, Strategy] = {}
         self._strategy(spec.strategy.name)  # fail at start, not at the first unit
         self.params = GenerationParams(
             max_new_tokens=spec.max_new_tokens,
             sampling=SamplingParams(spec.temperature, spec.top_k, spec.top_p, spec.seed),
-            eos_token_ids=frozenset(_eos_ids(model, self.tokenizer)),
+            eos_token_ids=frozenset(_eos_ids(loaded.target, self.tokenizer)),
             ignore_eos=spec.ignore_eos,
         )
         self.stop_strings = StopStrings(self.tokenizer, list(spec.stop))
@@ -87,22 +93,11 @@ class Generator:
         self._rows_done = 0
         self._generated = 0
 
-    def _load_draft(self) -> ModelRunner:
-        spec = self.spec
-        path = resolve_model_dir(spec.model_draft, spec.cache_dir)
-        draft_model, draft_tokenizer = load_model(path, self.dtype, self.device, spec.trust_remote_code)
-        if draft_tokenizer.get_vocab() != self.tokenizer.get_vocab():
-            raise ValueError(
-                f"model.draft {spec.model_draft} has a different tokenizer than model.target {spec.model_target}: "
-                "a draft must share the target's vocabulary"
-            )
-        return ModelRunner(draft_model)
-
     def _strategy(self, name: str) -> Strategy:
         """The actor's instance of a strategy (it keeps state across batches, e.g. a Lookahead trie)."""
         if name not in self._strategies:
             options = dataclasses.replace(self.spec.strategy, name=name)
-            self._strategies[name] = registry.create(options, self.runner, self.draft, self.controller)
+            self._strategies[name] = registry.create(options, self.models, self.controller)
         return self._strategies[name]
 
     def ready(self) -> dict[str, Any]:

@@ -12,12 +12,19 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from strategies.heads import CONFIG_FILE as HEADS_CONFIG
+from strategies.heads import load_heads
+from strategies.heads import read_config as read_heads_config
+from strategies.registry import Models
+from strategies.runner import ModelRunner
 
 DTYPE_NAMES = {
     "float32": torch.float32,
@@ -36,18 +43,20 @@ def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
-def resolve_model_dir(url: str, cache_dir: str = "", storage_options: dict[str, Any] | None = None) -> Path:
-    """A local folder holding the model at `url`, downloading it into the cache when remote."""
+def resolve_model_dir(
+    url: str, cache_dir: str = "", storage_options: dict[str, Any] | None = None, marker: str = "config.json"
+) -> Path:
+    """A local folder holding the model (or heads: `marker` heads.json) at `url`, downloading it into
+    the cache when remote."""
     if is_local(url):
         path = Path(url.removeprefix("file://")).expanduser()
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model folder {path} has no config.json: point model.target at a Hugging Face model"
-            )
+        if not (path / marker).is_file():
+            what = "a Hugging Face model" if marker == "config.json" else "a folder `accelgen train heads` wrote"
+            raise FileNotFoundError(f"folder {path} has no {marker}: point it at {what}")
         return path
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     local = root / hashlib.sha256(url.encode()).hexdigest()[:24]
-    if (local / "config.json").is_file():
+    if (local / marker).is_file():
         return local
     fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
     staging = root / f".{local.name}.{os.getpid()}.partial"
@@ -56,9 +65,9 @@ def resolve_model_dir(url: str, cache_dir: str = "", storage_options: dict[str, 
     for name in fs.ls(remote, detail=False):
         if fs.isfile(name):
             fs.get(name, str(staging / Path(name).name))
-    if not (staging / "config.json").is_file():
+    if not (staging / marker).is_file():
         shutil.rmtree(staging, ignore_errors=True)
-        raise FileNotFoundError(f"model URL {url} has no config.json: point it at a Hugging Face model folder")
+        raise FileNotFoundError(f"URL {url} has no {marker}: point it at a model (or heads) folder")
     try:
         staging.rename(local)
     except OSError:  # another actor on this node finished the same download first
@@ -66,7 +75,7 @@ def resolve_model_dir(url: str, cache_dir: str = "", storage_options: dict[str, 
     return local
 
 
-def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None) -> str:
+def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None, marker: str = "config.json") -> str:
     """sha256 over the model's files (names and contents); remote models hash their listing's checksums."""
     if not is_local(url):
         fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
@@ -75,7 +84,7 @@ def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None) 
             (Path(i["name"]).name, i.get("size"), str(i.get("ETag") or i.get("etag") or i.get("mtime"))) for i in infos
         ]
         return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-    path = resolve_model_dir(url)
+    path = resolve_model_dir(url, marker=marker)
     return _files_sha256(sorted(p for p in path.iterdir() if p.is_file()))
 
 
@@ -122,6 +131,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPE_NAMES[name]
 
 
+def check_heads_target(heads_dir: Path, target_dir: Path, heads_url: str, target_url: str) -> None:
+    """A ValueError naming both when the heads in `heads_dir` were trained for other weights than the
+    target's: heads read the target's hidden states, and another model's states mean nothing to them."""
+    trained_for = read_heads_config(heads_dir)
+    actual = weights_sha256(target_dir)
+    if trained_for.target_weights_sha256 != actual:
+        raise ValueError(
+            f"model.heads {heads_url} were trained for the target at {trained_for.target_path} (weights sha256 "
+            f"{trained_for.target_weights_sha256[:12]}…), not for model.target {target_url} ({actual[:12]}…): "
+            f"train heads for this target (accelgen train heads target={target_url}) or point model.heads at its own"
+        )
+
+
 def load_model(
     path: Path, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -129,3 +151,44 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     return model.to(device).eval(), tokenizer
+
+
+@dataclass
+class LoadedModels:
+    """A job's (or bench's) models, loaded: the Hugging Face modules and the runners strategies use."""
+
+    tokenizer: PreTrainedTokenizerBase
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    models: Models
+
+
+def load_models(
+    target_url: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    draft_url: str | None = None,
+    heads_url: str | None = None,
+    cache_dir: str = "",
+    trust_remote_code: bool = False,
+) -> LoadedModels:
+    """The target, and the draft and heads when given, each checked against the target: a draft must
+    share its vocabulary, heads must have been trained for its weights."""
+    target_dir = resolve_model_dir(target_url, cache_dir)
+    target, tokenizer = load_model(target_dir, dtype, device, trust_remote_code)
+    draft = None
+    if draft_url:
+        draft, draft_tokenizer = load_model(resolve_model_dir(draft_url, cache_dir), dtype, device, trust_remote_code)
+        if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(
+                f"model.draft {draft_url} has a different tokenizer than model.target {target_url}: "
+                "a draft must share the target's vocabulary"
+            )
+    heads = None
+    if heads_url:
+        heads_dir = resolve_model_dir(heads_url, cache_dir, marker=HEADS_CONFIG)
+        check_heads_target(heads_dir, target_dir, heads_url, target_url)
+        heads = load_heads(heads_dir, dtype, device)
+        heads.use_lm_head(target.get_output_embeddings().weight)
+    runners = Models(ModelRunner(target), ModelRunner(draft) if draft is not None else None, heads)
+    return LoadedModels(tokenizer, target, draft, runners)

@@ -27,6 +27,7 @@ class WorkerSpec:
     job_id: str
     model_target: str
     model_draft: str | None
+    model_heads: str | None
     dtype: str
     trust_remote_code: bool
     cache_dir: str
