@@ -75,9 +75,13 @@ class HeadsProposer:
         return self._shapes[key]
 
     @torch.inference_mode()
-    def propose(self, context: ProposalContext) -> list[Draft]:
+    def candidates(self, context: ProposalContext) -> list[list[list[int]]]:
+        """[K][B][R]: each head's `max_rank` best tokens for each row, best first."""
         logits = self.heads(self.hidden)  # [K, B, V]
-        ranked = logits.topk(self.max_rank, dim=-1).indices.tolist()  # [K][B][R]
+        return logits.topk(self.max_rank, dim=-1).indices.tolist()
+
+    def propose(self, context: ProposalContext) -> list[Draft]:
+        ranked = self.candidates(context)  # [K][B][R]
         drafts = []
         for row, budget in enumerate(context.budgets):
             paths, parents = self._shape(budget, context.max_nodes)

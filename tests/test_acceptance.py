@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from strategies.acceptance import rejection_chain, relaxed_walk, walk
+from strategies.acceptance import (
+    ExactMatch,
+    RejectionSampling,
+    Relaxed,
+    Slots,
+    rejection_chain,
+    relaxed_walk,
+    typical_walk,
+    walk,
+)
 from strategies.drafts import Draft, children_by_slot, draft_problem, tree_attention, tree_depths
+from strategies.sampling import SamplingParams
 
 
 def test_tree_helpers_on_a_literal_tree():
@@ -71,3 +82,43 @@ def test_speculative_sampling_preserves_the_target_distribution():
     expected = p[0] * trials
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 16.27, (chi2, counts)  # 3 degrees of freedom, p = 0.001
+
+
+def test_typical_walk_on_literal_distributions():
+    """Accept x at a slot when p(x) > min(ε, δ·exp(−H(p))); the deepest passing node wins, then Σ log p."""
+    certain = [1.0, 0.0, 0.0, 0.0]  # H = 0: the threshold is min(ε, δ)
+    flat = [0.25, 0.25, 0.25, 0.25]  # H = ln 4: δ·exp(−H) = δ / 4
+    # pending -> a(1) -> c(2); pending -> b(3); slot 0 is flat, slot 1 (a) certain of 2, slot 2 (b) flat.
+    draft = Draft(tokens=[1, 3, 2], parents=[-1, -1, 0])
+    probs = torch.tensor([flat, [0.0, 0.0, 1.0, 0.0], flat, certain], dtype=torch.float64)
+    chosen = [0, 2, 0, 0]
+    # ε = 0.3, δ = 0.8: slot 0's threshold is min(0.3, 0.2) = 0.2 < 0.25: a and b pass; a's child too.
+    verdict = typical_walk(draft, probs, chosen, epsilon=0.3, delta=0.8)
+    assert verdict.path == [1, 3] and verdict.tokens == [1, 2, 0]
+    # δ = 1.2: threshold min(0.3, 0.3) = 0.3 > 0.25: nothing passes at slot 0; the target's own token.
+    assert typical_walk(draft, probs, chosen, epsilon=0.3, delta=1.2).tokens == [0]
+    # Two passing leaves at one depth: the one with the higher Σ log p.
+    siblings = Draft(tokens=[1, 2], parents=[-1, -1])
+    skewed = torch.tensor([[0.1, 0.3, 0.6, 0.0], flat, flat], dtype=torch.float64)
+    assert typical_walk(siblings, skewed, [2, 0, 0], epsilon=0.05, delta=0.1).path == [2]
+    assert typical_walk(Draft.empty(), skewed, [2], epsilon=0.05, delta=0.1).tokens == [2]
+
+
+def test_top_k_relaxed_acceptance_takes_any_token_among_the_targets_top_k():
+    chain = Draft.chain([1, 3])
+    logits = torch.tensor([[5.0, 4.0, 3.0, 0.0], [0.0, 1.0, 2.0, 3.0 - 1e-3], [0.0, 9.0, 0.0, 0.0]])
+    top2 = Relaxed(top_beta=2).accept(logits[None], [chain], None, SamplingParams())[0]
+    assert top2.tokens == [1, 3, 1]  # 1 is 2nd at slot 0, 3 is 1st at slot 1, then the argmax 1
+    top1 = Relaxed(top_beta=1).accept(logits[None], [chain], None, SamplingParams())[0]
+    assert top1.tokens == [0]  # top-1 is exact greedy: the first draft token fails
+    assert Relaxed(top_beta=2).refusal(greedy=False, trees=False) is not None
+
+
+def test_rejection_sampling_refuses_trees_and_exact_matching_takes_them():
+    assert "chains" in RejectionSampling().refusal(greedy=False, trees=True)
+    assert RejectionSampling().refusal(greedy=True, trees=True) is None
+    assert ExactMatch().refusal(greedy=False, trees=True) is None
+    tree = Draft([1, 2], [-1, -1], probs=torch.full((2, 4), 0.25, dtype=torch.float64))
+    slots = Slots(seed=0, keys=torch.tensor([7]), positions=torch.tensor([[0, 1, 1]]))
+    with pytest.raises(ValueError, match="chains"):
+        RejectionSampling().accept(torch.zeros(1, 3, 4), [tree], slots, SamplingParams(temperature=1.0))

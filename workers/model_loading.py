@@ -140,7 +140,8 @@ def check_heads_target(heads_dir: Path, target_dir: Path, heads_url: str, target
         raise ValueError(
             f"model.heads {heads_url} were trained for the target at {trained_for.target_path} (weights sha256 "
             f"{trained_for.target_weights_sha256[:12]}…), not for model.target {target_url} ({actual[:12]}…): "
-            f"train heads for this target (accelgen train heads target={target_url}) or point model.heads at its own"
+            f"train heads for this target (accelgen train heads target={target_url}), point model.heads at its "
+            "own, or set model.heads=null to decode without heads"
         )
 
 
