@@ -96,6 +96,19 @@ class BlockwiseOptions:
 
 
 @dataclass
+class JacobiOptions:
+    mode: str = field(
+        default="pgj",
+        metadata={"help": "pj: the whole output is one block; pgj: blocks of block_size in turn; hgj: pgj then plain."},
+    )
+    block_size: int = field(default=8, metadata={"help": "Tokens guessed and refined together (pgj, hgj)."})
+    init: str = field(
+        default="retrieval",
+        metadata={"help": "First guess of an unseen position: pad (EOS id), repeat (last tokens), retrieval (lookup)."},
+    )
+
+
+@dataclass
 class StrategyOptions:
     name: str = field(
         default="autoregressive", metadata={"help": "Decoding strategy; an unknown name lists the available ones."}
@@ -116,3 +129,4 @@ class StrategyOptions:
     lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)
     medusa: MedusaOptions = field(default_factory=MedusaOptions)
     blockwise: BlockwiseOptions = field(default_factory=BlockwiseOptions)
+    jacobi: JacobiOptions = field(default_factory=JacobiOptions)

@@ -30,6 +30,9 @@ class TargetStates:
 
     hidden: torch.Tensor  # [B, n, H] every position the forward(s) computed, kept or not
     kept: list[list[int]]  # per row: indices into n of its kept positions, in order (never empty)
+    # [B, n, V] the target's logits at every slot of a verify forward, kept or not (a Jacobi
+    # iteration's next guess); None after a prefill or plain steps, whose tokens are the emitted ones.
+    logits: torch.Tensor | None = None
 
     def last(self) -> torch.Tensor:
         """[B, H]: per row, the state that chose its pending token (the last kept position)."""
@@ -39,7 +42,8 @@ class TargetStates:
     def rows(self, rows: list[int]) -> TargetStates:
         """Only batch rows `rows` (in order)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.hidden.device)
-        return TargetStates(self.hidden[index], [self.kept[r] for r in rows])
+        logits = self.logits[index] if self.logits is not None else None
+        return TargetStates(self.hidden[index], [self.kept[r] for r in rows], logits)
 
 
 @dataclass

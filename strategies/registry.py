@@ -18,6 +18,8 @@ from strategies.base import Strategy
 from strategies.control import AUTOREGRESSIVE, Controller
 from strategies.draft_model import DraftModelProposer
 from strategies.heads import DraftHeads
+from strategies.jacobi import INITS, JacobiProposer
+from strategies.jacobi import MODES as JACOBI_MODES
 from strategies.lookahead import MODES, LookaheadProposer
 from strategies.medusa import HeadsProposer, chain_choices, check_choices
 from strategies.options import MEDUSA_ACCEPTANCE, StrategyOptions
@@ -81,6 +83,13 @@ def _blockwise(options: StrategyOptions, models: Models) -> Drafter:
     return Drafter("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
 
 
+def _jacobi(options: StrategyOptions, models: Models) -> Drafter:
+    o = options.jacobi
+    depth = models.target.max_context if o.mode == "pj" else o.block_size
+    proposer = JacobiProposer(o.mode, o.block_size, o.init)
+    return Drafter("jacobi", proposer, depth, depth, greedy_only=True)
+
+
 def _need_draft(models: Models, name: str) -> ModelRunner:
     if models.draft is None:
         raise ValueError(f"strategy {name!r} needs a draft model: set model.draft")
@@ -100,6 +109,7 @@ _DRAFTERS: dict[str, Callable[[StrategyOptions, Models], Drafter]] = {
     "lookahead": _lookahead,
     "medusa": _medusa,
     "blockwise": _blockwise,
+    "jacobi": _jacobi,
 }
 NEEDS_DRAFT = frozenset({"speculative", "specdec"})
 NEEDS_HEADS = frozenset({"medusa", "blockwise"})
@@ -158,6 +168,12 @@ def problems(options: StrategyOptions, greedy: bool) -> list[str]:
         found.append(f"strategy.medusa.acceptance={md.acceptance!r}: use one of {', '.join(MEDUSA_ACCEPTANCE)}")
     if not md.choices:
         found.append("strategy.medusa.choices is empty: give at least one path, e.g. [[0]]")
+    jc = options.jacobi
+    if jc.mode not in JACOBI_MODES or jc.init not in INITS or jc.block_size < 1:
+        found.append(
+            f"strategy.jacobi: mode must be one of {', '.join(JACOBI_MODES)}, init one of {', '.join(INITS)}, "
+            "block_size >= 1"
+        )
     if options.blockwise.top_k < 1:
         found.append(f"strategy.blockwise.top_k={options.blockwise.top_k}: use 1 (exact) or more")
     relaxed = options.name == "specdec" or (options.name == "blockwise" and options.blockwise.top_k > 1)

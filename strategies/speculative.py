@@ -43,6 +43,7 @@ class Drafter:
     max_nodes: int  # most nodes per row (trees); chains: max_depth
     rule: AcceptanceRule = field(default_factory=ExactMatch)
     trees: bool = False  # it drafts trees (several children below a node), not only chains
+    greedy_only: bool = False  # off at temperature > 0: those rows decode plainly (Jacobi's fixed point is greedy)
     learns: bool = False  # it learns from every batch it sees (a Lookahead trie), drafting or not
 
 
@@ -82,7 +83,7 @@ class SpeculativeStrategy:
         run = _Decoding(
             batch=start_batch(self.runner, requests, params, self.want_states),
             emitted_by=[dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests],
-            live=dict(self.drafters),
+            live={n: d for n, d in self.drafters.items() if params.sampling.greedy or not d.greedy_only},
         )
         batch = run.batch
         if batch.active:
@@ -124,8 +125,10 @@ class SpeculativeStrategy:
                 self._plain(run, 1)
                 continue
             self._drafted(run, drafter.name, drafts, verdicts, began)
+        # A fixed strategy whose drafter could not run at all (greedy-only, sampling) decoded plainly.
+        fixed = self.name if run.live or run.started else AUTOREGRESSIVE
         rows = [
-            RowOutput(tokens=o, finish_reason=r, strategy=self._row_strategy(counts))
+            RowOutput(tokens=o, finish_reason=r, strategy=self._row_strategy(counts, fixed))
             for o, r, counts in zip(batch.outputs, batch.reasons, run.emitted_by, strict=True)
         ]
         extra: dict = {}
@@ -235,10 +238,10 @@ class SpeculativeStrategy:
             if len(still) < batch_size:
                 self.controller.keep_rows(still)
 
-    def _row_strategy(self, counts: dict[str, int]) -> str:
-        """What decoded the row: the strategy itself when fixed; under a controller, whichever emitted most."""
+    def _row_strategy(self, counts: dict[str, int], fixed: str) -> str:
+        """What decoded the row: `fixed` without a controller; under one, whichever option emitted most."""
         if self.controller is None:
-            return self.name
+            return fixed
         return max(counts, key=lambda name: counts[name])
 
     def _plan(self, live: dict[str, Drafter], batch_size: int) -> Plan:

@@ -104,5 +104,5 @@ def verify(
         keep[row, [first_slot + s for s in slots_kept]] = True
     kv.invalidate(~keep & new_slots)
     kv.compact_if_wasteful()
-    states = TargetStates(out.hidden, kept) if want_states else None
+    states = TargetStates(out.hidden, kept, out.logits) if want_states else None
     return Verification(verdicts=verdicts, states=states, logits=out.logits)
