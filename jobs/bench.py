@@ -37,6 +37,7 @@ from workers.rows import repetition_rate
 from workers.storage import filesystem
 
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "transformers.generate", "transformers.assisted", "transformers.prompt_lookup"
+JACOBI_COUNTS = ("iterations", "blocks", "committed", "fast_forwarded", "stationary")
 
 
 @dataclass
@@ -99,6 +100,18 @@ class Run:
                     counts[d] += n
         accepted.extend([0] * (len(reached) - len(accepted)))
         return [round(a / r, 3) for a, r in zip(accepted, reached, strict=True) if r]
+
+    def jacobi(self) -> dict[str, float] | None:
+        """Jacobi's trajectory signatures over the pass (`strategies.jacobi`), when it ran."""
+        counts = {k: sum(s.get(f"jacobi_{k}", 0) for s in self.stats) for k in JACOBI_COUNTS}
+        if not counts["iterations"]:
+            return None
+        return {
+            "iterations_per_block": round(counts["iterations"] / counts["blocks"], 3),
+            "committed_per_iteration": round(counts["committed"] / counts["iterations"], 3),
+            "fast_forwarded": counts["fast_forwarded"],
+            "stationary": counts["stationary"],
+        }
 
 
 class Bench:
@@ -235,6 +248,7 @@ class Bench:
                 # Per pass, then the median, as the times: under `auto` a pass's τ depends on its choices.
                 "tau": _median_or_none([r.tau() for r in rs]),
                 "acceptance_by_position": last.acceptance_by_position(),
+                "jacobi": last.jacobi(),
                 "rows_equal_to_generate": (
                     sum(a == b for a, b in zip(last.tokens, reference, strict=True)) / len(reference)
                     if reference
@@ -277,7 +291,8 @@ def print_rows(rows: list[dict]) -> None:
             f"{r['batch_size']:>5}  {r['contender']:<28} {r['median_wall_s']:>8.3f} {r['tokens_per_s']:>9.1f} "
             f"{fmt(r['x_generate'], '.2f'):>6} {fmt(r['x_autoregressive'], '.2f'):>6} "
             f"{fmt(r['tau'], '.2f'):>5} {fmt(r['rows_equal_to_generate'], '.0%'):>5} "
-            f"{r['repetition_rate']:>5.2f}  {' '.join(f'{a:.2f}' for a in r.get('acceptance_by_position') or [])}",
+            f"{r['repetition_rate']:>5.2f}  {' '.join(f'{a:.2f}' for a in r.get('acceptance_by_position') or [])}"
+            f"{'' if not r.get('jacobi') else '  jacobi ' + json.dumps(r['jacobi'])}",
             flush=True,
         )
 

@@ -143,6 +143,7 @@ class JacobiProposer:
             "jacobi_iterations": self.iterations,
             "jacobi_blocks": self.blocks,
             "jacobi_iterations_per_block": round(self.iterations / self.blocks, 3) if self.blocks else 0.0,
+            "jacobi_committed": self.committed,
             "jacobi_committed_per_iteration": round(self.committed / self.iterations, 3) if self.iterations else 0.0,
             "jacobi_fast_forwarded": self.fast_forwarded,
             "jacobi_stationary": self.stationary,
