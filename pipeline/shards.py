@@ -248,10 +248,13 @@ def _some(places: list[str], shown: int = 3) -> str:
 def read_ids(
     shards: list[Shard], id_column: str, storage_options: dict[str, Any], threads: int = PLANNING_THREADS
 ) -> list[pa.ChunkedArray]:
-    """The id column of every shard, read concurrently, in the order of `shards`."""
+    """The id column of every shard, read concurrently, in the order of `shards`. A small shard is
+    fetched whole in one request; opening it would cost a metadata request and reads besides."""
 
     def read(shard: Shard) -> pa.ChunkedArray:
         fs, path = filesystem(shard.url, storage_options)
+        if shard.size <= FOOTER_READ_BYTES:
+            return pq.ParquetFile(pa.BufferReader(fs.cat_file(path))).read(columns=[id_column]).column(id_column)
         with fs.open(path, "rb") as f:
             return pq.ParquetFile(f).read(columns=[id_column]).column(id_column)
 
