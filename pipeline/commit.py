@@ -19,11 +19,12 @@ which republishes the same name.
 from __future__ import annotations
 
 import json
+import posixpath
 import uuid
 from typing import Any
 
 from pipeline.errors import JobError
-from pipeline.fingerprint import changed_shards
+from pipeline.fingerprint import changed_shards, difference
 from workers.spec import UnitResult
 from workers.storage import filesystem, join, protocol_prefix, write_bytes
 
@@ -86,26 +87,30 @@ class OutputFolder:
                 return False
             raise JobError(
                 f"output.url {self.url} holds the results of a different job (fingerprint "
-                f"{existing.get('fingerprint', '?')[:12]}, this job {fingerprint[:12]}): the input, model, "
-                "generation or strategy settings differ. Choose a new output.url, or delete the folder to redo it"
+                f"{existing.get('fingerprint', '?')[:12]}, this job {fingerprint[:12]}): "
+                f"{difference(existing.get('identity', {}), job_record['identity'])}. A job resumes only over the "
+                "same shards, where just shards with no committed unit may change. Choose a new output.url, or "
+                "delete the folder to redo it"
             )
         return self.fs.exists(self._p(SUCCESS_FILE))
 
     def committed(self) -> dict[str, dict[str, Any]]:
-        """Commit records of the units whose parts are in place, by unit id."""
+        """Commit records of the units whose parts are in place, by unit id.
+
+        One listing of the folder gives every part's size, and the records are fetched together
+        (concurrently on object stores): a resume over thousands of units costs a few requests'
+        latency, not two round trips per unit.
+        """
         self.fs.invalidate_cache()
         try:
             names = self.fs.ls(self._p("_commits"), detail=False)
         except FileNotFoundError:
             return {}
+        sizes = {posixpath.basename(info["name"]): info["size"] for info in self.fs.ls(self.path, detail=True)}
         records = {}
-        for name in names:
-            record = json.loads(self.fs.cat_file(name))
-            try:
-                size = self.fs.size(self._p(record["part"]))
-            except FileNotFoundError:
-                continue
-            if size == record["bytes"]:
+        for data in self.fs.cat(names, on_error="omit").values():
+            record = json.loads(data)
+            if sizes.get(record["part"]) == record["bytes"]:
                 records[record["unit_id"]] = record
         return records
 

@@ -9,6 +9,7 @@ directly under `strategy`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +142,10 @@ def load_config(base: T, yaml_path: str | None, overrides: list[str]) -> T:
         raise JobError(f"could not parse overrides {overrides!r}: {exc}") from None
     merged = schema
     for source, layer in layers:
+        unknown = _unknown_keys(schema, OmegaConf.to_container(layer), "")
+        if unknown:
+            valid = [key for key, _, _ in describe(base)]
+            raise JobError(f"{source}: " + "; ".join(_unknown_key_message(key, valid) for key in unknown))
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as exc:
@@ -149,6 +154,57 @@ def load_config(base: T, yaml_path: str | None, overrides: list[str]) -> T:
     if missing:
         raise JobError(f"missing required config keys: {', '.join(missing)} (set them in the YAML or as key=value)")
     return typing.cast(T, OmegaConf.to_object(merged))
+
+
+def _unknown_keys(schema: DictConfig, layer: Any, prefix: str) -> list[str]:
+    """Dotted keys of `layer` that the schema does not have, found before merging so that every
+    misspelt key is reported at once, under its full name (a misspelt section names the keys below it)."""
+    if not isinstance(layer, dict):
+        return []
+    unknown = []
+    known = set(schema.keys())  # `in schema` is False for a required key not yet set
+    for name, value in layer.items():
+        key = f"{prefix}{name}"
+        if name not in known:
+            unknown.extend(_leaf_keys(value, key))
+            continue
+        # Sections descend; free-form dicts (storage options, custom resources) take any key.
+        if dataclasses.is_dataclass(OmegaConf.get_type(schema, name)):
+            unknown.extend(_unknown_keys(schema[name], value, key + "."))
+    return unknown
+
+
+def _leaf_keys(value: Any, key: str) -> list[str]:
+    if isinstance(value, dict) and value:
+        return [leaf for name, child in value.items() for leaf in _leaf_keys(child, f"{key}.{name}")]
+    return [key]
+
+
+def _unknown_key_message(key: str, valid: list[str]) -> str:
+    """Name the nearest valid keys: a typo or an abbreviation is the usual cause of an unknown key."""
+    close = _nearest(key, valid)
+    if not close:
+        return f"unknown config key '{key}' (--help lists every key)"
+    return f"unknown config key '{key}': did you mean " + " or ".join(f"`{c}`" for c in close) + "?"
+
+
+def _nearest(key: str, valid: list[str]) -> list[str]:
+    """Keys of the same section compared by their last part (a shared section name says nothing about
+    similarity), a prefix counting as a match (`temp` -> `temperature`); keys of an unknown section
+    compared whole. The best, and those within 0.1 of it, up to three."""
+    section, _, leaf = key.rpartition(".")
+    siblings = [v for v in valid if v.rpartition(".")[0] == section]
+    if siblings:
+        scores = {v: _similarity(leaf, v.rpartition(".")[2]) + v.rpartition(".")[2].startswith(leaf) for v in siblings}
+    else:
+        scores = {v: _similarity(key, v) for v in valid}
+    best = max(scores.values(), default=0.0)
+    ranked = sorted((v for v, score in scores.items() if score >= max(0.6, best - 0.1)), key=lambda v: -scores[v])
+    return ranked[:3]
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
 
 
 def _omegaconf_message(exc: OmegaConfBaseException) -> str:

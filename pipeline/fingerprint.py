@@ -58,3 +58,21 @@ def changed_shards(old: dict[str, Any], new: dict[str, Any]) -> set[int] | None:
     if not same_rest or [s[0] for s in old_input] != [s[0] for s in new_input]:
         return None
     return {i for i, (a, b) in enumerate(zip(old_input, new_input, strict=True)) if a != b}
+
+
+def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What differs between two identities, in words: a refusal to resume should say what changed."""
+    said = []
+    settings = sorted(k for k in set(old) | set(new) if k != "input" and old.get(k) != new.get(k))
+    if settings:
+        said.append("the " + ", ".join(settings) + " settings differ")
+    before = {s[0]: s for s in old.get("input", [])}
+    after = {s[0]: s for s in new.get("input", [])}
+    for what, names in (
+        ("added", sorted(set(after) - set(before))),
+        ("removed", sorted(set(before) - set(after))),
+        ("changed", sorted(n for n in set(before) & set(after) if before[n] != after[n])),
+    ):
+        if names:
+            said.append(f"{len(names)} input shards {what} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})")
+    return "; ".join(said) or "the identity format differs"

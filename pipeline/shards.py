@@ -7,11 +7,14 @@ unreadable footer, a missing column, shards whose schemas differ, null or duplic
 from __future__ import annotations
 
 import posixpath
-from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import fsspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
@@ -20,7 +23,16 @@ from workers.generator import OUTPUT_SCHEMA
 from workers.spec import WorkUnit
 from workers.storage import filesystem, protocol_prefix
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 _GLOB_CHARS = "*?["
+# Footers are read concurrently: on object storage each is a request's round trip, and a real input
+# can be thousands of shards. Bounded, so a listing of any size keeps a fixed number of requests open.
+PLANNING_THREADS = 64
+# One ranged read of a file's last bytes usually holds the whole footer; a larger footer costs a second.
+FOOTER_READ_BYTES = 64 * 1024
+_MAGIC = b"PAR1"
 
 
 @dataclass(frozen=True)
@@ -34,50 +46,128 @@ class Shard:
     schema: pa.Schema
 
 
-def list_shards(url: str, storage_options: dict[str, Any]) -> list[Shard]:
-    """The Parquet shards at `url` (a file, a directory searched recursively, or a glob), sorted by name."""
+def list_shards(
+    url: str, storage_options: dict[str, Any], exclude: str | None = None, threads: int = PLANNING_THREADS
+) -> list[Shard]:
+    """The Parquet shards at `url` (a file, a directory searched recursively, or a glob), sorted by name.
+
+    As in Spark, Hive and Hadoop, files and folders whose names start with `_` or `.` below the
+    input root are not data (job markers, staging folders, editor and OS files). `exclude` (the
+    job's output folder) is never listed, wherever it sits: an output inside the input folder must
+    not feed the job its own parts. Footers are read by `threads` concurrent ranged reads.
+    """
     fs, path = filesystem(url, storage_options)
     prefix = protocol_prefix(fs)
+    excluded = _same_filesystem_path(fs, exclude)
+    if excluded and _is_within(_literal_prefix(path), excluded):
+        raise JobError(
+            f"input.url {url} lies inside output.url {exclude}: the output folder is never read as input; "
+            "put the output beside or inside the input folder, not above it"
+        )
+    files, root = _list_files(fs, url, path)
+    paths = sorted(p for p in files if not (excluded and _is_within(p, excluded)))
+    if not paths:
+        raise JobError(
+            f"input.url {url} matches no Parquet files (files and folders named _* or .*, and the output "
+            "folder, are skipped)"
+        )
+    return parallel_map(lambda p: _read_shard(fs, prefix, p, files[p], root), paths, threads)
+
+
+def parallel_map(fn: Callable[[T], R], items: list[T], threads: int) -> list[R]:
+    """`fn` over `items` in order, on up to `threads` threads (the first error raised is the first in order)."""
+    if threads <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def _list_files(fs: AbstractFileSystem, url: str, path: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """Every data file of the input with its listing details (size, stamp), and the root names are
+    relative to. A file named explicitly is data whatever its name; below a folder or a glob's root,
+    names starting with `_` or `.` are not.
+
+    One listing gives every file's size and stamp, so no file needs a request of its own for them.
+    """
     if any(c in path for c in _GLOB_CHARS):
-        paths = sorted(fs.glob(path))
-        root = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
+        root = _literal_prefix(path).rsplit("/", 1)[0]
+        found = fs.glob(path, detail=True)
     elif fs.isdir(path):
-        paths = sorted(p for p in fs.find(path) if _is_data_file(p))
         root = path.rstrip("/")
+        found = fs.find(root, detail=True)
     elif fs.exists(path):
-        paths, root = [path], posixpath.dirname(path)
+        return {path: fs.info(path)}, posixpath.dirname(path)
     else:
         raise JobError(f"input.url {url} does not exist: point it at a Parquet file, a folder of them, or a glob")
-    if not paths:
-        raise JobError(f"input.url {url} matches no Parquet files (files named _* or .* are skipped)")
-    return [_read_shard(fs, prefix, p, root) for p in paths]
+    return {p: info for p, info in found.items() if info.get("type") == "file" and not _is_hidden(p, root)}, root
 
 
-def _is_data_file(path: str) -> bool:
-    name = posixpath.basename(path)
-    return not name.startswith(("_", ".")) and "/_" not in path and "/." not in path
+def _literal_prefix(path: str) -> str:
+    """The part of a path before its first glob character (all of it when there is none)."""
+    return path[: min((path.find(c) for c in _GLOB_CHARS if c in path), default=len(path))]
 
 
-def _read_shard(fs: AbstractFileSystem, prefix: str, path: str, root: str) -> Shard:
+def _is_hidden(path: str, root: str) -> bool:
+    """A name below the root starting with `_` or `.` (the root itself may be named so: the user chose it).
+
+    Spark, Hive and Hadoop write such names for job markers, staging and checksums, and so does accelgen.
+    """
+    relative = posixpath.relpath(path, root) if root else path
+    return any(part.startswith(("_", ".")) for part in relative.split("/"))
+
+
+def _same_filesystem_path(fs: AbstractFileSystem, url: str | None) -> str | None:
+    """`url` as a path of `fs` when it lives on the same kind of filesystem, else None (cannot overlap)."""
+    if not url:
+        return None
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if protocol not in protocols and not (protocol == "file" and "local" in protocols):
+        return None
+    return fs._strip_protocol(url).rstrip("/")
+
+
+def _is_within(path: str, folder: str) -> bool:
+    return path.rstrip("/") == folder or path.startswith(folder + "/")
+
+
+def _read_shard(fs: AbstractFileSystem, prefix: str, path: str, info: dict[str, Any], root: str) -> Shard:
     url = prefix + path
+    size = int(info.get("size") or 0)
     try:
-        info = fs.info(path)
-        with fs.open(path, "rb") as f:
-            meta = pq.ParquetFile(f).metadata
-            schema = meta.schema.to_arrow_schema()
+        meta = read_footer(fs, path, size)
+        schema = meta.schema.to_arrow_schema()
     except Exception as exc:
         raise JobError(f"cannot read the Parquet footer of {url}: {exc}; fix or remove the file") from None
     stamp = info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("etag") or ""
-    name = posixpath.relpath(path, root) if root else path
     return Shard(
         url=url,
-        name=name,
-        size=int(info.get("size") or 0),
+        name=posixpath.relpath(path, root) if root else path,
+        size=size,
         stamp=str(stamp),
         num_rows=meta.num_rows,
         row_group_rows=tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)),
         schema=schema,
     )
+
+
+def read_footer(fs: AbstractFileSystem, path: str, size: int) -> pq.FileMetaData:
+    """A Parquet file's metadata from ranged reads of its end: one request for most files, two at most.
+
+    Opening the file instead would cost a metadata request and a read per file, one after another.
+    """
+    if size < 2 * len(_MAGIC) + 4:
+        raise ValueError(f"{size} bytes is too small for a Parquet file")
+    tail = fs.cat_file(path, start=max(0, size - FOOTER_READ_BYTES), end=size)
+    if tail[-4:] != _MAGIC:
+        raise ValueError("the file does not end with the Parquet magic bytes PAR1 (not Parquet, or encrypted)")
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 8 + len(_MAGIC) > size:
+        raise ValueError(f"its footer claims {length} bytes, more than the file's {size}")
+    if length + 8 > len(tail):
+        tail = fs.cat_file(path, start=size - length - 8, end=size)
+    # The metadata parser wants a whole file: the leading magic and the footer are all it reads.
+    return pq.read_metadata(pa.BufferReader(_MAGIC + tail[-(length + 8) :]))
 
 
 def check_columns(
@@ -121,34 +211,54 @@ def _describe(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-def check_ids(shards: list[Shard], id_column: str, storage_options: dict[str, Any]) -> None:
-    """Fail the job on a null or duplicate id, naming the rows (file and row index)."""
-    seen: dict[str, tuple[str, int]] = {}
-    duplicates: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for shard in shards:
+def check_ids(
+    shards: list[Shard], id_column: str, storage_options: dict[str, Any], threads: int = PLANNING_THREADS
+) -> None:
+    """Fail the job on a null or duplicate id, naming the rows (file and row index).
+
+    The ids are held as Arrow arrays (a few bytes beyond the id's own length per row), not as Python
+    objects: a million-row input is checked in tens of megabytes.
+    """
+    columns = read_ids(shards, id_column, storage_options, threads)
+    for shard, ids in zip(shards, columns, strict=True):
+        if ids.null_count:
+            index = pc.index(pc.is_null(ids), True).as_py()
+            raise JobError(f"input.id_column {id_column!r} is null in {shard.url} row {index}: give every row an id")
+    counts = pc.value_counts(pa.chunked_array([c for ids in columns for c in ids.chunks], type=columns[0].type))
+    duplicated = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+    if not len(duplicated):
+        return
+    examples = duplicated[:5]
+    places: dict[str, list[str]] = {str(v): [] for v in examples.to_pylist()}
+    for shard, ids in zip(shards, columns, strict=True):
+        for index in pc.indices_nonzero(pc.is_in(ids, value_set=examples)).to_pylist():
+            places[str(ids[index].as_py())].append(f"{shard.url} row {index}")
+    raise JobError(
+        f"input.id_column {id_column!r} has {len(duplicated)} duplicate ids, e.g. "
+        + "; ".join(f"{key!r} at " + _some(where) for key, where in places.items())
+        + ": ids must be unique across the input"
+    )
+
+
+def _some(places: list[str], shown: int = 3) -> str:
+    more = f" and {len(places) - shown} more" if len(places) > shown else ""
+    return ", ".join(places[:shown]) + more
+
+
+def read_ids(
+    shards: list[Shard], id_column: str, storage_options: dict[str, Any], threads: int = PLANNING_THREADS
+) -> list[pa.ChunkedArray]:
+    """The id column of every shard, read concurrently, in the order of `shards`. A small shard is
+    fetched whole in one request; opening it would cost a metadata request and reads besides."""
+
+    def read(shard: Shard) -> pa.ChunkedArray:
         fs, path = filesystem(shard.url, storage_options)
+        if shard.size <= FOOTER_READ_BYTES:
+            return pq.ParquetFile(pa.BufferReader(fs.cat_file(path))).read(columns=[id_column]).column(id_column)
         with fs.open(path, "rb") as f:
-            ids = pq.ParquetFile(f).read(columns=[id_column]).column(id_column).to_pylist()
-        for index, value in enumerate(ids):
-            if value is None:
-                raise JobError(
-                    f"input.id_column {id_column!r} is null in {shard.url} row {index}: give every row an id"
-                )
-            key = str(value)
-            if key in seen:
-                duplicates[key].append((shard.url, index))
-            else:
-                seen[key] = (shard.url, index)
-    if duplicates:
-        examples = [
-            f"{key!r} at " + ", ".join(f"{u} row {i}" for u, i in [seen[key], *places])
-            for key, places in list(duplicates.items())[:5]
-        ]
-        raise JobError(
-            f"input.id_column {id_column!r} has {len(duplicates)} duplicate ids, e.g. "
-            + "; ".join(examples)
-            + ": ids must be unique across the input"
-        )
+            return pq.ParquetFile(f).read(columns=[id_column]).column(id_column)
+
+    return parallel_map(read, shards, threads)
 
 
 def plan_units(shards: list[Shard], rows_per_unit: int) -> list[WorkUnit]:

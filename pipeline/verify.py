@@ -9,22 +9,24 @@ input, the output's row ids are exactly the input's.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import posixpath
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
 
 from pipeline.commit import JOB_FILE, MANIFEST_FILE, SUCCESS_FILE
-from pipeline.shards import list_shards
+from pipeline.shards import list_shards, parallel_map, read_ids
 from workers.generator import derived_row_id
 from workers.storage import filesystem, join
 
 _BOOKKEEPING = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE)
 _BOOKKEEPING_DIRS = ("_logs/", "_commits/")
+_THREADS = 16  # parts read at once: each is a whole object, so fewer at a time than footers
 
 
 @dataclass
@@ -56,44 +58,62 @@ def verify(output_url: str, input_url: str | None, storage_options: dict[str, An
         if name in _BOOKKEEPING or name.startswith(_BOOKKEEPING_DIRS) or name in listed:
             continue
         report.problems.append(f"{name} is not in the manifest")
-    ids: Counter[str] = Counter()
-    for name, part in sorted(listed.items()):
-        if name not in present:
-            report.problems.append(f"{name} is in the manifest but missing")
-            continue
-        data = fs.cat_file(join(root, name))
-        if len(data) != part["bytes"] or hashlib.sha256(data).hexdigest() != part["sha256"]:
-            report.problems.append(f"{name}: checksum differs from the manifest")
-            continue
-        table = pq.read_table(io.BytesIO(data), columns=["row_id"])
-        if table.num_rows != part["rows"]:
-            report.problems.append(f"{name}: {table.num_rows} rows, the manifest says {part['rows']}")
-        ids.update(table.column("row_id").to_pylist())
-        report.parts += 1
-    report.rows = sum(ids.values())
-    duplicated = [i for i, n in ids.items() if n > 1]
-    if duplicated:
-        report.problems.append(f"{len(duplicated)} row ids appear more than once, e.g. {duplicated[:3]}")
+    for name in sorted(set(listed) - present):
+        report.problems.append(f"{name} is in the manifest but missing")
+    checked = parallel_map(lambda n: _check_part(fs, join(root, n), listed[n]), sorted(set(listed) & present), _THREADS)
+    report.problems.extend(problem for problem, _ in checked if problem)
+    ids = pa.chunked_array([c for _, part_ids in checked for c in part_ids.chunks], type=pa.string())
+    report.parts, report.rows = sum(not problem for problem, _ in checked), len(ids)
+    counts = pc.value_counts(ids)
+    duplicated = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+    if len(duplicated):
+        report.problems.append(f"{len(duplicated)} row ids appear more than once, e.g. {duplicated[:3].to_pylist()}")
     if input_url is not None:
-        expected = input_row_ids(input_url, manifest, storage_options)
-        missing, extra = expected - set(ids), set(ids) - expected
-        if missing:
-            report.problems.append(f"{len(missing)} input rows have no output row, e.g. {sorted(missing)[:3]}")
-        if extra:
-            report.problems.append(f"{len(extra)} output rows match no input row, e.g. {sorted(extra)[:3]}")
+        expected = input_row_ids(input_url, manifest, storage_options, exclude=output_url)
+        missing = expected.filter(pc.invert(pc.is_in(expected, value_set=ids)))
+        extra = ids.filter(pc.invert(pc.is_in(ids, value_set=expected)))
+        if len(missing):
+            report.problems.append(f"{len(missing)} input rows have no output row, e.g. {_first(missing)}")
+        if len(extra):
+            report.problems.append(f"{len(extra)} output rows match no input row, e.g. {_first(extra)}")
     return report
 
 
-def input_row_ids(input_url: str, manifest: dict[str, Any], storage_options: dict[str, Any]) -> set[str]:
+def _check_part(fs: AbstractFileSystem, path: str, part: dict[str, Any]) -> tuple[str | None, pa.ChunkedArray]:
+    """A part against its manifest entry: (the problem or None, its row ids; none when the bytes differ)."""
+    name = part["part"]
+    data = fs.cat_file(path)
+    if len(data) != part["bytes"] or hashlib.sha256(data).hexdigest() != part["sha256"]:
+        return f"{name}: checksum differs from the manifest", pa.chunked_array([], type=pa.string())
+    ids = pq.read_table(pa.BufferReader(data), columns=["row_id"]).column("row_id")
+    if len(ids) != part["rows"]:
+        return f"{name}: {len(ids)} rows, the manifest says {part['rows']}", ids
+    return None, ids
+
+
+def _first(ids: pa.ChunkedArray) -> list[str]:
+    return ids.take(pc.sort_indices(ids)[:3]).to_pylist()
+
+
+def input_row_ids(
+    input_url: str, manifest: dict[str, Any], storage_options: dict[str, Any], exclude: str | None = None
+) -> pa.ChunkedArray:
     """The row ids a job over `input_url` must produce, with the job's own id rule (its id column, or
-    shard path and row index)."""
+    shard path and row index). `exclude` is the job's output folder, which its listing left out."""
     id_column = manifest["config"]["input"]["id_column"]
-    expected: set[str] = set()
-    for shard in list_shards(input_url, storage_options):
-        if id_column:
-            fs, path = filesystem(shard.url, storage_options)
-            with fs.open(path, "rb") as f:
-                expected.update(str(v) for v in pq.read_table(f, columns=[id_column]).column(id_column).to_pylist())
-        else:
-            expected.update(derived_row_id(shard.name, i) for i in range(shard.num_rows))
-    return expected
+    shards = list_shards(input_url, storage_options, exclude=exclude)
+    if id_column:
+        columns = [_as_row_ids(ids) for ids in read_ids(shards, id_column, storage_options)]
+    else:
+        columns = [
+            pa.chunked_array([pa.array([derived_row_id(s.name, i) for i in range(s.num_rows)], pa.string())])
+            for s in shards
+        ]
+    return pa.chunked_array([c for ids in columns for c in ids.chunks], type=pa.string())
+
+
+def _as_row_ids(ids: pa.ChunkedArray) -> pa.ChunkedArray:
+    """An id column as the generator writes it to `row_id`: Python's `str` of each value."""
+    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
+        return pc.cast(ids, pa.string())
+    return pa.chunked_array([pa.array([str(v) for v in ids.to_pylist()], pa.string())])

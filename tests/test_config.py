@@ -34,6 +34,39 @@ def test_bad_overrides_name_the_key(overrides, message):
         load_config(default_job_config(), None, [*REQUIRED, *overrides])
 
 
+@pytest.mark.parametrize(
+    ("override", "suggestion"),
+    [
+        ("generation.max_tokens=3", "generation.max_new_tokens"),
+        ("generaton.max_new_tokens=3", "generation.max_new_tokens"),  # a misspelt section
+        ("strategy.lookahead.mod=tree", "strategy.lookahead.mode"),  # nested
+        ("generation.temp=0.5", "generation.temperature"),  # an abbreviation
+        ("workers.batch=3", "workers.batch_size"),
+    ],
+)
+def test_misspelt_keys_name_the_nearest_valid_key(override, suggestion):
+    with pytest.raises(
+        JobError, match=rf"unknown config key '{override.split('=')[0]}': did you mean `{suggestion}`\?$"
+    ):
+        load_config(default_job_config(), None, [*REQUIRED, override])
+
+
+def test_every_misspelt_yaml_key_is_named_at_once(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "generation:\n  max_tokens: 3\nstrategy:\n  lookahead:\n    mod: tree\n"
+        "input:\n  storage_options:\n    anon: true\n"
+    )
+    with pytest.raises(JobError) as raised:
+        load_config(default_job_config(), str(path), REQUIRED)
+    message = str(raised.value)
+    assert message.startswith(str(path)) and "storage_options" not in message  # free-form dicts take any key
+    assert "did you mean `generation.max_new_tokens`?" in message
+    assert "did you mean `strategy.lookahead.mode`?" in message
+    with pytest.raises(JobError, match=r"unknown config key 'zzz' \(--help lists every key\)"):
+        load_config(default_job_config(), None, [*REQUIRED, "zzz=1"])
+
+
 def test_missing_required_keys_are_listed():
     with pytest.raises(JobError, match=r"input\.url.*output\.url|output\.url.*input\.url"):
         load_config(default_job_config(), None, [])

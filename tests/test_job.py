@@ -17,6 +17,7 @@ from jobs.cli import default_job_config
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.errors import JobError
+from pipeline.verify import verify
 
 GOOD = [
     "def add(a, b):",
@@ -242,3 +243,45 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
     rows = _read_output(tmp_path / "auto").to_pylist()
     assert {r["row_id"]: r["completion"] for r in rows} == greedy
     assert all("switches" in r for r in _read_logs(tmp_path / "auto"))
+
+
+def test_output_inside_the_input_folder_across_reruns_and_resumes(tmp_path, tiny_model_dir):
+    prompts = _write_input(tmp_path / "in")
+    (tmp_path / "in" / ".DS_Store").write_bytes(b"not parquet")
+    (tmp_path / "in" / "_SUCCESS").write_text("")
+    out = tmp_path / "in" / "out"
+    config = _config(tmp_path, tiny_model_dir, f"output.url={out}")
+    assert run_job(config).status == "succeeded"
+    reference = _part_hashes(out)
+    assert run_job(config).status == "already_complete"
+    for _ in range(2):  # an interruption after the first commits, resumed: twice over
+        for name in ("_SUCCESS", "_manifest.json", "part-00001-00000.parquet"):
+            (out / name).unlink()
+        outcome = run_job(config)
+        assert outcome.status == "succeeded" and outcome.summary["rows_this_run"] == 2
+    assert _part_hashes(out) == reference
+    assert run_job(config).status == "already_complete"
+    report = verify(str(out), str(tmp_path / "in"), {})
+    assert report.ok and report.rows == len(prompts), report.problems
+
+
+def test_resume_over_a_changed_listing(tmp_path, tiny_model_dir):
+    _write_input(tmp_path / "in")
+    config = _config(tmp_path, tiny_model_dir)
+    assert run_job(config).status == "succeeded"
+    out = tmp_path / "out"
+    for name in ("_SUCCESS", "_manifest.json", "part-00002-00000.parquet"):
+        (out / name).unlink()
+    # Files that are not data (named _* or .*) may come and go: the listing does not change.
+    extra = pa.table({"id": ["z"], "prompt": ["x"], "n": [9]})
+    pq.write_table(extra, tmp_path / "in" / ".shard-9.parquet")
+    (tmp_path / "in" / "_tmp").mkdir()
+    pq.write_table(extra, tmp_path / "in" / "_tmp" / "shard-9.parquet")
+    # A shard added (or removed) renumbers the units: a different job, and the refusal says why.
+    pq.write_table(extra, tmp_path / "in" / "shard-3.parquet")
+    with pytest.raises(JobError, match=r"1 input shards added \(shard-3\.parquet\)"):
+        run_job(config)
+    (tmp_path / "in" / "shard-3.parquet").unlink()
+    (tmp_path / "in" / "shard-2.parquet").touch()  # changed, but none of its units is committed
+    outcome = run_job(config)
+    assert outcome.status == "succeeded" and outcome.summary["rows_this_run"] == 2

@@ -96,3 +96,21 @@ def test_transient_s3_errors_are_survived(s3, tiny_model_dir):
     assert proxy.injected > 5
     report = verify("s3://flaky/out", "s3://flaky/in", _options(s3.endpoint))
     assert report.ok, report.problems
+
+
+def test_output_inside_the_input_folder_on_s3(s3, tiny_model_dir):
+    _upload_input(s3.endpoint, "nested")
+    options = _options(s3.endpoint)
+    fs = fsspec.filesystem("s3", **options)
+    fs.pipe_file("nested/in/_SUCCESS", b"")
+    fs.pipe_file("nested/in/.keep", b"")
+    config = _config(s3.endpoint, "nested", tiny_model_dir, out="in/out")
+    assert run_job(config).status == "succeeded"
+    assert run_job(config).status == "already_complete"
+    for _ in range(2):  # interrupted after the first commits, then resumed: twice over
+        fs.rm(["nested/in/out/_SUCCESS", "nested/in/out/_manifest.json", "nested/in/out/part-00001-00000.parquet"])
+        outcome = run_job(config)
+        assert outcome.status == "succeeded" and outcome.summary["rows_this_run"] == 2
+    assert run_job(config).status == "already_complete"
+    report = verify("s3://nested/in/out", "s3://nested/in", options)
+    assert report.ok and report.rows == len(PROMPTS), report.problems

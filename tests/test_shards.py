@@ -67,3 +67,48 @@ def test_units_are_whole_row_groups(tmp_path):
         ("00001-00000", (0,), 0, 1),
     ]
     assert plan_units(list_shards(str(tmp_path), {}), rows_per_unit=6) == units
+
+
+def test_names_starting_with_underscore_or_dot_are_not_data(tmp_path):
+    root = tmp_path / "_chosen" / "in"  # the root itself may be named so: the user pointed at it
+    for name in ["a.parquet", "sub/b.parquet", ".hidden.parquet", "_tmp.parquet", "_temporary/0/c.parquet"]:
+        _write(root / name, ["x"])
+    for name in [".spark-staging/d.parquet", "sub/_SUCCESS", "sub/.e.parquet.crc"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"not parquet")
+    assert [s.name for s in list_shards(str(root), {})] == ["a.parquet", "sub/b.parquet"]
+    assert [s.name for s in list_shards(str(root / "*" / "*.parquet"), {})] == ["sub/b.parquet"]
+    assert [s.name for s in list_shards(str(root / "_tmp.parquet"), {})] == ["_tmp.parquet"]  # named explicitly
+
+
+def test_the_output_folder_is_never_input(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "data" / "a.parquet", ["x"])
+    _write(tmp_path / "data" / "out" / "part-00000-00000.parquet", ["x"])  # the job's own output
+    for url, output in [("data", "data/out"), ("data/", "data/out/"), (str(tmp_path / "data"), "data/out")]:
+        assert [s.name for s in list_shards(url, {}, exclude=output)] == ["a.parquet"]
+    assert [s.name for s in list_shards("data/**/*.parquet", {}, exclude="data/out")] == ["a.parquet"]
+    assert len(list_shards("data", {}, exclude="s3://bucket/data/out")) == 2  # another filesystem
+    for output in ["data", str(tmp_path)]:
+        with pytest.raises(JobError, match=r"lies inside output\.url"):
+            list_shards("data", {}, exclude=output)
+
+
+def test_concurrent_footer_reads_plan_as_sequential_ones(tmp_path):
+    for n in range(40):
+        _write(
+            tmp_path / f"s{n:02d}.parquet",
+            [str(i) for i in range(n + 1)],
+            row_group_size=1 + n % 4,
+            id=list(range(100 * n, 100 * n + n + 1)),
+        )
+    # A footer larger than the first ranged read: many row groups of many columns.
+    wide = {f"c{i}": list(range(300)) for i in range(20)}
+    _write(tmp_path / "wide.parquet", [str(i) for i in range(300)], row_group_size=1, id=range(10_000, 10_300), **wide)
+    assert pq.ParquetFile(tmp_path / "wide.parquet").metadata.serialized_size > 64 * 1024
+    sequential = list_shards(str(tmp_path), {}, threads=1)
+    concurrent = list_shards(str(tmp_path), {}, threads=16)
+    assert concurrent == sequential and len(sequential) == 41
+    assert sequential[-1].row_group_rows == (1,) * 300
+    assert plan_units(concurrent, 5) == plan_units(sequential, 5)
+    check_ids(concurrent, "id", {}, threads=16)
