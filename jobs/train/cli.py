@@ -1,13 +1,15 @@
-"""`accelgen train tokenizer|lm|draft|eval CONFIG.yaml key=value…`: build and measure the model family.
+"""`accelgen train tokenizer|lm|draft|heads|eval|heads-eval CONFIG.yaml key=value…`: build, measure the family.
 
 The shipped family is rebuilt, in order, by:
 
     accelgen train tokenizer jobs/configs/train_tokenizer.yaml
     accelgen train lm jobs/configs/train_target.yaml
     accelgen train draft jobs/configs/train_draft.yaml
+    accelgen train heads jobs/configs/train_heads.yaml
     accelgen train eval model=jobs/assets/models/target draft=jobs/assets/models/draft report=out/train/eval.json
 
-Re-running an interrupted `lm` or `draft` command resumes from its checkpoint.
+Re-running an interrupted `lm`, `draft` or `heads` command resumes from its checkpoint. `heads` measures
+its heads on held-out text as it ends; `heads-eval` measures saved heads again.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.train.config import DraftJobConfig, EvalJobConfig, LMJobConfig, TokenizerJobConfig
+from jobs.train.config import (
+    DraftJobConfig,
+    EvalJobConfig,
+    HeadsEvalJobConfig,
+    HeadsJobConfig,
+    LMJobConfig,
+    TokenizerJobConfig,
+)
 from pipeline.config import describe, load_config
 from pipeline.errors import JobError
 
@@ -37,6 +46,10 @@ COMMANDS = {
     "lm": Command(LMJobConfig, "jobs.train.lm:train_lm", "train the target Llama from scratch"),
     "draft": Command(DraftJobConfig, "jobs.train.draft:train_draft", "distill the draft from the target"),
     "eval": Command(EvalJobConfig, "jobs.train.evaluate:evaluate", "held-out loss, agreement and decode speed"),
+    "heads": Command(HeadsJobConfig, "jobs.train.heads:train_heads", "train draft heads on the frozen target"),
+    "heads-eval": Command(
+        HeadsEvalJobConfig, "jobs.train.heads:evaluate_heads", "per-head top-1/top-5 accuracy on held-out text"
+    ),
 }
 
 

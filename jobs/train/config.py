@@ -166,3 +166,120 @@ def check_train(train: TrainConfig, shape: LlamaShape) -> None:
             f"model.hidden_size={shape.hidden_size} must be a multiple of model.num_attention_heads="
             f"{shape.num_attention_heads}, itself a multiple of model.num_key_value_heads={shape.num_key_value_heads}"
         )
+
+
+@dataclass
+class HeadsShape:
+    num_heads: int = option(4, "Heads K; head i (0-based) guesses the token 2+i positions after the state it reads.")
+    num_layers: int = option(1, "ResBlocks per head (h + SiLU(W h + b), starting as the identity).")
+    shared_lm_head: bool = option(
+        True,
+        "End every head in the target's frozen LM head (a folder of about K * H * H floats). "
+        "false: each head gets its own projection [V, H], started from the LM head (K * V * H more floats).",
+    )
+
+
+@dataclass
+class HeadsDataConfig:
+    sequences: int = option(
+        2048,
+        "Training sequences: prompt windows of the corpus' training split, each continued greedily by the "
+        "target. Generated once and cached in the checkpoint directory.",
+    )
+    prompt_tokens: int = option(
+        64, "Tokens of each prompt window; must exceed heads.num_heads so every head sees every label."
+    )
+    continuation_tokens: int = option(
+        128,
+        "Greedy tokens the target generates after each prompt: the labels (the heads learn only what the "
+        "target says, never the corpus' own text). Tokens seen per step = train.batch_size * this.",
+    )
+    batch_size: int = option(64, "Rows the target decodes together while generating.")
+    eval_sequences: int = option(
+        256, "Held-out sequences (prompts of the held-out split, the target's continuations) of the accuracy."
+    )
+
+
+@dataclass
+class HeadsTrainConfig:
+    steps: int = option(1200, "Optimizer steps.")
+    batch_size: int = option(8, "Sequences per step (each gives data.continuation_tokens labels to every head).")
+    seed: int = option(0, "Seed of prompt sampling, head initialization and sequence order.")
+    precision: str = option(
+        "float32",
+        f"One of {PRECISIONS}: autocast dtype of forward/backward. bfloat16 only pays on GPUs (or CPUs with "
+        "bfloat16 matmuls): on AVX2 it is many times slower.",
+    )
+    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
+    threads: int = option(0, "torch intra-op threads (generation and training). 0: torch's default (all cores).")
+    checkpoint_every: int = option(100, "Save the resumable training state every this many steps.")
+    checkpoint_dir: str = option(
+        "",
+        "Where the resumable state and the generated sequences go; re-running the same command resumes from "
+        "them. Empty: <output_dir>/checkpoint.",
+    )
+
+
+@dataclass
+class HeadsJobConfig:
+    target: str = option(MISSING, "Target model directory: frozen; its last hidden state is what the heads read.")
+    output_dir: str = option(MISSING, "Directory receiving heads.json and heads.safetensors.")
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    heads: HeadsShape = field(default_factory=HeadsShape)
+    data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
+    loss_decay: float = option(
+        0.8, "Head i's cross-entropy weighs loss_decay**i: later heads guess further ahead and are less reliable."
+    )
+    train: HeadsTrainConfig = field(default_factory=HeadsTrainConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=50, weight_decay=0.0, grad_clip=1.0)
+    )
+
+
+@dataclass
+class HeadsEvalJobConfig:
+    heads: str = option(MISSING, "Heads directory written by `train heads`.")
+    target: str = option("", "Target model directory. Empty: the target_path recorded in the heads.")
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    sequences: int = option(
+        256, "Held-out sequences: prompt windows of the held-out split, each continued greedily by the target."
+    )
+    prompt_tokens: int = option(64, "Tokens of each prompt window.")
+    continuation_tokens: int = option(128, "Greedy tokens the target generates after each prompt: the labels.")
+    batch_size: int = option(64, "Rows the target decodes together while generating.")
+    seed: int = option(0, "Seed of the held-out prompt windows.")
+    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
+    threads: int = option(0, "torch intra-op threads. 0: torch's default (all cores).")
+    report: str = option("", "Also write the accuracies as JSON to this path.")
+
+
+def check_sequences(
+    prefix: str, counts: dict[str, int], prompt_tokens: int, continuation_tokens: int, context: int
+) -> None:
+    """Sizes of generated sequences: `counts` ({key: value}) >= 1, prompt + continuation within `context`."""
+    for key, value in {**counts, "prompt_tokens": prompt_tokens, "continuation_tokens": continuation_tokens}.items():
+        if value < 1:
+            raise JobError(f"{prefix}{key}={value}: use a value >= 1")
+    if prompt_tokens + continuation_tokens > context:
+        raise JobError(
+            f"{prefix}prompt_tokens + {prefix}continuation_tokens = {prompt_tokens + continuation_tokens} "
+            f"exceeds the target's context of {context} tokens"
+        )
+
+
+def check_heads(config: HeadsJobConfig, context: int) -> None:
+    """Value checks of `train heads` against its target's `context`, before any sequence is generated."""
+    data = config.data
+    counts = {"sequences": data.sequences, "batch_size": data.batch_size, "eval_sequences": data.eval_sequences}
+    check_sequences("data.", counts, data.prompt_tokens, data.continuation_tokens, context)
+    if min(config.heads.num_heads, config.heads.num_layers) < 1:
+        raise JobError("heads.num_heads and heads.num_layers must be >= 1")
+    if data.prompt_tokens <= config.heads.num_heads:
+        raise JobError(f"data.prompt_tokens={data.prompt_tokens}: use more than heads.num_heads tokens")
+    if not 0.0 < config.loss_decay <= 1.0:
+        raise JobError(f"loss_decay={config.loss_decay}: use a value in (0, 1]")
+    train = config.train
+    if train.precision not in PRECISIONS:
+        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
+    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
+        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")

@@ -1,0 +1,401 @@
+"""`train heads` and `train heads-eval`: Medusa-style draft heads on the frozen target, by self-distillation.
+
+The heads (`strategies.heads`) read the target's last hidden state h_t and guess tokens t+2…t+1+K.
+What decoding rewards is guessing what the target will say, not what the corpus says, so the labels
+are the target's own greedy continuations: prompt windows of the corpus' training split, each
+continued by the target (`AutoregressiveStrategy`, batched, much faster than transformers' `generate`
+on CPU). Only generated tokens are labels. The sequences are generated once and cached in the
+checkpoint directory beside the training state, under the same config fingerprint, so a resumed run
+does not generate them again.
+
+The target is frozen, so its hidden states are data: they are computed once per run, in float32
+outside the loop's autocast (what decoding reads on CPU), and a training step only runs the heads.
+The loss is Σ_i loss_decay^i · CE(head_i(h_t), x_{t+2+i}), as in Medusa.
+
+The accuracy reported (and recorded in heads.json) is Medusa's: per head, the share of held-out
+positions whose label (the target's greedy token) is the head's top-1 guess, or among its top 5.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+
+from jobs.train import checkpoint
+from jobs.train.config import (
+    HeadsEvalJobConfig,
+    HeadsJobConfig,
+    TrainConfig,
+    check_heads,
+    check_sequences,
+)
+from jobs.train.corpus import Corpus, Document, load_corpus
+from jobs.train.loop import Objective, pick_device, train
+from jobs.train.tokenizer import encode_documents, load_tokenizer
+from pipeline.errors import JobError
+from strategies.autoregressive import AutoregressiveStrategy
+from strategies.base import GenerationParams, RowRequest
+from strategies.heads import DraftHeads, HeadsConfig, load_heads
+from strategies.runner import ModelRunner
+from strategies.sampling import SamplingParams
+from workers.model_loading import weights_sha256
+
+IGNORE = -100  # label of a position whose token t+2+i is not a generated one (cross_entropy's ignore_index)
+TOP_K = 5  # Medusa reports top-1 and top-5 accuracy
+DATA_SUBDIR = "sequences"  # the generated sequences, a checkpoint of their own inside the checkpoint directory
+
+
+class SequenceSampler:
+    """Batches of sequence indices [B]: each epoch a fresh permutation keyed by (seed, epoch).
+
+    A pure function of (seed, step), like `windows.WindowSampler`, so a resumed run sees the
+    batches an uninterrupted one would.
+    """
+
+    def __init__(self, count: int, seed: int) -> None:
+        self.count = count
+        self.seed = seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    def batch(self, step: int, config: TrainConfig) -> torch.Tensor:
+        """Indices of the sequences of global `step`: [B] int64."""
+        picks = []
+        for index in range(step * config.batch_size, (step + 1) * config.batch_size):
+            epoch = index // self.count
+            if epoch not in self._orders:
+                self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.count)
+            picks.append(int(self._orders[epoch][index % self.count]))
+        return torch.tensor(picks, dtype=torch.long)
+
+
+def train_heads(config: HeadsJobConfig) -> Path:
+    """Train the heads described by `config` on its frozen target; returns the heads' directory."""
+    if config.train.threads > 0:
+        torch.set_num_threads(config.train.threads)
+    device = pick_device(config.train.device)
+    target, tokenizer = _load_target(config.target, device)
+    check_heads(config, target.config.max_position_embeddings)
+    out = Path(config.output_dir)
+    checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
+    fingerprint = {**checkpoint.fingerprint(config), "target_weights_sha256": weights_sha256(Path(config.target))}
+    corpus = load_corpus(config.corpus)
+    sequences, generation_s = training_sequences(config, target, tokenizer, corpus, checkpoint_dir, fingerprint)
+    heads = new_heads(config, target)
+    data, num_heads = config.data, config.heads.num_heads
+    hidden = hidden_windows(target, sequences, data.prompt_tokens, num_heads, data.batch_size)  # [N, W, H]
+    labels = head_labels(sequences, data.prompt_tokens, num_heads).to(device)  # [N, K, W]
+    print(
+        f"heads: {_parameters(heads) / 1e6:.2f} M parameters; {len(sequences)} sequences of {data.prompt_tokens} "
+        f"prompt + {data.continuation_tokens} generated tokens from {corpus.source}; checkpoints in {checkpoint_dir}"
+    )
+    summary = train(
+        heads,
+        heads_loss(hidden, labels, config.loss_decay),
+        SequenceSampler(len(sequences), config.train.seed),
+        loop_config(config),
+        config.optim,
+        checkpoint_dir,
+        fingerprint,
+    )
+    del hidden, labels  # the training set's states: free them before the held-out ones
+    accuracy = heldout_accuracy(heads, target, tokenizer, corpus.heldout, eval_config(config))
+    heads.config.training = {
+        "job": "heads",
+        "config": fingerprint,
+        "corpus": corpus.source,
+        "sequences": len(sequences),
+        "generated_tokens": len(sequences) * data.continuation_tokens,
+        "generation_wall_s": generation_s,
+        "parameters": _parameters(heads),
+        **asdict(summary),
+        "heldout_sequences": data.eval_sequences,
+        "heldout_accuracy": accuracy,
+        **_versions(),
+    }
+    heads.save(out)
+    print(
+        f"heads: {summary.steps} steps, {summary.tokens_seen / 1e6:.2f} M tokens in {summary.wall_s:.0f} s "
+        f"(+ {generation_s:.0f} s generating); training loss {summary.train_loss:.3f}; saved to {out}"
+    )
+    return out
+
+
+def evaluate_heads(config: HeadsEvalJobConfig) -> list[dict[str, Any]]:
+    """`train heads-eval`: per-head top-1/top-5 accuracy of saved heads on held-out text; print, maybe save."""
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    device = pick_device(config.device)
+    try:
+        heads = load_heads(Path(config.heads), torch.float32, device)
+    except (OSError, ValueError) as exc:
+        raise JobError(f"heads={config.heads!r}: {exc}") from None
+    target_dir = config.target or heads.config.target_path
+    target, tokenizer = _load_target(target_dir, device)
+    if weights_sha256(Path(target_dir)) != heads.config.target_weights_sha256:
+        raise JobError(f"heads {config.heads} were trained for another target than target={target_dir!r}")
+    counts = {"sequences": config.sequences, "batch_size": config.batch_size}
+    check_sequences("", counts, config.prompt_tokens, config.continuation_tokens, target.config.max_position_embeddings)
+    if config.prompt_tokens <= heads.num_heads:
+        raise JobError(f"prompt_tokens={config.prompt_tokens}: use more than the heads' {heads.num_heads} tokens")
+    if heads.config.shared_lm_head:
+        heads.use_lm_head(target.lm_head.weight)
+    accuracy = heldout_accuracy(heads, target, tokenizer, load_corpus(config.corpus).heldout, config)
+    if config.report:
+        Path(config.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.report).write_text(json.dumps(accuracy, indent=2) + "\n")
+    return accuracy
+
+
+def eval_config(config: HeadsJobConfig) -> HeadsEvalJobConfig:
+    """The held-out measurement a training run ends with, as `train heads-eval` would run it again."""
+    data = config.data
+    return HeadsEvalJobConfig(
+        heads=config.output_dir,
+        target=config.target,
+        corpus=config.corpus,
+        sequences=data.eval_sequences,
+        prompt_tokens=data.prompt_tokens,
+        continuation_tokens=data.continuation_tokens,
+        batch_size=data.batch_size,
+        seed=config.train.seed,
+    )
+
+
+def heldout_accuracy(
+    heads: DraftHeads,
+    target: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    documents: list[Document],
+    config: HeadsEvalJobConfig,
+) -> list[dict[str, Any]]:
+    """Per-head top-1/top-5 accuracy on prompts of `documents` continued greedily by the target; printed."""
+    tokens = encode_documents(tokenizer, documents)  # [M]
+    prompts = draw_prompts(tokens, config.sequences, config.prompt_tokens, config.seed)  # [E, P]
+    sequences = continue_greedily(target, prompts, config.continuation_tokens, config.batch_size, "held-out")
+    accuracy = heads_accuracy(heads, target, sequences, config.prompt_tokens, config.batch_size)
+    lines = ["head  predicts  top-1   top-5"]
+    lines += [f"{a['head']:>4}  {a['predicts']:>8}  {a['top1']:.3f}   {a['top5']:.3f}" for a in accuracy]
+    print("\n".join(lines))
+    return accuracy
+
+
+def training_sequences(
+    config: HeadsJobConfig,
+    target: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: Corpus,
+    checkpoint_dir: Path,
+    fingerprint: dict[str, Any],
+) -> tuple[torch.Tensor, float]:
+    """The training sequences [N, P+C] (cached, or generated now) and the seconds their generation took."""
+    data = config.data
+
+    def generate() -> torch.Tensor:
+        tokens = encode_documents(tokenizer, corpus.train)  # [M]
+        prompts = draw_prompts(tokens, data.sequences, data.prompt_tokens, config.train.seed)  # [N, P]
+        return continue_greedily(target, prompts, data.continuation_tokens, data.batch_size, "generate")
+
+    return cached_sequences(checkpoint_dir / DATA_SUBDIR, data_fingerprint(fingerprint), generate)
+
+
+def draw_prompts(tokens: torch.Tensor, count: int, length: int, seed: int) -> torch.Tensor:
+    """`count` windows of `length` tokens at random offsets of the stream `tokens` [N]: [count, length] int64."""
+    if len(tokens) < length:
+        raise JobError(f"the corpus split holds {len(tokens)} tokens, fewer than one prompt of {length}")
+    starts = np.random.default_rng(seed).integers(0, len(tokens) - length + 1, size=count)
+    return torch.stack([tokens[s : s + length] for s in starts.tolist()]).long()
+
+
+def continue_greedily(
+    target: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, batch_size: int, desc: str
+) -> torch.Tensor:
+    """Each prompt of `prompts` [N, P] followed by the target's `new_tokens` greedy tokens: [N, P+C] int32.
+
+    EOS does not end a row: every sequence has the same length, so no position is padding.
+    """
+    strategy = AutoregressiveStrategy(ModelRunner(target))
+    params = GenerationParams(new_tokens, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
+    rows = []
+    with tqdm(total=len(prompts), desc=desc, unit="seq", dynamic_ncols=True, mininterval=1.0) as bar:
+        for chunk in prompts.split(batch_size):
+            requests = [RowRequest(prompt=p, key=0) for p in chunk.tolist()]
+            rows += [r.tokens for r in strategy.generate(requests, params).rows]
+            bar.update(len(chunk))
+    return torch.cat([prompts, torch.tensor(rows, dtype=torch.long)], dim=1).int()
+
+
+def cached_sequences(
+    directory: Path, fingerprint: dict[str, Any], generate: Callable[[], torch.Tensor]
+) -> tuple[torch.Tensor, float]:
+    """The sequences saved in `directory` by a run of the same config, else `generate()`'s, saved atomically.
+
+    Returns the sequences [N, L] and the seconds their generation took (in whichever run made them).
+    """
+    state = checkpoint.load_checkpoint(directory, fingerprint)
+    if state is not None:
+        print(f"reusing the {len(state['sequences'])} generated sequences in {directory}")
+        return state["sequences"], state["wall_s"]
+    start = time.perf_counter()
+    sequences = generate()  # [N, L]
+    wall_s = round(time.perf_counter() - start, 1)
+    checkpoint.save_checkpoint(directory, {"sequences": sequences, "wall_s": wall_s, "fingerprint": fingerprint})
+    return sequences, wall_s
+
+
+def data_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a job's fingerprint that determine its generated sequences (not the heads, loss or steps).
+
+    A run changed only in how it trains then reuses the sequences of an earlier one.
+    """
+    return {
+        key: value
+        for key, value in fingerprint.items()
+        if (key.startswith(("target", "corpus.", "data.")) and key != "data.eval_sequences") or key == "train.seed"
+    }
+
+
+def new_heads(config: HeadsJobConfig, target: torch.nn.Module) -> DraftHeads:
+    """Untrained heads for `target`, deterministic for train.seed, reading (or starting from) its LM head."""
+    lm_head = target.lm_head.weight  # [V, H]
+    torch.manual_seed(config.train.seed)
+    heads = DraftHeads(
+        HeadsConfig(
+            num_heads=config.heads.num_heads,
+            hidden_size=lm_head.shape[1],
+            vocab_size=lm_head.shape[0],
+            num_layers=config.heads.num_layers,
+            shared_lm_head=config.heads.shared_lm_head,
+            target_path=config.target,
+            target_weights_sha256=weights_sha256(Path(config.target)),
+        )
+    )
+    if config.heads.shared_lm_head:
+        heads.use_lm_head(lm_head)
+    else:
+        heads.start_projections(lm_head)
+    return heads
+
+
+def first_position(prompt_tokens: int, num_heads: int) -> int:
+    """The first position t whose state has a generated label for some head: head K-1 at t = P-1-K."""
+    return prompt_tokens - 1 - num_heads
+
+
+@torch.no_grad()
+def hidden_windows(
+    target: torch.nn.Module, sequences: torch.Tensor, prompt_tokens: int, num_heads: int, batch_size: int
+) -> torch.Tensor:
+    """The target's last hidden states (after its final norm) at positions P-1-K … L-3: [N, W, H], W = C+K-1.
+
+    Those are the positions where some head's label t+2+i is a generated token. Float32, on the
+    target's device.
+    """
+    first = first_position(prompt_tokens, num_heads)
+    device = target.lm_head.weight.device
+    chunks = []
+    for chunk in sequences.split(batch_size):
+        states = target.model(input_ids=chunk.long().to(device)).last_hidden_state.float()  # [b, L, H]
+        chunks.append(states[:, first : chunk.shape[1] - 2])  # [b, W, H]
+    return torch.cat(chunks)
+
+
+def head_labels(sequences: torch.Tensor, prompt_tokens: int, num_heads: int) -> torch.Tensor:
+    """Head i's label at each position t of `hidden_windows`: token t+2+i when generated, else IGNORE: [N, K, W]."""
+    n, length = sequences.shape
+    positions = torch.arange(first_position(prompt_tokens, num_heads), length - 2)  # [W]
+    labels = torch.full((n, num_heads, len(positions)), IGNORE, dtype=torch.long)  # [N, K, W]
+    for i in range(num_heads):
+        wanted = positions + 2 + i  # [W]
+        generated = (wanted >= prompt_tokens) & (wanted < length)  # [W]
+        labels[:, i, generated] = sequences[:, wanted[generated]].long()
+    return labels
+
+
+def heads_loss(hidden: torch.Tensor, labels: torch.Tensor, decay: float) -> Objective:
+    """The objective of `train`: Σ_i decay^i · CE(head i, its labels), for a batch of sequence indices [B].
+
+    `hidden` [N, W, H] and `labels` [N, K, W] are the whole data set, on the training device.
+    """
+    weights = decay ** torch.arange(labels.shape[1], dtype=torch.float32, device=labels.device)  # [K]
+
+    def loss(heads: torch.nn.Module, indices: torch.Tensor) -> torch.Tensor:
+        logits = heads(hidden[indices])  # [K, B, W, V]
+        targets = labels[indices]  # [B, K, W]
+        per_head = torch.stack(
+            [
+                F.cross_entropy(head.float().flatten(0, 1), targets[:, i].flatten(), ignore_index=IGNORE)
+                for i, head in enumerate(logits)
+            ]
+        )  # [K]
+        return (weights * per_head).sum()
+
+    return loss
+
+
+@torch.no_grad()
+def heads_accuracy(
+    heads: DraftHeads, target: torch.nn.Module, sequences: torch.Tensor, prompt_tokens: int, batch_size: int
+) -> list[dict[str, Any]]:
+    """Per head: the share of generated labels in `sequences` [N, L] that are its top-1 guess, and its top-5."""
+    k = heads.num_heads
+    hidden = hidden_windows(target, sequences, prompt_tokens, k, batch_size)  # [N, W, H]
+    labels = head_labels(sequences, prompt_tokens, k).transpose(0, 1).to(hidden.device)  # [K, N, W]
+    top1 = torch.zeros(k, device=hidden.device)
+    top5 = torch.zeros(k, device=hidden.device)
+    for rows in torch.arange(len(sequences), device=hidden.device).split(batch_size):
+        guesses = heads(hidden[rows]).topk(TOP_K, dim=-1).indices  # [K, b, W, 5]
+        hits = guesses == labels[:, rows, :, None]  # [K, b, W, 5]; IGNORE never matches a token
+        top1 += hits[..., 0].sum((1, 2))
+        top5 += hits.any(-1).sum((1, 2))
+    count = (labels != IGNORE).sum((1, 2))  # [K]
+    return [
+        {"head": i, "predicts": f"t+{i + 2}", "top1": round(a.item(), 4), "top5": round(b.item(), 4)}
+        for i, (a, b) in enumerate(zip(top1 / count, top5 / count, strict=True))
+    ]
+
+
+def loop_config(config: HeadsJobConfig) -> TrainConfig:
+    """The loop's settings: one phase, and tokens per step counted as labels (continuation tokens) per head."""
+    settings = config.train
+    return TrainConfig(
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        seq_len=config.data.continuation_tokens,
+        final_fraction=0.0,
+        seed=settings.seed,
+        precision=settings.precision,
+        device=settings.device,
+        threads=settings.threads,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_dir=settings.checkpoint_dir,
+    )
+
+
+def _load_target(path: str, device: torch.device) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """The frozen float32 target in eval mode on `device`, and its tokenizer."""
+    tokenizer = load_tokenizer(path)
+    try:
+        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise JobError(f"target={path!r} is not a loadable model directory ({exc})") from None
+    return target.to(device).eval().requires_grad_(False), tokenizer
+
+
+def _parameters(heads: DraftHeads) -> int:
+    return sum(p.numel() for p in heads.parameters())
+
+
+def _versions() -> dict[str, str]:
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}

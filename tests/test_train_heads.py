@@ -1,0 +1,171 @@
+"""`train heads`: heads with weights of their own, self-distillation that learns, exact resumption, a folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from jobs.train import checkpoint
+from jobs.train.cli import main
+from jobs.train.config import TrainConfig
+from jobs.train.heads import DATA_SUBDIR, IGNORE, SequenceSampler, head_labels, heads_loss, hidden_windows
+from strategies.heads import CONFIG_FILE, WEIGHTS_FILE, DraftHeads, HeadsConfig, load_heads, read_config
+from workers.model_loading import weights_sha256
+
+PROMPT, CONTINUATION, NUM_HEADS = 8, 16, 4
+TINY_HEADS = [
+    "corpus.max_files=40",
+    "corpus.heldout_percent=25",
+    "data.sequences=8",
+    f"data.prompt_tokens={PROMPT}",
+    f"data.continuation_tokens={CONTINUATION}",
+    "data.batch_size=8",
+    "data.eval_sequences=4",
+    "train.steps=6",
+    "train.batch_size=4",
+    "train.checkpoint_every=2",
+    "optim.lr=0.01",
+    "optim.warmup_steps=2",
+]
+
+
+@pytest.fixture(scope="module")
+def heads_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("heads")
+    assert main(["heads", f"target={tiny_model_dir}", f"output_dir={out}", *TINY_HEADS]) == 0
+    return out
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-lm-head", "own-projections"])
+def test_each_head_has_weights_of_its_own(shared: bool) -> None:
+    torch.manual_seed(0)
+    heads = DraftHeads(HeadsConfig(num_heads=3, hidden_size=16, vocab_size=40, shared_lm_head=shared))
+    lm_head = torch.nn.Parameter(torch.randn(40, 16))  # [V, H], a Parameter as a model's LM head is
+    heads.use_lm_head(lm_head)
+    heads.start_projections(lm_head)
+    assert "lm_head" not in heads.state_dict()  # the target's LM head is never the heads' own weight
+    params = list(heads.parameters())
+    assert len({p.data_ptr() for p in params}) == len(params)
+    hidden = torch.randn(2, 5, 16)  # [B, T, H]
+    before = heads(hidden)  # [K, B, T, V]
+    assert all(torch.allclose(logits, hidden @ lm_head.T, atol=1e-5) for logits in before)  # untrained: LM head
+    with torch.no_grad():
+        heads.blocks[1][0].linear.weight.normal_()
+    after = heads(hidden)  # [K, B, T, V]
+    assert torch.equal(before[0], after[0]) and torch.equal(before[2], after[2])
+    assert not torch.allclose(before[1], after[1])
+
+
+def test_labels_are_the_generated_tokens_2_plus_i_ahead() -> None:
+    sequences = torch.arange(10).unsqueeze(0)  # [1, L]: a 4-token prompt, 6 generated tokens
+    labels = head_labels(sequences, prompt_tokens=4, num_heads=2)  # [1, K, W], positions t = 1 … 7
+    assert labels[0].tolist() == [[IGNORE, 4, 5, 6, 7, 8, 9], [4, 5, 6, 7, 8, 9, IGNORE]]
+
+
+def test_sequence_batches_are_a_pure_function_of_seed_and_step() -> None:
+    config = TrainConfig(batch_size=3)
+    first, again = SequenceSampler(7, seed=1), SequenceSampler(7, seed=1)
+    assert torch.equal(first.batch(4, config), again.batch(4, config))
+    epoch = torch.cat([first.batch(s, config) for s in range(7)])[:7]  # the first 7 picks: one epoch
+    assert sorted(epoch.tolist()) == list(range(7))
+
+
+def test_training_lowers_the_loss(heads_dir: Path, tiny_model_dir: Path) -> None:
+    target = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    sequences = torch.load(heads_dir / "checkpoint" / DATA_SUBDIR / checkpoint.STATE_FILE)["sequences"]  # [N, L]
+    assert sequences.shape == (8, PROMPT + CONTINUATION)
+    hidden = hidden_windows(target, sequences, PROMPT, NUM_HEADS, batch_size=8)  # [N, W, H]
+    objective = heads_loss(hidden, head_labels(sequences, PROMPT, NUM_HEADS), decay=0.8)
+    untrained = DraftHeads(read_config(heads_dir))
+    trained = load_heads(heads_dir, torch.float32, torch.device("cpu"))
+    for heads in (untrained, trained):
+        heads.use_lm_head(target.lm_head.weight)
+    everything = torch.arange(len(sequences))
+    with torch.no_grad():
+        assert objective(trained, everything).item() < objective(untrained, everything).item()
+
+
+def test_saved_folder_loads_and_names_its_target(heads_dir: Path, tiny_model_dir: Path) -> None:
+    assert sorted(p.name for p in heads_dir.iterdir()) == sorted(["checkpoint", CONFIG_FILE, WEIGHTS_FILE])
+    heads = load_heads(heads_dir, torch.float32, torch.device("cpu"))
+    config = heads.config
+    assert config.target_weights_sha256 == weights_sha256(tiny_model_dir)
+    assert config.target_path == str(tiny_model_dir)
+    assert (config.num_heads, config.num_layers, config.shared_lm_head) == (NUM_HEADS, 1, True)
+    assert all(name.startswith("blocks.") for name in load_file(heads_dir / WEIGHTS_FILE))
+    training = config.training
+    assert training["steps"] == 6 and training["tokens_seen"] == 6 * 4 * CONTINUATION
+    assert training["generated_tokens"] == 8 * CONTINUATION and len(training["heldout_accuracy"]) == NUM_HEADS
+    assert {"wall_s", "torch", "transformers", "config"} <= training.keys()
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_heads(
+    heads_dir: Path,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    real_batch = SequenceSampler.batch
+
+    def batch_until_step_5(self: SequenceSampler, step: int, config: object) -> torch.Tensor:
+        if step == 5:  # after the checkpoint of step 4: step 5's work is lost and must be redone
+            raise Interrupted
+        return real_batch(self, step, config)
+
+    args = ["heads", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_HEADS]
+    monkeypatch.setattr(SequenceSampler, "batch", batch_until_step_5)
+    with pytest.raises(Interrupted):
+        main(args)
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "checkpoint" / checkpoint.STATE_FILE, weights_only=True)["step"] == 4
+    capsys.readouterr()
+
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "reusing the 8 generated sequences" in out and "resuming from step 4/6" in out
+    resumed, uninterrupted = load_file(tmp_path / WEIGHTS_FILE), load_file(heads_dir / WEIGHTS_FILE)
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def test_eval_reports_top1_and_top5_per_head(heads_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    report = tmp_path / "heads-eval.json"
+    sizes = [f"prompt_tokens={PROMPT}", f"continuation_tokens={CONTINUATION}", "sequences=4", "batch_size=8"]
+    assert main(["heads-eval", f"heads={heads_dir}", *TINY_HEADS[:2], *sizes, f"report={report}"]) == 0
+    accuracy = json.loads(report.read_text())
+    assert [a["head"] for a in accuracy] == list(range(NUM_HEADS))
+    assert all(0.0 <= a["top1"] <= a["top5"] <= 1.0 for a in accuracy)
+    assert accuracy == read_config(heads_dir).training["heldout_accuracy"]  # the training job's own measurement
+
+
+def test_heads_refuse_another_target(heads_dir: Path, tiny_draft_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["heads-eval", f"heads={heads_dir}", f"target={tiny_draft_dir}", *TINY_HEADS[:2]]) == 2
+    assert "trained for another target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("data.prompt_tokens=4", "data.prompt_tokens"),
+        ("data.continuation_tokens=90", "data.continuation_tokens"),
+        ("data.sequences=0", "data.sequences"),
+        ("loss_decay=0", "loss_decay"),
+        ("train.precision=fp8", "train.precision"),
+    ],
+)
+def test_user_errors_name_the_key(
+    override: str, key: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["heads", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_HEADS, override]) == 2
+    assert key in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was generated or written
