@@ -95,4 +95,4 @@ def test_storage_options_are_redacted():
 def test_cli_reports_job_errors_with_status_2(capsys):
     assert main(["generate", "input.url=/nonexistent", "output.url=/tmp/x", "strategy.name=nope"]) == 2
     err = capsys.readouterr().err
-    assert "strategy.name 'nope' is unknown; available: auto, autoregressive, lookahead, prompt_lookup" in err
+    assert "strategy.name 'nope' is unknown; available: auto, autoregressive, blockwise" in err

@@ -166,6 +166,7 @@ def test_relaxed_and_typical_modes_refuse_or_run_as_documented(target, tiny_mode
     assert all(len(r.tokens) == 12 for r in rows)
     assert registry.auto_candidates(StrategyOptions(name="auto"), {"heads"}) == [
         "blockwise",
+        "jacobi",
         "lookahead",
         "medusa",
         "prompt_lookup",
