@@ -13,6 +13,7 @@ import pytest
 import ray
 import torch
 from job_config import job_config
+from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
 
 from pipeline.driver import run_job
@@ -31,16 +32,6 @@ from strategies.verify import verify_inputs
 from workers.model_loading import load_models, weights_sha256
 
 K = 4
-PROMPTS = [
-    [5, 6, 7, 8, 9, 10, 11, 12],
-    [13],
-    [14, 15, 16],
-    [17, 18, 19, 20, 21, 22],
-    [23, 24],
-    [25] * 11,
-    [26, 27],
-    [28],
-]
 TREE = [list(p) for p in MEDUSA_TREE]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mixed_prompts import PROMPTS
 from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
 
@@ -17,16 +18,6 @@ from strategies.sampling import SamplingParams
 from strategies.speculative import Drafter, SpeculativeStrategy
 
 K = 4
-PROMPTS = [
-    [5, 6, 7, 8, 9, 10, 11, 12],
-    [13],
-    [14, 15, 16],
-    [17, 18, 19, 20, 21, 22],
-    [23, 24],
-    [25] * 11,
-    [26, 27],
-    [28],
-]
 
 
 def _load(path):
