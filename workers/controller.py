@@ -1,6 +1,6 @@
 """The adaptive controller: keep acceleration where it pays, measured, per batch size.
 
-A policy object fed by statistics (DESIGN.md, "The adaptive controller"). For every drafter and for
+A policy object fed by statistics (docs/design.md, "The adaptive controller"). For every drafter and for
 plain autoregressive steps it keeps smoothed step times per row per batch-size bucket (powers of
 two), and for every drafter the smoothed tokens a row gains per step (τ). The estimated speed-up of
 a drafter over plain decoding is then
