@@ -83,13 +83,15 @@ class DraftHeads(torch.nn.Module):
     def num_heads(self) -> int:
         return self.config.num_heads
 
-    def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The heads' states before the LM head: `hidden` [..., H] -> [K, ..., H]."""
-        return torch.stack([block(hidden) for block in self.blocks])
+    def features(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """The first `num_heads` heads' states (all: None) before the LM head: [..., H] -> [k, ..., H]."""
+        return torch.stack([block(hidden) for block in self.blocks[:num_heads]])
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of every head: `hidden` [..., H] -> [K, ..., V]; head i guesses token t+2+i."""
-        states = self.features(hidden)  # [K, ..., H]
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Logits of the first `num_heads` heads (all: None): `hidden` [..., H] -> [k, ..., V]; head i
+        guesses token t+2+i. A draft shallower than the heads skips the deeper ones: the LM head
+        pass over each head's state is most of their cost."""
+        states = self.features(hidden, num_heads)  # [k, ..., H]
         if self.projections is None:
             if self.lm_head is None:
                 raise ValueError("shared-LM-head heads need the target's LM head: attach it with use_lm_head()")

@@ -76,12 +76,13 @@ class HeadsProposer:
 
     @torch.inference_mode()
     def candidates(self, context: ProposalContext) -> list[list[list[int]]]:
-        """[K][B][R]: each head's `max_rank` best tokens for each row, best first."""
-        logits = self.heads(self.hidden)  # [K, B, V]
+        """[k][B][R]: the best `max_rank` tokens of each head the draft reaches, per row, best first."""
+        depth = max(len(p) for p in self._shape(max(context.budgets), context.max_nodes)[0])
+        logits = self.heads(self.hidden, depth)  # [k, B, V]
         return logits.topk(self.max_rank, dim=-1).indices.tolist()
 
     def propose(self, context: ProposalContext) -> list[Draft]:
-        ranked = self.candidates(context)  # [K][B][R]
+        ranked = self.candidates(context)  # [k][B][R]
         drafts = []
         for row, budget in enumerate(context.budgets):
             paths, parents = self._shape(budget, context.max_nodes)
