@@ -32,7 +32,8 @@ from strategies.verify import verify_inputs
 from workers.model_loading import load_models, weights_sha256
 
 K = 4
-TREE = [list(p) for p in MEDUSA_TREE]
+# A tree as deep as the heads (the default is shallower), with branches at every level.
+TREE = [[0], [0, 0], [1], [0, 0, 0], [0, 1], [2], [1, 0], [0, 0, 0, 0], [0, 0, 1], [0, 2], [1, 1], [0, 0, 0, 1]]
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +240,7 @@ def test_tree_shapes_and_choices_on_literal_inputs():
     assert "deeper" in check_choices([[0], [0, 0]], num_heads=1, vocab_size=10)
     assert "twice" in check_choices([[0], [0]], num_heads=4, vocab_size=10)
     assert check_choices(TREE, num_heads=4, vocab_size=10) is None
+    assert check_choices(MEDUSA_TREE, num_heads=4, vocab_size=10) is None
     # The verifier's inputs for that tree below pending token 7, next position 5, and a chain row.
     tree = Draft([10, 11, 12, 13], [-1, -1, 0, 0])
     inputs = verify_inputs([7, 8], [tree, Draft.chain([20])], torch.tensor([5, 3]))
