@@ -51,8 +51,8 @@ def save_model_dir(
 ) -> None:
     """Write `out` so that AutoModelForCausalLM/AutoTokenizer load it with no project code.
 
-    config.json, model.safetensors (in `dtype`), generation_config.json, the tokenizer (its
-    model_max_length set to the context), and training.json: what produced the weights.
+    config.json, model.safetensors (in `dtype`: the model is cast in place), generation_config.json,
+    the tokenizer (its model_max_length set to the context), and training.json: what produced the weights.
     """
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
@@ -60,8 +60,8 @@ def save_model_dir(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    weights = {name: tensor.to(getattr(torch, dtype)) for name, tensor in model.state_dict().items()}
-    model.save_pretrained(out, state_dict=weights)
+    # The module is cast, not a copy of its state: tied embeddings then stay one tensor, written once.
+    model.to(getattr(torch, dtype)).save_pretrained(out)
     tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(out)
     (out / "training.json").write_text(json.dumps(training, indent=2) + "\n")
