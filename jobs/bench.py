@@ -4,11 +4,10 @@ Every contender decodes the same prompts (the first `num_prompts`, cycled to fil
 batches of each batch size, for the same fixed length (EOS ignored; `min_new_tokens` for
 transformers). Repeats are interleaved, in alternating order, so drift on a noisy machine and the
 position in a round hit all contenders alike, and the table reports medians, ratios to
-`transformers.generate` and to our `autoregressive`, the mean accepted length (tokens per target
-forward, per row), and the share of rows whose tokens equal
-`generate`'s greedy output in the working dtype (DESIGN.md: a different matmul shape can flip a
-near-tie). transformers' assisted generation and prompt lookup run at batch 1 only: it refuses
-larger batches.
+`transformers.generate` and to our `autoregressive`, τ and acceptance by position
+(`strategies/metrics.py`), and the share of rows whose tokens equal `generate`'s greedy output in the
+working dtype (docs/design.md, "Determinism": a different matmul shape can flip a near-tie).
+transformers' assisted generation and prompt lookup run at batch 1 only: it refuses larger batches.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jobs.cli import SAMPLE_PROMPTS, SHIPPED_DRAFT, SHIPPED_HEADS, SHIPPED_TARGET, print_keys, split_args
+from jobs.cli import SAMPLE_PROMPTS, SHIPPED_DRAFT, SHIPPED_EXITS, SHIPPED_HEADS, SHIPPED_TARGET, print_keys, split_args
 from pipeline.config import load_config, option
 from pipeline.errors import JobError
 from strategies import registry
@@ -48,6 +47,7 @@ class BenchConfig:
     model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
     draft: str = option(str(SHIPPED_DRAFT), "Draft model for speculative strategies and assisted generation.")
     heads: str = option(str(SHIPPED_HEADS), "Draft heads of the target for medusa and blockwise.")
+    exits: str = option(str(SHIPPED_EXITS), "Exit heads of the target for self_speculative and calm.")
     dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
     strategies: list[str] = option(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
     transformers: list[str] = option(
@@ -124,12 +124,14 @@ class Bench:
         uses = set(config.strategies)
         needs_draft = uses & (registry.NEEDS_DRAFT | {registry.AUTO}) or "assisted" in config.transformers
         needs_heads = uses & (registry.NEEDS_HEADS | {registry.AUTO}) and config.heads
+        needs_exits = uses & (registry.NEEDS_EXITS | {registry.AUTO}) and config.exits
         loaded = load_models(
             config.model,
             dtype,
             self.device,
             draft_url=config.draft if needs_draft else None,
             heads_url=config.heads if needs_heads else None,
+            exits_url=config.exits if needs_exits else None,
         )
         self.model, self.tokenizer, self.draft_model, self.models = (
             loaded.target,

@@ -4,6 +4,7 @@
     accelgen bench [key=value ...]                     time strategies against transformers' generate
     accelgen train {tokenizer,lm,draft,eval} ...       build the shipped model family
     accelgen verify OUTPUT_URL [--input INPUT_URL]     check a job's output against the output contract
+    accelgen calibrate calm [key=value ...]            pick CALM's threshold for an agreement target
 
 A `JobError` is printed as one message and exits with status 2; an incomplete job exits with 1.
 """
@@ -20,6 +21,7 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED_TARGET = ASSETS / "models" / "target"
 SHIPPED_DRAFT = ASSETS / "models" / "draft"
 SHIPPED_HEADS = ASSETS / "models" / "heads"
+SHIPPED_EXITS = ASSETS / "models" / "exits"
 SAMPLE_PROMPTS = ASSETS / "prompts" / "sample.parquet"
 
 USAGE = """usage: accelgen <command> [args]
@@ -29,6 +31,7 @@ commands:
   bench [key=value ...]                     benchmark strategies against transformers (accelgen bench --help)
   train <job> [CONFIG.yaml] [key=value ...] build the shipped model family (accelgen train --help)
   verify OUTPUT_URL [--input INPUT_URL]     check an output: one row per input row, manifest, checksums
+  calibrate calm [key=value ...]            CALM's speed/agreement curve and threshold (accelgen calibrate calm --help)
 """
 
 
@@ -36,7 +39,8 @@ def default_job_config() -> JobConfig:
     """The schema's defaults, with the shipped model family as the default model."""
     draft = str(SHIPPED_DRAFT) if (SHIPPED_DRAFT / "config.json").is_file() else None
     heads = str(SHIPPED_HEADS) if (SHIPPED_HEADS / "heads.json").is_file() else None
-    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads))
+    exits = str(SHIPPED_EXITS) if (SHIPPED_EXITS / "exits.json").is_file() else None
+    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads, exits=exits))
 
 
 def print_keys(title: str, config: object) -> None:
@@ -104,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.train.cli import main as train_main
 
             return train_main(args)
+        if command == "calibrate":
+            from jobs.calibrate import main as calibrate_main
+
+            return calibrate_main(args)
     except JobError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

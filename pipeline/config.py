@@ -60,6 +60,11 @@ class ModelConfig:
     heads: str | None = option(
         None, "Draft heads trained on the target (`accelgen train heads`) for medusa and blockwise: folder or URL."
     )
+    exits: str | None = option(
+        None,
+        "Exit heads at intermediate layers of the target (`accelgen train exits`) for self_speculative and calm: "
+        "folder or URL.",
+    )
     dtype: str = option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
     trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
     cache_dir: str = option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")

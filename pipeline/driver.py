@@ -32,7 +32,9 @@ from strategies import registry
 from workers import faults
 from workers.generator import Generator, UnitInputError
 from workers.model_loading import (
+    EXITS_CONFIG,
     HEADS_CONFIG,
+    check_exits_target,
     check_heads_target,
     is_local,
     model_weights_hash,
@@ -108,7 +110,11 @@ def validate(config: JobConfig) -> None:
     for name in _strategies_named(config):
         for model in sorted(registry.needs_models(name)):
             if not getattr(config.model, model):
-                what = {"draft": "a draft model", "heads": "heads trained on the target"}[model]
+                what = {
+                    "draft": "a draft model",
+                    "heads": "heads trained on the target",
+                    "exits": "exit heads trained on the target",
+                }[model]
                 problems.append(f"strategy.name={name} needs {what}: set model.{model}")
     if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
         problems.append("workers.max_batch_tokens and workers.unit_timeout_s must be > 0")
@@ -129,6 +135,8 @@ def run_job(config: JobConfig) -> JobOutcome:
         hashes[model] = _model_hash(getattr(config.model, model), f"model.{model}")
     if "heads" in hashes:
         _check_heads(config)
+    if "exits" in hashes:
+        _check_exits(config)
     ident = identity(config, shards, hashes)
     job_id = fingerprint(ident)
     output = OutputFolder(config.output.url, config.output.storage_options)
@@ -210,10 +218,10 @@ def _strategies_named(config: JobConfig) -> list[str]:
 
 
 def _optional_models(config: JobConfig) -> list[str]:
-    """The optional models (`draft`, `heads`) set and possibly used: loaded, and part of the job's
-    identity, only then."""
+    """The optional models (`draft`, `heads`, `exits`) set and possibly used: loaded, and part of the
+    job's identity, only then."""
     may_use_any = config.strategy.name == registry.AUTO or config.input.strategy_column
-    wanted = {"draft", "heads"} if may_use_any else registry.needs_models(config.strategy.name)
+    wanted = set(registry.OPTIONAL_MODELS) if may_use_any else registry.needs_models(config.strategy.name)
     return sorted(m for m in wanted if getattr(config.model, m))
 
 
@@ -227,7 +235,8 @@ def _lossy(config: JobConfig) -> dict[str, str]:
 
 def _model_hash(url: str, key: str) -> str:
     try:
-        return model_weights_hash(url, marker=HEADS_CONFIG if key == "model.heads" else "config.json")
+        marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG}.get(key, "config.json")
+        return model_weights_hash(url, marker=marker)
     except FileNotFoundError as exc:
         raise JobError(f"{key}: {exc}") from None
 
@@ -243,6 +252,17 @@ def _check_heads(config: JobConfig) -> None:
             raise JobError(str(exc)) from None
 
 
+def _check_exits(config: JobConfig) -> None:
+    """Exits trained for another target fail the job before anything is written (local folders; the
+    actors check remote ones as they load them)."""
+    exits, target = config.model.exits, config.model.target
+    if is_local(exits) and is_local(target):
+        try:
+            check_exits_target(resolve_model_dir(exits, marker=EXITS_CONFIG), resolve_model_dir(target), exits, target)
+        except (ValueError, FileNotFoundError) as exc:
+            raise JobError(str(exc)) from None
+
+
 def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
     g = config.generation
     return WorkerSpec(
@@ -250,6 +270,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         model_target=config.model.target,
         model_draft=config.model.draft if "draft" in _optional_models(config) else None,
         model_heads=config.model.heads if "heads" in _optional_models(config) else None,
+        model_exits=config.model.exits if "exits" in _optional_models(config) else None,
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         cache_dir=config.model.cache_dir,

@@ -34,6 +34,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "target": config.model.target,
             "draft": config.model.draft if "draft" in model_hashes else None,
             **({"heads": config.model.heads} if "heads" in model_hashes else {}),
+            **({"exits": config.model.exits} if "exits" in model_hashes else {}),
             "dtype": config.model.dtype,
             "weights_sha256": model_hashes,
         },

@@ -33,6 +33,7 @@ class RowOutput:
     tokens: list[int]
     finish_reason: str  # FINISH_STOP | FINISH_LENGTH
     strategy: str | None = None  # what decoded the row when it differs from the batch's strategy
+    mean_exit_layer: float | None = None  # early exit (calm): layers its tokens went through, on average
 
 
 @dataclass

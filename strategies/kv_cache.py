@@ -13,9 +13,16 @@ Invalid slots waste memory and attention work, so the cache compacts: `select_ro
 rows, trims slot columns that no remaining row uses, and `compact` gathers each row's valid slots
 to the left when the waste passes a threshold. Storage is preallocated and grown by doubling, so an
 append writes in place instead of concatenating the whole cache every step.
+
+Provisional columns (self-speculation): a draft that runs the target's own first layers writes its
+tokens' keys and values into those layers only, past the shared slots (`Provisional`). They are not
+slots yet: the next forward over the same tokens reuses them (`ModelRunner.forward`), any other
+forward, row selection or compaction drops them, so every layer again holds `num_slots` slots.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -98,6 +105,21 @@ class SlotLayer(CacheLayerMixin):
         self.length = k.shape[2]
 
 
+@dataclass
+class Provisional:
+    """Columns written past the shared slots into the first `layers` layers only, by one draft."""
+
+    layers: int
+    ids: torch.Tensor  # [B, m] the token of each column
+    positions: torch.Tensor  # [B, m]
+    valid: torch.Tensor  # [B, m] bool: False for padding
+    hidden: torch.Tensor  # [B, m, D] the residual stream entering layer `layers` at each column
+
+    @property
+    def count(self) -> int:
+        return self.ids.shape[1]
+
+
 class RaggedKV:
     """The cache of one batch: shared slots, per-row validity and per-row next position."""
 
@@ -106,6 +128,43 @@ class RaggedKV:
         self.cache = Cache(layers=self.layers)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, S]
         self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self.provisional: Provisional | None = None
+
+    def add_provisional(self, columns: Provisional) -> None:
+        """Record columns a forward of the first `columns.layers` layers just wrote past the slots."""
+        prov = self.provisional
+        if prov is None:
+            self.provisional = columns
+            return
+        self.provisional = Provisional(
+            prov.layers,
+            torch.cat([prov.ids, columns.ids], dim=1),
+            torch.cat([prov.positions, columns.positions], dim=1),
+            torch.cat([prov.valid, columns.valid], dim=1),
+            torch.cat([prov.hidden, columns.hidden], dim=1),
+        )
+
+    def keep_provisional(self, count: int) -> None:
+        """Keep only the first `count` provisional columns (0: none), in the record and in the layers."""
+        prov = self.provisional
+        if prov is None:
+            return
+        for layer in self.layers[: prov.layers]:
+            layer.length = self.num_slots + count
+        if count == 0:
+            self.provisional = None
+        else:
+            self.provisional = Provisional(
+                prov.layers,
+                prov.ids[:, :count],
+                prov.positions[:, :count],
+                prov.valid[:, :count],
+                prov.hidden[:, :count],
+            )
+
+    def drop_provisional(self) -> None:
+        """Forget every provisional column: each layer holds `num_slots` slots again."""
+        self.keep_provisional(0)
 
     @property
     def num_slots(self) -> int:
@@ -124,6 +183,7 @@ class RaggedKV:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` [B'] (indices, in order) and drop slot columns no kept row uses."""
+        self.drop_provisional()
         valid = self.valid[rows]  # [B', S]
         used = valid.any(dim=0)
         first = int(used.int().argmax()) if bool(used.any()) else valid.shape[1]
@@ -148,6 +208,7 @@ class RaggedKV:
 
     def compact(self) -> None:
         """Move each row's valid slots to the left, in order, and drop the columns freed."""
+        self.drop_provisional()
         keep = int(self.valid.sum(dim=1).max()) if self.valid.numel() else 0
         # A stable sort of "invalid" puts valid slots first and keeps their order.
         order = torch.sort((~self.valid).int(), dim=1, stable=True).indices[:, :keep]  # [B, keep]

@@ -74,7 +74,7 @@ class LlamaForward:
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
-        self.embed = inner.embed_tokens.weight  # [V, D]
+        self.embed_weight = inner.embed_tokens.weight  # [V, D]
         self.final_norm = inner.norm.weight
         self.lm_head = model.lm_head.weight  # [V, D]
         self.inv_freq = inner.rotary_emb.inv_freq.float()  # [hd / 2]
@@ -115,6 +115,79 @@ class LlamaForward:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The residual stream entering layer 0: `input_ids` [B, n] -> [B, n, D]."""
+        return F.embedding(input_ids, self.embed_weight)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary tables of `positions` [B, n], shared by every layer of a forward: 2 x [B, 1, n, hd]."""
+        return self._rope_tables(positions, dtype)
+
+    def run_layers(
+        self,
+        x: torch.Tensor,  # [B, n, D] the residual stream entering layer `start`
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,  # [B, 1, n, S + n] additive over each layer's slots; None: all visible
+        caches: list[SlotLayer],  # every layer's cache, indexed by layer
+        start: int,
+        end: int,
+        rows: torch.Tensor | None = None,  # [R] rows whose state goes through the layers; None: all
+    ) -> torch.Tensor:
+        """Layers [start, end) over n new tokens, each appending their keys and values to its cache.
+
+        Rows outside `rows` keep their state unchanged through these layers (CALM's state
+        propagation): each layer still writes their keys and values, projected from that state, so
+        later tokens have something to attend to; their output projection and MLP are skipped (attention
+        runs for every row while any goes on: gathering rows of the cache would cost more).
+        """
+        for index in range(start, end):
+            x = self._layer(self.layers[index], x, rope, mask, caches[index], rows)
+        return x
+
+    def _layer(
+        self,
+        layer: _Layer,
+        x: torch.Tensor,  # [B, n, D]
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: SlotLayer,
+        rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        b, n, _ = x.shape
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv = F.linear(self._norm(x, layer.norm_attn), layer.w_qkv, layer.b_qkv)  # [B, n, (Hq+2Hkv) hd]
+        qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
+        # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
+        qk = self._rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), *rope)  # [B, Hq+Hkv, n, hd]
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, n, hd]
+        keys, values = cache.update(k, v)  # [B, Hkv, S+n, hd]
+        if rows is not None and rows.numel() == 0:
+            return x
+        # Attention runs for every row: gathering the going rows' cache would copy more than their
+        # queries cost. The MLP, the larger part, runs for the going rows only.
+        attn = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
+        )  # [B, Hq, n, hd]
+        inner = x
+        if rows is not None:  # only these rows go on through the layer
+            attn, inner = attn[rows], x[rows]
+        inner = inner + F.linear(attn.transpose(1, 2).reshape(len(inner), n, q_width), layer.w_o)
+        gate, up = F.linear(self._norm(inner, layer.norm_mlp), layer.w_gate_up).chunk(2, dim=-1)
+        inner = inner + F.linear(F.silu(gate) * up, layer.w_down)
+        return inner if rows is None else x.index_copy(0, rows, inner)
+
+    def final_state(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm of the last layer's output `x` [..., D]: what the LM head reads."""
+        return self._norm(x, self.final_norm)
+
+    def head(self, x: torch.Tensor, logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final norm and LM head on the last layer's output `x` [B, n, D]: (logits [B, n_kept, V],
+        last hidden states [B, n, D])."""
+        hidden = self.final_state(x)
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return F.linear(kept, self.lm_head), hidden
+
     def __call__(
         self,
         input_ids: torch.Tensor,  # [B, n]
@@ -124,24 +197,6 @@ class LlamaForward:
         logits_to_keep: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, n_kept, V], last hidden states [B, n, D])."""
-        b, n = input_ids.shape
-        x = F.embedding(input_ids, self.embed)  # [B, n, D]
-        cos, sin = self._rope_tables(positions, x.dtype)
-        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        for layer, cache in zip(self.layers, caches, strict=True):
-            qkv = F.linear(self._norm(x, layer.norm_attn), layer.w_qkv, layer.b_qkv)  # [B, n, (Hq+2Hkv) hd]
-            qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
-            # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
-            qk = self._rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            v = v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, n, hd]
-            keys, values = cache.update(k, v)  # [B, Hkv, S+n, hd]
-            attn = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
-            )  # [B, Hq, n, hd]
-            x = x + F.linear(attn.transpose(1, 2).reshape(b, n, q_width), layer.w_o)
-            gate, up = F.linear(self._norm(x, layer.norm_mlp), layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
-        hidden = self._norm(x, self.final_norm)
-        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-        return F.linear(kept, self.lm_head), hidden
+        x = self.embed(input_ids)  # [B, n, D]
+        x = self.run_layers(x, self.rope(positions, x.dtype), mask, caches, 0, len(self.layers))
+        return self.head(x, logits_to_keep)

@@ -10,6 +10,11 @@ A proposer that drafts from the target's own states (draft heads) says so (`want
 receives, at its start and after every step, what the target computed for each row in the
 forward just taken: prefill, verify and plain steps alike (`TargetStates`). Proposers that do not
 ask never pay for them.
+
+The one exception to "never touches the target's cache": a proposer that drafts with the target's
+own first layers (`self_speculative`) sets `shares_cache = True` and is handed the batch's cache
+(`use_cache(kv)`) before `start`. It only adds provisional columns (`kv_cache.Provisional`), which
+the next target forward reuses or drops, so the cache's slots stay the loop's alone.
 """
 
 from __future__ import annotations

@@ -15,28 +15,33 @@ from dataclasses import dataclass
 from strategies.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import Strategy
+from strategies.calm import CalmStrategy
 from strategies.control import AUTOREGRESSIVE, Controller
 from strategies.draft_model import DraftModelProposer
+from strategies.exits import ExitHeads
 from strategies.heads import DraftHeads
 from strategies.jacobi import INITS, JacobiProposer
 from strategies.jacobi import MODES as JACOBI_MODES
 from strategies.lookahead import MODES, LookaheadProposer
 from strategies.medusa import HeadsProposer, chain_choices, check_choices
-from strategies.options import MEDUSA_ACCEPTANCE, StrategyOptions
+from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, MEDUSA_ACCEPTANCE, StrategyOptions
 from strategies.prompt_lookup import PromptLookupProposer
 from strategies.runner import ModelRunner
+from strategies.self_speculative import SelfSpeculativeProposer
 from strategies.speculative import Drafter, SpeculativeStrategy
 
 AUTO = "auto"
+CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
 
 
 @dataclass
 class Models:
-    """What strategies draft and verify with: the target, and the optional draft model and heads."""
+    """What strategies draft and verify with: the target, and the optional draft model, heads and exits."""
 
     target: ModelRunner
     draft: ModelRunner | None = None
     heads: DraftHeads | None = None
+    exits: ExitHeads | None = None
 
 
 def _speculative(options: StrategyOptions, models: Models) -> Drafter:
@@ -90,6 +95,15 @@ def _jacobi(options: StrategyOptions, models: Models) -> Drafter:
     return Drafter("jacobi", proposer, depth, depth, greedy_only=True)
 
 
+def _self_speculative(options: StrategyOptions, models: Models) -> Drafter:
+    k = options.num_speculative_tokens
+    o = options.self_speculative
+    proposer = SelfSpeculativeProposer(
+        models.target, _need_exits(models, "self_speculative"), o.exit_layer, o.min_confidence
+    )
+    return Drafter("self_speculative", proposer, k, k, RejectionSampling())
+
+
 def _need_draft(models: Models, name: str) -> ModelRunner:
     if models.draft is None:
         raise ValueError(f"strategy {name!r} needs a draft model: set model.draft")
@@ -102,6 +116,12 @@ def _need_heads(models: Models, name: str) -> DraftHeads:
     return models.heads
 
 
+def _need_exits(models: Models, name: str) -> ExitHeads:
+    if models.exits is None:
+        raise ValueError(f"strategy {name!r} exits from the target's own layers: set model.exits")
+    return models.exits
+
+
 _DRAFTERS: dict[str, Callable[[StrategyOptions, Models], Drafter]] = {
     "speculative": _speculative,
     "specdec": _specdec,
@@ -110,13 +130,16 @@ _DRAFTERS: dict[str, Callable[[StrategyOptions, Models], Drafter]] = {
     "medusa": _medusa,
     "blockwise": _blockwise,
     "jacobi": _jacobi,
+    "self_speculative": _self_speculative,
 }
 NEEDS_DRAFT = frozenset({"speculative", "specdec"})
 NEEDS_HEADS = frozenset({"medusa", "blockwise"})
+NEEDS_EXITS = frozenset({"self_speculative", CALM})
+OPTIONAL_MODELS = ("draft", "heads", "exits")
 
 
 def available() -> list[str]:
-    return sorted([AUTOREGRESSIVE, AUTO, *_DRAFTERS])
+    return sorted([AUTOREGRESSIVE, AUTO, CALM, *_DRAFTERS])
 
 
 def drafting() -> list[str]:
@@ -132,12 +155,18 @@ def lossy_reason(name: str, options: StrategyOptions) -> str | None:
         return "Medusa's typical acceptance (strategy.medusa.acceptance=typical)"
     if name == "blockwise" and options.blockwise.top_k > 1:
         return f"blockwise top-{options.blockwise.top_k} acceptance (strategy.blockwise.top_k)"
+    if name == CALM:
+        return (
+            "CALM's early exit (strategy.calm): a token may be an intermediate layer's guess, chosen where its "
+            f"{options.calm.measure} confidence reached {options.calm.threshold}"
+        )
     return None
 
 
 def needs_models(name: str) -> set[str]:
-    """Which optional models (`draft`, `heads`) strategy `name` drafts with."""
-    return ({"draft"} if name in NEEDS_DRAFT else set()) | ({"heads"} if name in NEEDS_HEADS else set())
+    """Which optional models (`draft`, `heads`, `exits`) strategy `name` drafts with."""
+    needs = {"draft": NEEDS_DRAFT, "heads": NEEDS_HEADS, "exits": NEEDS_EXITS}
+    return {model for model, names in needs.items() if name in names}
 
 
 def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
@@ -176,6 +205,16 @@ def problems(options: StrategyOptions, greedy: bool) -> list[str]:
         )
     if options.blockwise.top_k < 1:
         found.append(f"strategy.blockwise.top_k={options.blockwise.top_k}: use 1 (exact) or more")
+    if options.self_speculative.exit_layer < 1:
+        found.append(f"strategy.self_speculative.exit_layer={options.self_speculative.exit_layer}: use 1 or more")
+    cm = options.calm
+    if cm.measure not in CALM_MEASURES or cm.batch_exit not in CALM_BATCH_EXITS:
+        found.append(
+            f"strategy.calm: measure must be one of {', '.join(CALM_MEASURES)}, "
+            f"batch_exit one of {', '.join(CALM_BATCH_EXITS)}"
+        )
+    if cm.threshold <= 0 or cm.decay_tau < 0 or cm.min_layer < 1:
+        found.append("strategy.calm: threshold must be > 0, decay_tau >= 0 and min_layer >= 1")
     relaxed = options.name == "specdec" or (options.name == "blockwise" and options.blockwise.top_k > 1)
     if relaxed and not greedy:
         reason = lossy_reason(options.name, options)
@@ -188,10 +227,12 @@ def create(options: StrategyOptions, models: Models, controller: Controller | No
     name = options.name
     if name == AUTOREGRESSIVE:
         return AutoregressiveStrategy(models.target)
+    if name == CALM:
+        return CalmStrategy(models.target, _need_exits(models, CALM), options.calm)
     if name == AUTO:
         if controller is None:
             raise ValueError("strategy 'auto' chooses per step: it needs the controller (strategy.adaptive=true)")
-        has = {m for m, present in (("draft", models.draft), ("heads", models.heads)) if present is not None}
+        has = {m for m in OPTIONAL_MODELS if getattr(models, m) is not None}
         names = auto_candidates(options, has)
         unknown = sorted(set(names) - set(_DRAFTERS))
         if unknown:

@@ -141,6 +141,8 @@ class SpeculativeStrategy:
         """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
         run.started.add(drafter.name)
         batch = run.batch
+        if getattr(drafter.proposer, "shares_cache", False):  # self-speculation drafts in the target's cache
+            drafter.proposer.use_cache(batch.kv)
         contexts = [batch.requests[i].prompt + batch.outputs[i] for i in batch.active]
         states = batch.states if drafter.proposer.wants_states else None
         return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.keys, batch.params, states)

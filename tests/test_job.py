@@ -219,6 +219,7 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
         f"model.target={tiny_model_dir}",
         f"model.draft={tiny_draft_dir}",
         "model.heads=null",
+        "model.exits=null",
         "model.dtype=float64",
         "generation.max_new_tokens=10",
     ]

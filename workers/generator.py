@@ -2,7 +2,7 @@
 
 `Generator` is a plain class so it runs in-process in tests and benchmarks; the driver wraps it as
 a Ray actor. It never publishes anything: it stages one part per attempt and returns a
-`UnitResult`, and the driver alone commits (DESIGN.md, "Data flow").
+`UnitResult`, and the driver alone commits (docs/design.md, "Data flow of one job").
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("num_prompt_tokens", pa.int64()),
         ("num_generated_tokens", pa.int64()),
         ("strategy", pa.string()),
+        ("mean_exit_layer", pa.float64()),  # early exit (calm): the row's mean exit layer; else null
     ]
 )
 
@@ -73,6 +74,7 @@ class Generator:
             self.device,
             draft_url=spec.model_draft,
             heads_url=spec.model_heads,
+            exits_url=spec.model_exits,
             cache_dir=spec.cache_dir,
             trust_remote_code=spec.trust_remote_code,
         )
@@ -199,6 +201,7 @@ class Generator:
             "num_prompt_tokens": [None] * n,
             "num_generated_tokens": [None] * n,
             "strategy": [None] * n,
+            "mean_exit_layer": [None] * n,
         }
         for name in spec.keep_columns:
             columns[name] = table.column(name).to_pylist()
@@ -233,6 +236,7 @@ class Generator:
                 columns["finish_reason"][i] = row.finish_reason
                 columns["num_generated_tokens"][i] = len(row.tokens)
                 columns["strategy"][i] = row.strategy or result.strategy
+                columns["mean_exit_layer"][i] = row.mean_exit_layer
                 generated += len(row.tokens)
             with self._lock:
                 self._rows_done += len(batch)

@@ -20,6 +20,9 @@ import fsspec
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from strategies.exits import CONFIG_FILE as EXITS_CONFIG
+from strategies.exits import load_exits
+from strategies.exits import read_config as read_exits_config
 from strategies.heads import CONFIG_FILE as HEADS_CONFIG
 from strategies.heads import load_heads
 from strategies.heads import read_config as read_heads_config
@@ -46,12 +49,14 @@ def is_local(url: str) -> bool:
 def resolve_model_dir(
     url: str, cache_dir: str = "", storage_options: dict[str, Any] | None = None, marker: str = "config.json"
 ) -> Path:
-    """A local folder holding the model (or heads: `marker` heads.json) at `url`, downloading it into
-    the cache when remote."""
+    """A local folder holding the model (or heads: `marker` heads.json; exits: exits.json) at `url`,
+    downloading it into the cache when remote."""
     if is_local(url):
         path = Path(url.removeprefix("file://")).expanduser()
         if not (path / marker).is_file():
-            what = "a Hugging Face model" if marker == "config.json" else "a folder `accelgen train heads` wrote"
+            what = {HEADS_CONFIG: "a folder `accelgen train heads` wrote", EXITS_CONFIG: "a `train exits` folder"}.get(
+                marker, "a Hugging Face model"
+            )
             raise FileNotFoundError(f"folder {path} has no {marker}: point it at {what}")
         return path
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -145,6 +150,20 @@ def check_heads_target(heads_dir: Path, target_dir: Path, heads_url: str, target
         )
 
 
+def check_exits_target(exits_dir: Path, target_dir: Path, exits_url: str, target_url: str) -> None:
+    """A ValueError naming both when the exits in `exits_dir` were trained for other weights than the
+    target's: an exit reads the target's intermediate states, which another model's weights change."""
+    trained_for = read_exits_config(exits_dir)
+    actual = weights_sha256(target_dir)
+    if trained_for.target_weights_sha256 != actual:
+        raise ValueError(
+            f"model.exits {exits_url} were trained for the target at {trained_for.target_path} (weights sha256 "
+            f"{trained_for.target_weights_sha256[:12]}…), not for model.target {target_url} ({actual[:12]}…): "
+            f"train exits for this target (accelgen train exits target={target_url}), point model.exits at its "
+            "own, or set model.exits=null to decode without exits"
+        )
+
+
 def load_model(
     path: Path, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -172,9 +191,10 @@ def load_models(
     heads_url: str | None = None,
     cache_dir: str = "",
     trust_remote_code: bool = False,
+    exits_url: str | None = None,
 ) -> LoadedModels:
-    """The target, and the draft and heads when given, each checked against the target: a draft must
-    share its vocabulary, heads must have been trained for its weights."""
+    """The target, and the draft, heads and exits when given, each checked against the target: a draft
+    must share its vocabulary, heads and exits must have been trained for its weights."""
     target_dir = resolve_model_dir(target_url, cache_dir)
     target, tokenizer = load_model(target_dir, dtype, device, trust_remote_code)
     draft = None
@@ -191,5 +211,11 @@ def load_models(
         check_heads_target(heads_dir, target_dir, heads_url, target_url)
         heads = load_heads(heads_dir, dtype, device)
         heads.use_lm_head(target.get_output_embeddings().weight)
-    runners = Models(ModelRunner(target), ModelRunner(draft) if draft is not None else None, heads)
+    exits = None
+    if exits_url:
+        exits_dir = resolve_model_dir(exits_url, cache_dir, marker=EXITS_CONFIG)
+        check_exits_target(exits_dir, target_dir, exits_url, target_url)
+        exits = load_exits(exits_dir, dtype, device)
+        exits.use_lm_head(target.get_output_embeddings().weight)
+    runners = Models(ModelRunner(target), ModelRunner(draft) if draft is not None else None, heads, exits)
     return LoadedModels(tokenizer, target, draft, runners)

@@ -1,14 +1,16 @@
-"""`accelgen train tokenizer|lm|draft|heads|eval|heads-eval CONFIG.yaml key=value…`: build, measure the family.
+"""`accelgen train tokenizer|lm|draft|cllm|heads|eval|heads-eval CONFIG.yaml key=value…`: build, measure the family.
 
 The shipped family is rebuilt, in order, by:
 
     accelgen train tokenizer jobs/configs/train_tokenizer.yaml
     accelgen train lm jobs/configs/train_target.yaml
     accelgen train draft jobs/configs/train_draft.yaml
+    accelgen train cllm jobs/configs/train_cllm.yaml
     accelgen train heads jobs/configs/train_heads.yaml
+    accelgen train exits jobs/configs/train_exits.yaml
     accelgen train eval model=jobs/assets/models/target draft=jobs/assets/models/draft report=out/train/eval.json
 
-Re-running an interrupted `lm`, `draft` or `heads` command resumes from its checkpoint. `heads` measures
+Re-running an interrupted `lm`, `draft`, `cllm` or `heads` command resumes from its checkpoint. `heads` measures
 its heads on held-out text as it ends; `heads-eval` measures saved heads again.
 """
 
@@ -21,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.train.config import (
+    CLLMJobConfig,
     DraftJobConfig,
     EvalJobConfig,
+    ExitsJobConfig,
     HeadsEvalJobConfig,
     HeadsJobConfig,
     LMJobConfig,
@@ -49,6 +53,10 @@ COMMANDS = {
     "heads": Command(HeadsJobConfig, "jobs.train.heads:train_heads", "train draft heads on the frozen target"),
     "heads-eval": Command(
         HeadsEvalJobConfig, "jobs.train.heads:evaluate_heads", "per-head top-1/top-5 accuracy on held-out text"
+    ),
+    "cllm": Command(CLLMJobConfig, "jobs.train.cllm:train_cllm", "fine-tune a consistency model for Jacobi decoding"),
+    "exits": Command(
+        ExitsJobConfig, "jobs.train.exits:train_exits", "train exit heads at the frozen target's inner layers"
     ),
 }
 

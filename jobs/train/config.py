@@ -283,3 +283,153 @@ def check_heads(config: HeadsJobConfig, context: int) -> None:
         raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
     if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
         raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
+
+
+@dataclass
+class CLLMDataConfig:
+    prompts: int = option(
+        512,
+        "Training prompts: windows of the corpus' training split, each decoded block by block with Jacobi by the "
+        "target. Their trajectories are collected once and cached in the checkpoint directory.",
+    )
+    prompt_tokens: int = option(64, "Tokens of each prompt window.")
+    block_size: int = option(16, "Jacobi block n: tokens guessed and refined together (the CLLM paper: 16).")
+    blocks: int = option(
+        8,
+        "Blocks decoded after each prompt (the length cap: blocks * block_size tokens); a row also stops after "
+        "the block whose fixed point holds EOS.",
+    )
+    batch_size: int = option(32, "Prompts decoded together while collecting trajectories.")
+
+
+@dataclass
+class CLLMLossConfig:
+    ar_weight: float = option(
+        10.0,
+        "Weight of the autoregressive loss (cross-entropy on the fixed point, the target's greedy tokens) "
+        "against the global consistency loss (weight 1). Keeps the model from collapsing to repeats.",
+    )
+    label_smoothing: float = option(0.1, "Label smoothing of the autoregressive loss, in [0, 1).")
+
+
+@dataclass
+class CLLMEvalConfig:
+    prompts: int = option(
+        64,
+        "Held-out prompts (windows of the held-out split, data.prompt_tokens each) whose Jacobi trajectories "
+        "give the statistics of the target before and of the CLLM after training. 0: skip.",
+    )
+    heldout_tokens: int = option(
+        200_000, "Held-out corpus tokens scored for the loss (nats/token) of the target and of the CLLM. 0: skip."
+    )
+    seq_len: int = option(1024, "Window length of the held-out loss.")
+    batch_size: int = option(4, "Windows per forward pass of the held-out loss.")
+
+
+@dataclass
+class CLLMTrainConfig:
+    steps: int = option(1000, "Optimizer steps.")
+    batch_size: int = option(8, "Trajectory states per step: one random non-final state of a random block each.")
+    seed: int = option(0, "Seed of prompt sampling, initial guesses, block order and state choice.")
+    precision: str = option(
+        "float32",
+        f"One of {PRECISIONS}: autocast dtype of forward/backward. bfloat16 only pays on GPUs (or CPUs with "
+        "bfloat16 matmuls).",
+    )
+    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
+    threads: int = option(0, "torch intra-op threads (collection and training). 0: torch's default (all cores).")
+    checkpoint_every: int = option(100, "Save the resumable training state every this many steps.")
+    checkpoint_dir: str = option(
+        "",
+        "Where the resumable state and the collected trajectories go; re-running the same command resumes from "
+        "them. Empty: <output_dir>/checkpoint.",
+    )
+    save_dtype: str = option("float32", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
+
+
+@dataclass
+class CLLMJobConfig:
+    target: str = option(MISSING, "Target model directory: its Jacobi trajectories are the data, a copy is trained.")
+    output_dir: str = option(MISSING, "Directory receiving the consistency model (and the tokenizer).")
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    data: CLLMDataConfig = field(default_factory=CLLMDataConfig)
+    loss: CLLMLossConfig = field(default_factory=CLLMLossConfig)
+    eval: CLLMEvalConfig = field(default_factory=CLLMEvalConfig)
+    train: CLLMTrainConfig = field(default_factory=CLLMTrainConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=2e-5, min_lr_ratio=0.0, warmup_steps=20, weight_decay=0.0)
+    )
+
+
+def check_cllm(config: CLLMJobConfig, context: int) -> None:
+    """Value checks of `train cllm` against its target's `context`, before any trajectory is collected."""
+    data = config.data
+    counts = {"prompts": data.prompts, "prompt_tokens": data.prompt_tokens, "blocks": data.blocks}
+    for key, value in {**counts, "batch_size": data.batch_size}.items():
+        if value < 1:
+            raise JobError(f"data.{key}={value}: use a value >= 1")
+    if data.block_size < 2:
+        raise JobError(f"data.block_size={data.block_size}: use at least 2 (one token is plain decoding)")
+    length = data.prompt_tokens + data.blocks * data.block_size
+    if length > context:
+        raise JobError(
+            f"data.prompt_tokens + data.blocks * data.block_size = {length} exceeds the target's context of "
+            f"{context} tokens"
+        )
+    if config.loss.ar_weight < 0:
+        raise JobError(f"loss.ar_weight={config.loss.ar_weight}: use a value >= 0")
+    if not 0.0 <= config.loss.label_smoothing < 1.0:
+        raise JobError(f"loss.label_smoothing={config.loss.label_smoothing}: use a value in [0, 1)")
+    if min(config.eval.prompts, config.eval.heldout_tokens) < 0 or min(config.eval.seq_len, config.eval.batch_size) < 1:
+        raise JobError("eval.prompts and eval.heldout_tokens must be >= 0, eval.seq_len and eval.batch_size >= 1")
+    if config.eval.seq_len > context:
+        raise JobError(f"eval.seq_len={config.eval.seq_len} exceeds the target's context of {context} tokens")
+    train = config.train
+    if train.precision not in PRECISIONS:
+        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
+    if train.save_dtype not in SAVE_DTYPES:
+        raise JobError(f"train.save_dtype={train.save_dtype!r}: use one of {SAVE_DTYPES}")
+    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
+        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
+
+
+@dataclass
+class ExitsShape:
+    layers: list[int] = option([], "Exit after these many layers, each in 1..L-1. Empty: every layer but the last.")
+    adapter_rank: int = option(
+        16, "Rank of each exit's adapter z + U(D z) after its norm (U starts at 0: the logit lens). 0: norm only."
+    )
+    classifier: bool = option(
+        True, "Also train CALM's confidence classifier per exit: P(this exit's argmax equals the final layer's)."
+    )
+
+
+@dataclass
+class ExitsTrainConfig:
+    steps: int = option(300, "Optimizer steps.")
+    batch_size: int = option(8, "Windows of the corpus per step.")
+    seq_len: int = option(128, "Tokens per window; each is a label: the target's final next-token distribution there.")
+    seed: int = option(0, "Seed of window order and initialization.")
+    precision: str = option(
+        "float32", f"One of {PRECISIONS}: autocast dtype of the exits' forward/backward (bfloat16 only pays on GPUs)."
+    )
+    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
+    threads: int = option(0, "torch intra-op threads. 0: torch's default (all cores).")
+    checkpoint_every: int = option(50, "Save the resumable training state every this many steps.")
+    checkpoint_dir: str = option(
+        "", "Where the resumable state goes; re-running the same command resumes. Empty: <output_dir>/checkpoint."
+    )
+
+
+@dataclass
+class ExitsJobConfig:
+    target: str = option(MISSING, "Target model directory (Llama family): frozen; its layers' states are read.")
+    output_dir: str = option(MISSING, "Directory receiving exits.json and exits.safetensors.")
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    exits: ExitsShape = field(default_factory=ExitsShape)
+    classifier_weight: float = option(0.1, "Weight of the classifiers' binary cross-entropy beside the exits' KL.")
+    eval_windows: int = option(64, "Held-out windows (train.seq_len tokens each) of the per-layer agreement.")
+    train: ExitsTrainConfig = field(default_factory=ExitsTrainConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=2e-3, warmup_steps=20, weight_decay=0.0, grad_clip=1.0)
+    )

@@ -1,0 +1,515 @@
+"""`train cllm`: a consistency LLM (CLLM, Kou et al. 2024), the target fine-tuned for Jacobi decoding.
+
+Jacobi decoding (`strategies.jacobi`) guesses a block of n tokens and refines all of them in
+parallel: one iteration runs the model over [context ; guess] and position i takes the model's
+greedy choice given the guess's tokens before it. The fixed point is greedy decoding, reached in at
+most n iterations; a plain model gains little over one token per iteration, because a token after
+a wrong one is usually wrong too. A CLLM learns to jump to the fixed point from any state of the
+trajectory, so Jacobi needs fewer iterations for the same (nearly the same model's greedy) output.
+
+Data, as in the paper's `generate_trajectory.py`: prompt windows of the corpus' training split,
+decoded block after block by the target with Jacobi from a guess of random prompt tokens, every
+state of each block kept; a block's fixed point joins the context of the next. The trajectories are
+collected once and cached in the checkpoint directory under the config's fingerprint, so a resumed
+run does not collect them again.
+
+Loss, as in the paper's `cllm_trainer_global.py`: per example one random non-final state y of a
+block with fixed point y*, L = L_GC + ar_weight · L_AR. L_GC is the soft cross-entropy of the
+model's distributions on [context ; y] against its own, detached, distributions on [context ; y*],
+over the block positions from the first one where y differs from y* (the converged prefix has
+identical inputs in both, nothing to learn). L_AR is the label-smoothed cross-entropy of the
+fixed-point tokens on [context ; y*]: it keeps the model's greedy output where it was, which L_GC
+alone would let drift toward degenerate repeats (any repeat is an easy fixed point).
+
+Trajectory statistics (the paper's): Jacobi iterations per block, fast-forwarded tokens (fixed in
+an iteration beyond the one each iteration is sure to fix) and stationary tokens (already right
+and kept through an iteration while a wrong token stood before them), per block.
+"""
+
+from __future__ import annotations
+
+import inspect
+import platform
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedTokenizerBase
+
+from jobs.train import checkpoint
+from jobs.train.config import CLLMJobConfig, CLLMLossConfig, TrainConfig, check_cllm
+from jobs.train.corpus import Corpus, load_corpus
+from jobs.train.evaluate import heldout_windows, score
+from jobs.train.loop import Objective, pick_device, train
+from jobs.train.model import count_parameters, save_model_dir
+from jobs.train.tokenizer import encode_documents, load_tokenizer
+from pipeline.errors import JobError
+from workers.model_loading import weights_sha256
+
+DATA_SUBDIR = "trajectories"  # the collected trajectories, a checkpoint of their own inside the checkpoint directory
+
+
+@dataclass
+class Trajectories:
+    """Jacobi trajectories of a set of prompts, as flat tensors (what the checkpoint file holds).
+
+    Block e of `blocks` is block `k` of prompt row `row`: its context is `sequences[row, :P + k*n]`
+    and its states are `states[first : first + count]`, the initial guess first, the fixed point last.
+    """
+
+    sequences: torch.Tensor  # [N, P + K*n] int64: each prompt, then the fixed point of each of its K blocks
+    states: torch.Tensor  # [S, n] int64: every kept block's states in order
+    blocks: torch.Tensor  # [E, 4] int64: (row, k, first, count) of each kept block
+    prompt_tokens: int
+
+    @property
+    def block_size(self) -> int:
+        return self.states.shape[1]
+
+
+_TRAJECTORY_FIELDS = [f.name for f in fields(Trajectories)]
+
+
+def train_cllm(config: CLLMJobConfig) -> Path:
+    """Collect the target's Jacobi trajectories, fine-tune a copy on them; returns the model's directory."""
+    started = time.perf_counter()
+    if config.train.threads > 0:
+        torch.set_num_threads(config.train.threads)
+    device = pick_device(config.train.device)
+    model, tokenizer = load_model(config.target, device)
+    check_cllm(config, model.config.max_position_embeddings)
+    out = Path(config.output_dir)
+    checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
+    fingerprint = {**checkpoint.fingerprint(config), "target_weights_sha256": weights_sha256(Path(config.target))}
+    corpus = load_corpus(config.corpus)
+    data, collection_s = training_trajectories(config, model, tokenizer, corpus, checkpoint_dir, fingerprint)
+    heldout = heldout_set(config, tokenizer, corpus)
+    before, target_greedy = measure(model, heldout, config)
+    sampler = StateSampler(data.blocks[:, 3], config.train.seed)
+    print(
+        f"cllm: {count_parameters(model) / 1e6:.2f} M parameters; {len(data.blocks)} blocks of "
+        f"{data.block_size} tokens ({len(sampler.blocks)} with a non-final state) from {len(data.sequences)} "
+        f"prompts of {corpus.source}; checkpoints in {checkpoint_dir}"
+    )
+    summary = train(
+        model,
+        cllm_objective(data, config.loss),
+        sampler,
+        loop_config(config),
+        config.optim,
+        checkpoint_dir,
+        {k: v for k, v in fingerprint.items() if not k.startswith("eval.")},  # eval settings do not shape weights
+    )
+    save_dtype = getattr(torch, config.train.save_dtype)
+    model.eval().to(save_dtype).float()  # measure the weights as they are saved
+    after, _ = measure(model, heldout, config, target_greedy)
+    record = {
+        "job": "cllm",
+        "config": fingerprint,
+        "corpus": corpus.source,
+        "prompts": len(data.sequences),
+        "blocks": len(data.blocks),
+        "trainable_blocks": len(sampler.blocks),
+        "states": len(data.states),
+        "fixed_point_tokens": len(data.blocks) * data.block_size,
+        "collection_wall_s": collection_s,
+        "parameters": count_parameters(model),
+        **asdict(summary),
+        "heldout": {"target": before, "cllm": after},
+        "run_wall_s": round(time.perf_counter() - started, 1),  # this run, start to end (measurements included)
+        **_versions(),
+    }
+    # Cast before saving: the tied embeddings stay one tensor (a cast of each key would write two).
+    save_model_dir(model.cpu().to(save_dtype), tokenizer, out, config.train.save_dtype, record)
+    print(_report(before, after))
+    print(
+        f"cllm: {summary.steps} steps in {summary.wall_s:.0f} s (+ {collection_s:.0f} s collecting); "
+        f"training loss {summary.train_loss:.3f}; saved to {out}"
+    )
+    return out
+
+
+def training_trajectories(
+    config: CLLMJobConfig,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: Corpus,
+    checkpoint_dir: Path,
+    fingerprint: dict[str, Any],
+) -> tuple[Trajectories, float]:
+    """The training trajectories (cached by a run of the same data settings, or collected and cached now),
+    and the seconds their collection took."""
+    directory = checkpoint_dir / DATA_SUBDIR
+    wanted = data_fingerprint(fingerprint)
+    state = checkpoint.load_checkpoint(directory, wanted)
+    if state is not None:
+        print(f"reusing the trajectories of {len(state['sequences'])} prompts in {directory}")
+        return Trajectories(**{key: state[key] for key in _TRAJECTORY_FIELDS}), state["wall_s"]
+    data = config.data
+    start = time.perf_counter()
+    tokens = encode_documents(tokenizer, corpus.train)  # [M]
+    prompts = draw_prompts(tokens, data.prompts, data.prompt_tokens, config.train.seed)  # [N, P]
+    trajectories = collect_trajectories(
+        model, prompts, data.block_size, data.blocks, data.batch_size, config.train.seed, _eos(tokenizer), "collect"
+    )
+    wall_s = round(time.perf_counter() - start, 1)
+    checkpoint.save_checkpoint(directory, {**vars(trajectories), "wall_s": wall_s, "fingerprint": wanted})
+    return trajectories, wall_s
+
+
+def data_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a job's fingerprint that determine its trajectories (not the loss, steps or evaluation).
+
+    A run changed only in how it trains then reuses the trajectories of an earlier one.
+    """
+    return {
+        key: value
+        for key, value in fingerprint.items()
+        if key.startswith(("target", "corpus.", "data.")) or key == "train.seed"
+    }
+
+
+def draw_prompts(tokens: torch.Tensor, count: int, length: int, seed: int) -> torch.Tensor:
+    """`count` windows of `length` tokens at random offsets of the stream `tokens` [M]: [count, length] int64."""
+    if len(tokens) < length:
+        raise JobError(f"the corpus split holds {len(tokens)} tokens, fewer than one prompt of {length}")
+    starts = np.random.default_rng(seed).integers(0, len(tokens) - length + 1, size=count)
+    return torch.stack([tokens[s : s + length] for s in starts.tolist()]).long()
+
+
+def initial_guesses(prompts: torch.Tensor, first_row: int, block_size: int, blocks: int, seed: int) -> torch.Tensor:
+    """Each block's initial guess: random tokens of its row's prompt (the paper's choice), [B, K, n] int64.
+
+    Keyed by (seed, global row index), so a row's guesses do not depend on the batch it is collected in.
+    """
+    picks = [
+        np.random.default_rng([seed, first_row + b]).integers(0, prompts.shape[1], size=(blocks, block_size))
+        for b in range(len(prompts))
+    ]
+    index = torch.from_numpy(np.stack(picks)).long()  # [B, K, n]
+    return prompts.gather(1, index.flatten(1)).view_as(index)
+
+
+def collect_trajectories(
+    model: torch.nn.Module,
+    prompts: torch.Tensor,
+    block_size: int,
+    blocks: int,
+    batch_size: int,
+    seed: int,
+    eos: frozenset[int],
+    desc: str,
+) -> Trajectories:
+    """Jacobi-decode `blocks` blocks of `block_size` after each prompt of `prompts` [N, P], keeping every state.
+
+    A row's blocks after the first whose fixed point holds a token of `eos` are decoded (the batch
+    moves together) but not kept.
+    """
+    sequences, states, kept, offset = [], [], [], 0
+    eos_ids = torch.tensor(sorted(eos), dtype=torch.long)
+    with tqdm(total=len(prompts), desc=desc, unit="prompt", dynamic_ncols=True, mininterval=1.0) as bar:
+        for first_row in range(0, len(prompts), batch_size):
+            chunk = prompts[first_row : first_row + batch_size]  # [B, P]
+            guesses = initial_guesses(chunk, first_row, block_size, blocks, seed)  # [B, K, n]
+            fixed, trajectories = jacobi_blocks(model, chunk, guesses)  # [B, K*n], [K][B] of [count, n]
+            sequences.append(torch.cat([chunk, fixed], dim=1))
+            ended = torch.isin(fixed.view(len(chunk), blocks, block_size), eos_ids).any(-1)  # [B, K] block holds EOS
+            after_eos = (ended.int().cumsum(dim=1) - ended.int()).bool()  # [B, K] an earlier block held EOS
+            for k, per_row in enumerate(trajectories):
+                for b, row_states in enumerate(per_row):
+                    if not after_eos[b, k]:
+                        kept.append((first_row + b, k, offset, len(row_states)))
+                        states.append(row_states)
+                        offset += len(row_states)
+            bar.update(len(chunk))
+    return Trajectories(torch.cat(sequences), torch.cat(states), torch.tensor(kept).view(-1, 4), prompts.shape[1])
+
+
+@torch.no_grad()
+def jacobi_blocks(
+    model: torch.nn.Module, prompts: torch.Tensor, guesses: torch.Tensor
+) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """Jacobi-decode blocks after `prompts` [B, P] from `guesses` [B, K, n], block after block.
+
+    Returns the fixed points [B, K*n] and, per block and row, the states [count, n] from the guess to
+    the fixed point (first reached). The context's keys and values are cached; each iteration runs
+    the model over the guess only and drops its slots again.
+    """
+    device = next(model.parameters()).device
+    n = guesses.shape[2]
+    cache = DynamicCache(config=model.config)
+    arg = _cache_arg(model)
+    logits = model(input_ids=prompts.to(device), use_cache=True, **{arg: cache}).logits  # [B, P, V]
+    first = logits[:, -1].argmax(-1)  # [B] the greedy token after the context: slot 0 of every state
+    fixed, trajectories = [], []
+    for k in range(guesses.shape[1]):
+        y = guesses[:, k].to(device)  # [B, n]
+        history = [y]
+        for _ in range(n + 1):  # n iterations reach the fixed point, one more confirms it
+            logits = model(input_ids=y[:, :-1], use_cache=True, **{arg: cache}).logits  # [B, n-1, V]
+            cache.crop(-(n - 1))  # negative: drop that many slots, in every transformers 5.x
+            update = torch.cat([first[:, None], logits.argmax(-1)], dim=1)  # [B, n]
+            if torch.equal(update, y):
+                break
+            history.append(update)
+            y = update
+        steps = torch.stack(history, dim=1).cpu()  # [B, J+1, n]
+        reached = (steps == y.cpu()[:, None]).all(-1).int().argmax(-1)  # [B] first state equal to the fixed point
+        trajectories.append([steps[b, : int(j) + 1] for b, j in enumerate(reached)])
+        fixed.append(y.cpu())
+        logits = model(input_ids=y, use_cache=True, **{arg: cache}).logits  # [B, n, V]: the block joins the context
+        first = logits[:, -1].argmax(-1)  # [B]
+    return torch.cat(fixed, dim=1), trajectories
+
+
+def block_statistics(states: torch.Tensor) -> tuple[int, int, int]:
+    """(iterations, fast-forwarded tokens, stationary tokens) of one block's states [J+1, n], fixed point last.
+
+    Iteration j (state j-1 -> j) fixes as many tokens as the converged prefix grows, always >= 1; what
+    it fixes beyond one token is fast-forwarded. A token is stationary when some iteration keeps it right while a wrong
+    token precedes it: it was right before the tokens it depends on were.
+    """
+    right = states == states[-1]  # [J+1, n]
+    prefix = right.int().cumprod(dim=1).sum(dim=1)  # [J+1] converged prefix length of each state
+    fast_forwarded = int((prefix[1:] - prefix[:-1] - 1).clamp(min=0).sum())
+    behind_wrong = torch.arange(states.shape[1])[None, :] > prefix[:-1, None]  # [J, n]
+    stationary = int((right[:-1] & right[1:] & behind_wrong).any(dim=0).sum())
+    return len(states) - 1, fast_forwarded, stationary
+
+
+def trajectory_statistics(data: Trajectories) -> dict[str, float]:
+    """Per-block means of `block_statistics` over every block of `data`, and fixed tokens per iteration."""
+    numbers = torch.tensor(
+        [block_statistics(data.states[first : first + count]) for _, _, first, count in data.blocks.tolist()],
+        dtype=torch.float64,
+    ).view(-1, 3)  # [E, 3]
+    iterations, fast_forwarded, stationary = numbers.mean(dim=0).tolist()
+    return {
+        "blocks": len(numbers),
+        "iterations_per_block": round(iterations, 3),
+        "tokens_per_iteration": round(data.block_size / iterations, 3),
+        "fast_forwarded_per_block": round(fast_forwarded, 3),
+        "stationary_per_block": round(stationary, 3),
+    }
+
+
+@dataclass
+class HeldOut:
+    """What `measure` runs a model on: prompts of the held-out split and windows of its tokens."""
+
+    prompts: torch.Tensor  # [Q, P] int64
+    windows: torch.Tensor  # [W, T+1] int64
+    eos: frozenset[int]
+
+
+def heldout_set(config: CLLMJobConfig, tokenizer: PreTrainedTokenizerBase, corpus: Corpus) -> HeldOut:
+    """The held-out prompts and loss windows named by `config.eval` (either may be empty)."""
+    evaluation = config.eval
+    empty = torch.zeros(0, 0, dtype=torch.long)
+    if not (evaluation.prompts or evaluation.heldout_tokens):
+        return HeldOut(empty, empty, _eos(tokenizer))
+    if not corpus.heldout:
+        raise JobError(f"corpus {corpus.source} has no held-out documents; raise corpus.heldout_percent")
+    tokens = encode_documents(tokenizer, corpus.heldout)  # [M]
+    prompts = empty
+    if evaluation.prompts:
+        prompts = draw_prompts(tokens, evaluation.prompts, config.data.prompt_tokens, config.train.seed)
+    windows = empty
+    if evaluation.heldout_tokens:
+        windows = heldout_windows(tokens, evaluation.seq_len, evaluation.heldout_tokens)
+    return HeldOut(prompts, windows, _eos(tokenizer))
+
+
+def measure(
+    model: torch.nn.Module, heldout: HeldOut, config: CLLMJobConfig, reference: torch.Tensor | None = None
+) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """Held-out loss (nats/token) and Jacobi trajectory statistics of `model`; empty parts are skipped.
+
+    Also returns the model's greedy token at each loss position [W, T]; given another model's
+    (`reference`), the share of positions where both agree is reported: what fine-tuning changed of
+    the greedy output the CLLM decodes.
+    """
+    model.eval()
+    numbers: dict[str, Any] = {}
+    greedy = None
+    if heldout.windows.numel():
+        loss, greedy = score(model, heldout.windows, config.eval.batch_size)  # [W, T] greedy tokens
+        numbers |= {"loss_nats": round(loss, 4), "loss_tokens": heldout.windows[:, 1:].numel()}
+        if reference is not None:
+            numbers["greedy_agreement_with_target"] = round((greedy == reference).float().mean().item(), 4)
+    if heldout.prompts.numel():
+        data = config.data
+        trajectories = collect_trajectories(
+            model,
+            heldout.prompts,
+            data.block_size,
+            data.blocks,
+            data.batch_size,
+            config.train.seed,
+            heldout.eos,
+            "held-out",
+        )
+        numbers["trajectories"] = trajectory_statistics(trajectories)
+    return numbers, greedy
+
+
+class StateSampler:
+    """Batches of (block, state) pairs [B, 2]: blocks with a non-final state, one random non-final state each.
+
+    Blocks go in a fresh permutation per epoch keyed by (seed, epoch), states are keyed by (seed,
+    example index): a pure function of (seed, step), so a resumed run sees the batches an
+    uninterrupted one would.
+    """
+
+    def __init__(self, counts: torch.Tensor, seed: int) -> None:
+        self.blocks = torch.nonzero(counts > 1).flatten()  # [E'] blocks with a non-final state
+        if not len(self.blocks):
+            raise JobError("every collected block was a fixed point from its initial guess: nothing to train on")
+        self.counts = counts
+        self.seed = seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    def batch(self, step: int, config: TrainConfig) -> torch.Tensor:
+        """The picks of global `step`: [B, 2] int64, (index into Trajectories.blocks, state index)."""
+        picks = []
+        for index in range(step * config.batch_size, (step + 1) * config.batch_size):
+            epoch = index // len(self.blocks)
+            if epoch not in self._orders:
+                self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
+            block = int(self.blocks[self._orders[epoch][index % len(self.blocks)]])
+            non_final = int(self.counts[block]) - 1
+            picks.append((block, int(np.random.default_rng([self.seed, 1, index]).integers(non_final))))
+        return torch.tensor(picks, dtype=torch.long)
+
+
+def block_logits(
+    model: torch.nn.Module, data: Trajectories, picks: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's logits at each block position on the picked states and on their fixed points.
+
+    `picks` [B, 2] (block, state). Returns logits on [context ; state] [B, n, V], on [context ; fixed
+    point] [B, n, V] (float32), the states [B, n] and the fixed points [B, n]. One forward over rows
+    [context ; state ; fixed point]: the fixed point sits at the state's positions and does not see
+    the state, so the context, the longest part, is computed once for both.
+    """
+    picks = picks.cpu()
+    block = data.blocks[picks[:, 0]]  # [B, 4] (row, k, first, count)
+    state = data.states[block[:, 2] + picks[:, 1]]  # [B, n]
+    fixed = data.states[block[:, 2] + block[:, 3] - 1]  # [B, n]
+    lengths = data.prompt_tokens + block[:, 1] * data.block_size  # [B] context lengths
+    inputs, positions, allowed, slots = _packed_rows(data, block[:, 0], lengths, state, fixed)
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)  # [B, T, T]
+    hidden = model.get_decoder()(
+        input_ids=inputs.to(device), position_ids=positions.to(device), attention_mask=mask[:, None].to(device)
+    ).last_hidden_state  # [B, T, H]
+    index = slots.to(device)[..., None].expand(-1, -1, hidden.shape[-1])  # [B, 2n, H]
+    logits = model.get_output_embeddings()(hidden.gather(1, index)).float()  # [B, 2n, V]
+    on_state, on_fixed = logits.split(data.block_size, dim=1)  # [B, n, V] each
+    return on_state, on_fixed, state.to(device), fixed.to(device)
+
+
+def cllm_losses(
+    model: torch.nn.Module, data: Trajectories, picks: torch.Tensor, label_smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L_GC, L_AR) of the picked states `picks` [B, 2] (block, state)."""
+    on_state, on_fixed, state, fixed = block_logits(model, data, picks)  # [B, n, V] x 2, [B, n] x 2
+    diverged = (state != fixed).int().cumsum(dim=1).bool()  # [B, n] from the first wrong position on
+    consistency = F.cross_entropy(on_state[diverged], on_fixed[diverged].detach().softmax(dim=-1))
+    autoregressive = F.cross_entropy(on_fixed.flatten(0, 1), fixed.flatten(), label_smoothing=label_smoothing)
+    return consistency, autoregressive
+
+
+def cllm_objective(data: Trajectories, loss: CLLMLossConfig) -> Objective:
+    """The training objective L_GC + ar_weight · L_AR over a batch of picks from `StateSampler`."""
+
+    def objective(model: torch.nn.Module, picks: torch.Tensor) -> torch.Tensor:
+        consistency, autoregressive = cllm_losses(model, data, picks, loss.label_smoothing)
+        return consistency + loss.ar_weight * autoregressive
+
+    return objective
+
+
+def _packed_rows(
+    data: Trajectories, rows: torch.Tensor, lengths: torch.Tensor, state: torch.Tensor, fixed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows [context ; state ; fixed point] for contexts `sequences[rows, :lengths]` ([B] each), blocks [B, n].
+
+    Returns the inputs [B, T], their positions [B, T] (the fixed point at the state's), which token
+    each token attends to [B, T, T] (causal, the fixed point blind to the state) and the positions
+    whose outputs predict the state's then the fixed point's tokens [B, 2n]. Right-padded: no real
+    token attends to the padding after it.
+    """
+    n = data.block_size
+    width = int(lengths.max()) + 2 * n
+    inputs = torch.zeros(len(rows), width, dtype=torch.long)  # [B, T]
+    positions = torch.arange(width).repeat(len(rows), 1)  # [B, T]
+    allowed = torch.ones(width, width, dtype=torch.bool).tril().repeat(len(rows), 1, 1)  # [B, T, T]
+    for b, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist(), strict=True)):
+        inputs[b, :length] = data.sequences[row, :length]
+        inputs[b, length : length + n] = state[b]
+        inputs[b, length + n : length + 2 * n] = fixed[b]
+        positions[b, length + n : length + 2 * n] -= n
+        allowed[b, length + n : length + 2 * n, length : length + n] = False
+    block = torch.arange(n)  # [n]: slot i reads the token before block position i (the context's last for i = 0)
+    on_state = lengths[:, None] - 1 + block  # [B, n]
+    on_fixed = torch.where(block == 0, lengths[:, None] - 1, lengths[:, None] + n - 1 + block)  # [B, n]
+    return inputs, positions, allowed, torch.cat([on_state, on_fixed], dim=1)
+
+
+def loop_config(config: CLLMJobConfig) -> TrainConfig:
+    """The loop's settings: one phase, tokens per step counted as block tokens."""
+    settings = config.train
+    return TrainConfig(
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        seq_len=config.data.block_size,
+        final_fraction=0.0,
+        seed=settings.seed,
+        precision=settings.precision,
+        device=settings.device,
+        threads=settings.threads,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_dir=settings.checkpoint_dir,
+    )
+
+
+def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """The model of `path` in float32 on `device`, and its tokenizer."""
+    tokenizer = load_tokenizer(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise JobError(f"target={path!r} is not a loadable model directory ({exc})") from None
+    return model.to(device), tokenizer
+
+
+def _report(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A table of the held-out numbers of the target and the CLLM."""
+    lines = [f"{'':>26}  {'target':>8}  {'cllm':>8}"]
+    if "loss_nats" in before:
+        lines.append(f"{'held-out loss (nats/token)':>26}  {before['loss_nats']:>8.4f}  {after['loss_nats']:>8.4f}")
+        lines.append(f"{'greedy agreement':>26}  {1:>8.4f}  {after['greedy_agreement_with_target']:>8.4f}")
+    for key in before.get("trajectories", {}):
+        lines.append(f"{key:>26}  {before['trajectories'][key]:>8}  {after['trajectories'][key]:>8}")
+    return "\n".join(lines)
+
+
+def _eos(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    return frozenset() if tokenizer.eos_token_id is None else frozenset({tokenizer.eos_token_id})
+
+
+def _cache_arg(model: torch.nn.Module) -> str:
+    """transformers renamed `past_key_values` to `cache` during 5.x: the name this version takes."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _versions() -> dict[str, str]:
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}

@@ -1,0 +1,229 @@
+"""`train exits`: exit heads at intermediate layers of the frozen target, for CALM and self-speculation.
+
+An exit (`strategies.exits`) reads the residual stream after the target's first l layers and must
+guess what the target's last layer will say there, so its label is the target's own final next-token
+distribution at every position of a corpus window (soft labels: KL(p_L ‖ p_l), which also teaches
+the exit how sure the final layer is). The target is frozen; a step runs it once over the batch
+through the lean forward (`LayerPass`), keeping each exit layer's state, and trains only the exits:
+norms started from the final norm, low-rank adapters started at zero (so training starts from the
+logit lens) and, optionally, CALM's confidence classifier, a logistic unit trained with binary
+cross-entropy on "this exit's argmax equals the final layer's". The shared LM head is the target's
+and is never trained or saved.
+
+What the exits are worth for early exit is their agreement with the final layer, measured on
+held-out windows, per layer, for the trained exits and for the logit lens they started from; both
+are printed and recorded in exits.json.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers import AutoModelForCausalLM
+
+from jobs.train import checkpoint
+from jobs.train.config import ExitsJobConfig, TrainConfig
+from jobs.train.corpus import load_corpus
+from jobs.train.loop import Objective, pick_device, train
+from jobs.train.tokenizer import encode_documents, load_tokenizer
+from jobs.train.windows import WindowSampler
+from pipeline.errors import JobError
+from strategies import llama_forward
+from strategies.exits import ExitHeads, untrained_exits
+from strategies.runner import ModelRunner
+from workers.model_loading import weights_sha256
+
+
+def train_exits(config: ExitsJobConfig) -> Path:
+    """Train the exits described by `config` on its frozen target; returns the exits' directory."""
+    if config.train.threads > 0:
+        torch.set_num_threads(config.train.threads)
+    device = pick_device(config.train.device)
+    target = _load_target(config.target, device)
+    layers = check_exits(config, target)
+    out = Path(config.output_dir)
+    checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
+    fingerprint = {**checkpoint.fingerprint(config), "target_weights_sha256": weights_sha256(Path(config.target))}
+    corpus = load_corpus(config.corpus)
+    tokenizer = load_tokenizer(config.target)
+    tokens = encode_documents(tokenizer, corpus.train)  # [N]
+    heldout = encode_documents(tokenizer, corpus.heldout)  # [M]
+    runner = ModelRunner(target)
+    torch.manual_seed(config.train.seed)
+    exits = untrained_exits(target, layers, config.exits.adapter_rank, config.exits.classifier)
+    exits.config.target_path = config.target
+    exits.config.target_weights_sha256 = fingerprint["target_weights_sha256"]
+    windows = heldout_windows(heldout, config.eval_windows, config.train.seq_len)  # [E, T]
+    lens = layer_agreement(exits, runner, windows, config.train.batch_size)
+    print(
+        f"exits after layers {layers} of {runner.num_layers}: {_parameters(exits) / 1e3:.1f} K parameters; "
+        f"{len(tokens) / 1e6:.2f} M training tokens from {corpus.source}; checkpoints in {checkpoint_dir}"
+    )
+    summary = train(
+        exits,
+        exits_loss(runner, exits, config.classifier_weight),
+        WindowSampler(tokens, config.train.seed),
+        loop_config(config),
+        config.optim,
+        checkpoint_dir,
+        fingerprint,
+    )
+    exits.eval()
+    trained = layer_agreement(exits, runner, windows, config.train.batch_size)
+    report = [{**t, "logit_lens_agreement": lens_row["agreement"]} for t, lens_row in zip(trained, lens, strict=True)]
+    print_agreement(report)
+    exits.config.training = {
+        "job": "exits",
+        "config": fingerprint,
+        "corpus": corpus.source,
+        "parameters": _parameters(exits),
+        **asdict(summary),
+        "heldout_windows": len(windows),
+        "heldout_tokens": int(windows.numel()),
+        "heldout_agreement": report,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    exits.save(out)
+    print(f"exits: {summary.steps} steps in {summary.wall_s:.0f} s; loss {summary.train_loss:.3f}; saved to {out}")
+    return out
+
+
+def check_exits(config: ExitsJobConfig, target: torch.nn.Module) -> list[int]:
+    """The exit layers (the config's, or every inner one) after checking the config against `target`."""
+    if not llama_forward.supports(target):
+        raise JobError(f"target={config.target!r}: exits train on the lean forward's Llama-family models only")
+    num_layers = target.config.num_hidden_layers
+    layers = sorted(config.exits.layers) or list(range(1, num_layers))
+    if not layers or layers[0] < 1 or layers[-1] >= num_layers or len(set(layers)) != len(layers):
+        raise JobError(f"exits.layers={config.exits.layers}: use distinct layers in 1..{num_layers - 1}")
+    if config.exits.adapter_rank < 0 or config.classifier_weight < 0 or config.eval_windows < 1:
+        raise JobError("exits.adapter_rank and classifier_weight must be >= 0, eval_windows >= 1")
+    train = config.train
+    if min(train.steps, train.batch_size, train.seq_len, train.checkpoint_every) < 1:
+        raise JobError("train.steps, train.batch_size, train.seq_len and train.checkpoint_every must be >= 1")
+    if train.seq_len > target.config.max_position_embeddings:
+        raise JobError(f"train.seq_len={train.seq_len} exceeds the target's context")
+    return layers
+
+
+def layer_states(runner: ModelRunner, exits: ExitHeads, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The target over windows `ids` [B, T]: the residual stream after each exit's layer ([B, T, H] each),
+    and the final layer's logits [B, T, V]; no gradient (the target is frozen)."""
+    b, t = ids.shape
+    kv = runner.new_kv(b)
+    positions = torch.arange(t, device=ids.device).expand(b, t)
+    step = runner.layer_pass(kv, ids, positions, torch.ones(b, t, dtype=torch.bool, device=ids.device))
+    states = [step.run(layer).clone() for layer in exits.layers]  # clone: out of inference mode, for autograd
+    step.run(runner.num_layers)
+    return states, step.head().clone()
+
+
+def exits_loss(runner: ModelRunner, exits: ExitHeads, classifier_weight: float) -> Objective:
+    """The objective of `train`: Σ_l KL(p_L ‖ p_l) over every position of a batch of windows [B, T+1],
+    plus `classifier_weight` times the classifiers' binary cross-entropy."""
+
+    def loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
+        states, final = layer_states(runner, exits, windows[:, :-1])
+        target_logp = final.float().log_softmax(dim=-1)  # [B, T, V]
+        final_choice = final.argmax(dim=-1)  # [B, T]
+        total = torch.zeros((), device=windows.device)
+        for layer, hidden in zip(exits.layers, states, strict=True):
+            module = exits.exit(layer)
+            state = module.state(hidden)  # [B, T, H]
+            logp = F.linear(state, exits.lm_head).float().log_softmax(dim=-1)  # [B, T, V]
+            total = total + F.kl_div(
+                logp.flatten(0, 1), target_logp.flatten(0, 1), log_target=True, reduction="batchmean"
+            )
+            if module.classifier is not None:
+                agrees = (logp.argmax(dim=-1) == final_choice).float()  # [B, T]
+                score = module.classifier(state.detach()).squeeze(-1).float()  # [B, T] logits
+                total = total + classifier_weight * F.binary_cross_entropy_with_logits(score, agrees)
+        return total
+
+    return loss
+
+
+def heldout_windows(tokens: torch.Tensor, count: int, seq_len: int) -> torch.Tensor:
+    """Up to `count` consecutive, non-overlapping windows of `seq_len` tokens of `tokens` [M]: [E, T] int64."""
+    available = len(tokens) // seq_len
+    if available < 1:
+        raise JobError(f"the held-out split holds {len(tokens)} tokens, fewer than one window of {seq_len}")
+    return tokens[: min(count, available) * seq_len].view(-1, seq_len).long()
+
+
+@torch.no_grad()
+def layer_agreement(
+    exits: ExitHeads, runner: ModelRunner, windows: torch.Tensor, batch_size: int
+) -> list[dict[str, Any]]:
+    """Per exit: the share of positions of `windows` [E, T] whose argmax equals the final layer's, the
+    mean KL(p_L ‖ p_l), and (with a classifier) the share of its yes/no calls that are right."""
+    agree = torch.zeros(len(exits.layers))
+    kl = torch.zeros(len(exits.layers))
+    called = torch.zeros(len(exits.layers))
+    for chunk in windows.split(batch_size):
+        states, final = layer_states(runner, exits, chunk.to(runner.device))
+        target_logp = final.float().log_softmax(dim=-1)
+        for i, (layer, hidden) in enumerate(zip(exits.layers, states, strict=True)):
+            module = exits.exit(layer)
+            state = module.state(hidden)
+            logp = F.linear(state, exits.lm_head).float().log_softmax(dim=-1)
+            same = logp.argmax(dim=-1) == final.argmax(dim=-1)  # [b, T]
+            agree[i] += same.sum().item()
+            kl[i] += (target_logp.exp() * (target_logp - logp)).sum().item()
+            if module.classifier is not None:
+                called[i] += ((module.confidence(state) >= 0.5) == same).sum().item()
+    count = windows.numel()
+    rows = []
+    for i, layer in enumerate(exits.layers):
+        row = {"layer": layer, "agreement": round(agree[i].item() / count, 4), "kl": round(kl[i].item() / count, 4)}
+        if exits.has_classifier:
+            row["classifier_accuracy"] = round(called[i].item() / count, 4)
+        rows.append(row)
+    return rows
+
+
+def print_agreement(report: list[dict[str, Any]]) -> None:
+    lines = ["layer  agreement  logit lens  KL      classifier"]
+    for r in report:
+        classifier = f"{r['classifier_accuracy']:.3f}" if "classifier_accuracy" in r else "-"
+        lens = r["logit_lens_agreement"]
+        lines.append(f"{r['layer']:>5}  {r['agreement']:>9.3f}  {lens:>10.3f}  {r['kl']:<6.3f}  {classifier}")
+    print("\n".join(lines))
+
+
+def loop_config(config: ExitsJobConfig) -> TrainConfig:
+    """The loop's settings: one phase of `train.seq_len` windows."""
+    settings = config.train
+    return TrainConfig(
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        seq_len=settings.seq_len,
+        final_fraction=0.0,
+        seed=settings.seed,
+        precision=settings.precision,
+        device=settings.device,
+        threads=settings.threads,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_dir=settings.checkpoint_dir,
+    )
+
+
+def _load_target(path: str, device: torch.device) -> torch.nn.Module:
+    """The frozen float32 target in eval mode on `device`."""
+    try:
+        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise JobError(f"target={path!r} is not a loadable model directory ({exc})") from None
+    return target.to(device).eval().requires_grad_(False)
+
+
+def _parameters(exits: ExitHeads) -> int:
+    return sum(p.numel() for p in exits.parameters())

@@ -1,0 +1,93 @@
+"""`train exits`: exits that learn to agree with the final layer, exact resumption, a folder naming its target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_tiny_model
+from safetensors.torch import load_file
+
+from jobs.train import checkpoint
+from jobs.train.cli import main
+from jobs.train.windows import WindowSampler
+from strategies.exits import CONFIG_FILE, WEIGHTS_FILE, load_exits, read_config
+from workers.model_loading import load_models, weights_sha256
+
+TINY_EXITS = [
+    "corpus.max_files=40",
+    "corpus.heldout_percent=25",
+    "train.steps=6",
+    "train.batch_size=2",
+    "train.seq_len=32",
+    "train.checkpoint_every=2",
+    "eval_windows=4",
+    "exits.adapter_rank=4",
+    "optim.lr=0.01",
+    "optim.warmup_steps=2",
+]
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-3-layers"), seed=3, layers=3)
+
+
+@pytest.fixture(scope="module")
+def exits_dir(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("exits")
+    assert main(["exits", f"target={target_dir}", f"output_dir={out}", *TINY_EXITS]) == 0
+    return out
+
+
+def test_saved_folder_loads_names_its_target_and_reports_agreement(exits_dir: Path, target_dir: Path) -> None:
+    assert sorted(p.name for p in exits_dir.iterdir()) == sorted(["checkpoint", CONFIG_FILE, WEIGHTS_FILE])
+    config = read_config(exits_dir)
+    assert config.layers == [1, 2] and config.num_layers == 3 and config.classifier
+    assert config.target_weights_sha256 == weights_sha256(target_dir) and config.target_path == str(target_dir)
+    report = config.training["heldout_agreement"]
+    assert [r["layer"] for r in report] == [1, 2]
+    assert all(0.0 <= r["agreement"] <= 1.0 and 0.0 <= r["logit_lens_agreement"] <= 1.0 for r in report)
+    assert all("classifier_accuracy" in r for r in report)
+    assert "lm_head" not in load_file(exits_dir / WEIGHTS_FILE)  # the LM head is the target's, never saved
+    exits = load_exits(exits_dir, torch.float64, torch.device("cpu"))
+    assert any(not torch.equal(m.up.weight, torch.zeros_like(m.up.weight)) for m in exits.exits.values())
+    loaded = load_models(str(target_dir), torch.float32, torch.device("cpu"), exits_url=str(exits_dir))
+    assert loaded.models.exits.layers == [1, 2]
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_exits(
+    exits_dir: Path, target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    real_batch = WindowSampler.batch
+
+    def batch_until_step_5(self: WindowSampler, step: int, config: object) -> torch.Tensor:
+        if step == 5:  # after the checkpoint of step 4: step 5's work is lost and must be redone
+            raise Interrupted
+        return real_batch(self, step, config)
+
+    args = ["exits", f"target={target_dir}", f"output_dir={tmp_path}", *TINY_EXITS]
+    monkeypatch.setattr(WindowSampler, "batch", batch_until_step_5)
+    with pytest.raises(Interrupted):
+        main(args)
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "checkpoint" / checkpoint.STATE_FILE, weights_only=True)["step"] == 4
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "resuming from step 4/6" in capsys.readouterr().out
+    resumed, uninterrupted = load_file(tmp_path / WEIGHTS_FILE), load_file(exits_dir / WEIGHTS_FILE)
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    record = json.loads((tmp_path / CONFIG_FILE).read_text())
+    assert record["training"]["steps"] == 6
+
+
+def test_user_errors_name_the_key(target_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["exits", f"target={target_dir}", f"output_dir={tmp_path}", "exits.layers=[3]"]) == 2
+    assert "exits.layers=[3]" in capsys.readouterr().err
