@@ -40,14 +40,14 @@ import torch
 import torch.nn.functional as F
 import transformers
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from jobs.train import checkpoint
 from jobs.train.config import CLLMJobConfig, CLLMLossConfig, TrainConfig, check_cllm
 from jobs.train.corpus import Corpus, load_corpus
 from jobs.train.evaluate import heldout_windows, score
-from jobs.train.loop import Objective, pick_device, train
-from jobs.train.model import count_parameters, save_model_dir
+from jobs.train.loop import Objective, pick_device, single_phase, train
+from jobs.train.model import count_parameters, load_float32, save_model_dir
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
 from workers.model_loading import weights_sha256
@@ -82,7 +82,7 @@ def train_cllm(config: CLLMJobConfig) -> Path:
     if config.train.threads > 0:
         torch.set_num_threads(config.train.threads)
     device = pick_device(config.train.device)
-    model, tokenizer = load_model(config.target, device)
+    model, tokenizer = load_float32(config.target, device, frozen=False), load_tokenizer(config.target)
     check_cllm(config, model.config.max_position_embeddings)
     out = Path(config.output_dir)
     checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
@@ -101,7 +101,7 @@ def train_cllm(config: CLLMJobConfig) -> Path:
         model,
         cllm_objective(data, config.loss),
         sampler,
-        loop_config(config),
+        single_phase(config.train, config.data.block_size),
         config.optim,
         checkpoint_dir,
         {k: v for k, v in fingerprint.items() if not k.startswith("eval.")},  # eval settings do not shape weights
@@ -462,33 +462,6 @@ def _packed_rows(
     on_state = lengths[:, None] - 1 + block  # [B, n]
     on_fixed = torch.where(block == 0, lengths[:, None] - 1, lengths[:, None] + n - 1 + block)  # [B, n]
     return inputs, positions, allowed, torch.cat([on_state, on_fixed], dim=1)
-
-
-def loop_config(config: CLLMJobConfig) -> TrainConfig:
-    """The loop's settings: one phase, tokens per step counted as block tokens."""
-    settings = config.train
-    return TrainConfig(
-        steps=settings.steps,
-        batch_size=settings.batch_size,
-        seq_len=config.data.block_size,
-        final_fraction=0.0,
-        seed=settings.seed,
-        precision=settings.precision,
-        device=settings.device,
-        threads=settings.threads,
-        checkpoint_every=settings.checkpoint_every,
-        checkpoint_dir=settings.checkpoint_dir,
-    )
-
-
-def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """The model of `path` in float32 on `device`, and its tokenizer."""
-    tokenizer = load_tokenizer(path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise JobError(f"target={path!r} is not a loadable model directory ({exc})") from None
-    return model.to(device), tokenizer
 
 
 def _report(before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import AutoModelForCausalLM
 
 from jobs.train import checkpoint
-from jobs.train.config import ExitsJobConfig, TrainConfig
+from jobs.train.config import ExitsJobConfig
 from jobs.train.corpus import load_corpus
-from jobs.train.loop import Objective, pick_device, train
+from jobs.train.loop import Objective, pick_device, single_phase, train
+from jobs.train.model import load_float32
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from jobs.train.windows import WindowSampler
 from pipeline.errors import JobError
@@ -45,7 +45,7 @@ def train_exits(config: ExitsJobConfig) -> Path:
     if config.train.threads > 0:
         torch.set_num_threads(config.train.threads)
     device = pick_device(config.train.device)
-    target = _load_target(config.target, device)
+    target = load_float32(config.target, device, frozen=True)
     layers = check_exits(config, target)
     out = Path(config.output_dir)
     checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
@@ -69,7 +69,7 @@ def train_exits(config: ExitsJobConfig) -> Path:
         exits,
         exits_loss(runner, exits, config.classifier_weight),
         WindowSampler(tokens, config.train.seed),
-        loop_config(config),
+        single_phase(config.train, config.train.seq_len),
         config.optim,
         checkpoint_dir,
         fingerprint,
@@ -197,32 +197,6 @@ def print_agreement(report: list[dict[str, Any]]) -> None:
         lens = r["logit_lens_agreement"]
         lines.append(f"{r['layer']:>5}  {r['agreement']:>9.3f}  {lens:>10.3f}  {r['kl']:<6.3f}  {classifier}")
     print("\n".join(lines))
-
-
-def loop_config(config: ExitsJobConfig) -> TrainConfig:
-    """The loop's settings: one phase of `train.seq_len` windows."""
-    settings = config.train
-    return TrainConfig(
-        steps=settings.steps,
-        batch_size=settings.batch_size,
-        seq_len=settings.seq_len,
-        final_fraction=0.0,
-        seed=settings.seed,
-        precision=settings.precision,
-        device=settings.device,
-        threads=settings.threads,
-        checkpoint_every=settings.checkpoint_every,
-        checkpoint_dir=settings.checkpoint_dir,
-    )
-
-
-def _load_target(path: str, device: torch.device) -> torch.nn.Module:
-    """The frozen float32 target in eval mode on `device`."""
-    try:
-        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise JobError(f"target={path!r} is not a loadable model directory ({exc})") from None
-    return target.to(device).eval().requires_grad_(False)
 
 
 def _parameters(exits: ExitHeads) -> int:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from jobs.train import checkpoint
 from jobs.train.config import (
@@ -42,7 +42,8 @@ from jobs.train.config import (
     check_sequences,
 )
 from jobs.train.corpus import Corpus, Document, load_corpus
-from jobs.train.loop import Objective, pick_device, train
+from jobs.train.loop import Objective, pick_device, single_phase, train
+from jobs.train.model import load_float32
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
 from strategies.autoregressive import AutoregressiveStrategy
@@ -85,7 +86,7 @@ def train_heads(config: HeadsJobConfig) -> Path:
     if config.train.threads > 0:
         torch.set_num_threads(config.train.threads)
     device = pick_device(config.train.device)
-    target, tokenizer = _load_target(config.target, device)
+    target, tokenizer = load_float32(config.target, device, frozen=True), load_tokenizer(config.target)
     check_heads(config, target.config.max_position_embeddings)
     out = Path(config.output_dir)
     checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
@@ -104,7 +105,7 @@ def train_heads(config: HeadsJobConfig) -> Path:
         heads,
         heads_loss(hidden, labels, config.loss_decay),
         SequenceSampler(len(sequences), config.train.seed),
-        loop_config(config),
+        single_phase(config.train, config.data.continuation_tokens),
         config.optim,
         checkpoint_dir,
         fingerprint,
@@ -142,7 +143,7 @@ def evaluate_heads(config: HeadsEvalJobConfig) -> list[dict[str, Any]]:
     except (OSError, ValueError) as exc:
         raise JobError(f"heads={config.heads!r}: {exc}") from None
     target_dir = config.target or heads.config.target_path
-    target, tokenizer = _load_target(target_dir, device)
+    target, tokenizer = load_float32(target_dir, device, frozen=True), load_tokenizer(target_dir)
     if weights_sha256(Path(target_dir)) != heads.config.target_weights_sha256:
         raise JobError(f"heads {config.heads} were trained for another target than target={target_dir!r}")
     counts = {"sequences": config.sequences, "batch_size": config.batch_size}
@@ -364,33 +365,6 @@ def heads_accuracy(
         {"head": i, "predicts": f"t+{i + 2}", "top1": round(a.item(), 4), "top5": round(b.item(), 4)}
         for i, (a, b) in enumerate(zip(top1 / count, top5 / count, strict=True))
     ]
-
-
-def loop_config(config: HeadsJobConfig) -> TrainConfig:
-    """The loop's settings: one phase, and tokens per step counted as labels (continuation tokens) per head."""
-    settings = config.train
-    return TrainConfig(
-        steps=settings.steps,
-        batch_size=settings.batch_size,
-        seq_len=config.data.continuation_tokens,
-        final_fraction=0.0,
-        seed=settings.seed,
-        precision=settings.precision,
-        device=settings.device,
-        threads=settings.threads,
-        checkpoint_every=settings.checkpoint_every,
-        checkpoint_dir=settings.checkpoint_dir,
-    )
-
-
-def _load_target(path: str, device: torch.device) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """The frozen float32 target in eval mode on `device`, and its tokenizer."""
-    tokenizer = load_tokenizer(path)
-    try:
-        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise JobError(f"target={path!r} is not a loadable model directory ({exc})") from None
-    return target.to(device).eval().requires_grad_(False), tokenizer
 
 
 def _parameters(heads: DraftHeads) -> int:

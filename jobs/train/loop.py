@@ -51,6 +51,23 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def single_phase(settings: Any, seq_len: int) -> TrainConfig:
+    """The loop's settings for a job trained in one phase of `seq_len`-token rows (heads, exits, cllm):
+    `settings` is the job's own train section, which has no phases to configure."""
+    return TrainConfig(
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        seq_len=seq_len,
+        final_fraction=0.0,
+        seed=settings.seed,
+        precision=settings.precision,
+        device=settings.device,
+        threads=settings.threads,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_dir=settings.checkpoint_dir,
+    )
+
+
 def lr_at(step: int, steps: int, optim: OptimConfig) -> float:
     """Linear warm-up to `optim.lr`, then cosine decay to `optim.lr * optim.min_lr_ratio` at `steps`."""
     if step < optim.warmup_steps:

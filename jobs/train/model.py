@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from jobs.train.config import LlamaShape
+from pipeline.errors import JobError
 
 
 def build_llama(shape: LlamaShape, tokenizer: PreTrainedTokenizerBase, seed: int) -> LlamaForCausalLM:
@@ -65,3 +66,14 @@ def save_model_dir(
     tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(out)
     (out / "training.json").write_text(json.dumps(training, indent=2) + "\n")
+
+
+def load_float32(path: str, device: torch.device, frozen: bool) -> torch.nn.Module:
+    """The model folder `path` in float32 on `device` (frozen: in eval mode with no gradients), or a
+    JobError naming the `target` key when it does not load."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise JobError(f"target={path!r} is not a loadable model directory ({exc})") from None
+    model = model.to(device)
+    return model.eval().requires_grad_(False) if frozen else model
