@@ -17,17 +17,15 @@ A job refuses exits whose `target.weights_sha256` is not its target's (`workers.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
-FORMAT = "accelgen-exits"
-FORMAT_VERSION = 1
+from strategies.weights_folder import load_weights, read_weights_config, save_weights_folder
+
 CONFIG_FILE = "exits.json"
 WEIGHTS_FILE = "exits.safetensors"
 
@@ -131,34 +129,18 @@ class ExitHeads(torch.nn.Module):
 
     def save(self, directory: Path) -> None:
         """Write `exits.json` and `exits.safetensors` (float32) to `directory`."""
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().float().cpu().contiguous() for name, t in self.state_dict().items()}
-        save_file(tensors, str(directory / WEIGHTS_FILE))
-        record = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self.config)}
-        (directory / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        save_weights_folder(directory, "exits", self.config, self)
 
 
 def read_config(directory: Path) -> ExitsConfig:
-    """The exits' config; a ValueError naming the file when it is not an exits folder of this format."""
-    path = directory / CONFIG_FILE
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{directory} holds no {CONFIG_FILE}: point model.exits at a `train exits` folder") from None
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
-    if record.pop("format", None) != FORMAT or record.pop("format_version", None) != FORMAT_VERSION:
-        raise ValueError(f"{path} is not an {FORMAT} file of version {FORMAT_VERSION}")
-    try:
-        return ExitsConfig(**record)
-    except TypeError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    """The exits' config; a ValueError naming the file when it is not a exits folder of this format."""
+    return read_weights_config(directory, "exits", ExitsConfig)
 
 
 def load_exits(directory: Path, dtype: torch.dtype, device: torch.device) -> ExitHeads:
     """The exits saved in `directory`, in eval mode; they still need the target's `use_lm_head`."""
     exits = ExitHeads(read_config(directory))
-    exits.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+    exits.load_state_dict(load_weights(directory, "exits"))
     return exits.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

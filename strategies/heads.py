@@ -16,17 +16,15 @@ A job refuses heads whose `target.weights_sha256` is not its target's (`workers.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
-FORMAT = "accelgen-heads"
-FORMAT_VERSION = 1
+from strategies.weights_folder import load_weights, read_weights_config, save_weights_folder
+
 CONFIG_FILE = "heads.json"
 WEIGHTS_FILE = "heads.safetensors"
 
@@ -114,33 +112,17 @@ class DraftHeads(torch.nn.Module):
 
     def save(self, directory: Path) -> None:
         """Write `heads.json` and `heads.safetensors` (float32) to `directory`."""
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().float().cpu().contiguous() for name, t in self.state_dict().items()}
-        save_file(tensors, str(directory / WEIGHTS_FILE))
-        record = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self.config)}
-        (directory / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        save_weights_folder(directory, "heads", self.config, self)
 
 
 def read_config(directory: Path) -> HeadsConfig:
     """The heads' config; a ValueError naming the file when it is not a heads folder of this format."""
-    path = directory / CONFIG_FILE
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{directory} holds no {CONFIG_FILE}: point model.heads at a `train heads` folder") from None
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
-    if record.pop("format", None) != FORMAT or record.pop("format_version", None) != FORMAT_VERSION:
-        raise ValueError(f"{path} is not an {FORMAT} file of version {FORMAT_VERSION}")
-    try:
-        return HeadsConfig(**record)
-    except TypeError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    return read_weights_config(directory, "heads", HeadsConfig)
 
 
 def load_heads(directory: Path, dtype: torch.dtype, device: torch.device) -> DraftHeads:
     """The heads saved in `directory`, in eval mode; shared heads still need `use_lm_head`."""
     config = read_config(directory)
     heads = DraftHeads(config)
-    heads.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+    heads.load_state_dict(load_weights(directory, "heads"))
     return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
