@@ -14,6 +14,7 @@ import ray
 import torch
 from conftest import build_tiny_model
 from job_config import job_config
+from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -31,16 +32,6 @@ from strategies.sampling import SamplingParams
 from workers.model_loading import load_models, weights_sha256
 
 LAYERS = 4
-PROMPTS = [
-    [5, 6, 7, 8, 9, 10, 11, 12],
-    [13],
-    [14, 15, 16],
-    [17, 18, 19, 20, 21, 22],
-    [23, 24],
-    [25] * 11,
-    [26, 27],
-    [28],
-]
 
 
 @pytest.fixture(scope="module")
