@@ -34,8 +34,7 @@ from workers.generator import Generator, UnitInputError
 from workers.model_loading import (
     EXITS_CONFIG,
     HEADS_CONFIG,
-    check_exits_target,
-    check_heads_target,
+    check_trained_for_target,
     is_local,
     model_weights_hash,
     resolve_model_dir,
@@ -133,10 +132,9 @@ def run_job(config: JobConfig) -> JobOutcome:
     hashes = {"target": _model_hash(config.model.target, "model.target")}
     for model in _optional_models(config):
         hashes[model] = _model_hash(getattr(config.model, model), f"model.{model}")
-    if "heads" in hashes:
-        _check_heads(config)
-    if "exits" in hashes:
-        _check_exits(config)
+    for kind in ("heads", "exits"):
+        if kind in hashes:
+            _check_trained_for_target(config, kind)
     ident = identity(config, shards, hashes)
     job_id = fingerprint(ident)
     output = OutputFolder(config.output.url, config.output.storage_options)
@@ -220,8 +218,9 @@ def _strategies_named(config: JobConfig) -> list[str]:
 def _optional_models(config: JobConfig) -> list[str]:
     """The optional models (`draft`, `heads`, `exits`) set and possibly used: loaded, and part of the
     job's identity, only then."""
-    may_use_any = config.strategy.name == registry.AUTO or config.input.strategy_column
-    wanted = set(registry.OPTIONAL_MODELS) if may_use_any else registry.needs_models(config.strategy.name)
+    # A strategy column may name any strategy, as `auto` may use any drafter.
+    name = registry.AUTO if config.input.strategy_column else config.strategy.name
+    wanted = registry.needs_models(name)
     return sorted(m for m in wanted if getattr(config.model, m))
 
 
@@ -241,24 +240,14 @@ def _model_hash(url: str, key: str) -> str:
         raise JobError(f"{key}: {exc}") from None
 
 
-def _check_heads(config: JobConfig) -> None:
-    """Heads trained for another target fail the job before anything is written (local folders; the
-    actors check remote ones as they load them)."""
-    heads, target = config.model.heads, config.model.target
-    if is_local(heads) and is_local(target):
+def _check_trained_for_target(config: JobConfig, kind: str) -> None:
+    """Heads or exits trained for another target fail the job before anything is written (local
+    folders; the actors check remote ones as they load them)."""
+    url, target = getattr(config.model, kind), config.model.target
+    if is_local(url) and is_local(target):
         try:
-            check_heads_target(resolve_model_dir(heads, marker=HEADS_CONFIG), resolve_model_dir(target), heads, target)
-        except (ValueError, FileNotFoundError) as exc:
-            raise JobError(str(exc)) from None
-
-
-def _check_exits(config: JobConfig) -> None:
-    """Exits trained for another target fail the job before anything is written (local folders; the
-    actors check remote ones as they load them)."""
-    exits, target = config.model.exits, config.model.target
-    if is_local(exits) and is_local(target):
-        try:
-            check_exits_target(resolve_model_dir(exits, marker=EXITS_CONFIG), resolve_model_dir(target), exits, target)
+            folder = resolve_model_dir(url, marker=f"{kind}.json")
+            check_trained_for_target(kind, folder, resolve_model_dir(target), url, target)
         except (ValueError, FileNotFoundError) as exc:
             raise JobError(str(exc)) from None
 

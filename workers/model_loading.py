@@ -38,6 +38,9 @@ DTYPE_NAMES = {
 _HASH_CACHE = Path.home() / ".cache" / "accelgen" / "model_hashes.json"
 
 
+_READ_CONFIG = {"heads": read_heads_config, "exits": read_exits_config}
+
+
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "accelgen" / "models"
 
@@ -136,31 +139,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPE_NAMES[name]
 
 
-def check_heads_target(heads_dir: Path, target_dir: Path, heads_url: str, target_url: str) -> None:
-    """A ValueError naming both when the heads in `heads_dir` were trained for other weights than the
-    target's: heads read the target's hidden states, and another model's states mean nothing to them."""
-    trained_for = read_heads_config(heads_dir)
+def check_trained_for_target(kind: str, folder: Path, target_dir: Path, folder_url: str, target_url: str) -> None:
+    """A ValueError naming both when the `kind` folder (`heads`, `exits`) was trained for other weights
+    than the target's: heads read its last hidden states, exits its intermediate ones, and another
+    model's states mean nothing to them."""
+    trained_for = _READ_CONFIG[kind](folder)
     actual = weights_sha256(target_dir)
     if trained_for.target_weights_sha256 != actual:
         raise ValueError(
-            f"model.heads {heads_url} were trained for the target at {trained_for.target_path} (weights sha256 "
+            f"model.{kind} {folder_url} were trained for the target at {trained_for.target_path} (weights sha256 "
             f"{trained_for.target_weights_sha256[:12]}…), not for model.target {target_url} ({actual[:12]}…): "
-            f"train heads for this target (accelgen train heads target={target_url}), point model.heads at its "
-            "own, or set model.heads=null to decode without heads"
-        )
-
-
-def check_exits_target(exits_dir: Path, target_dir: Path, exits_url: str, target_url: str) -> None:
-    """A ValueError naming both when the exits in `exits_dir` were trained for other weights than the
-    target's: an exit reads the target's intermediate states, which another model's weights change."""
-    trained_for = read_exits_config(exits_dir)
-    actual = weights_sha256(target_dir)
-    if trained_for.target_weights_sha256 != actual:
-        raise ValueError(
-            f"model.exits {exits_url} were trained for the target at {trained_for.target_path} (weights sha256 "
-            f"{trained_for.target_weights_sha256[:12]}…), not for model.target {target_url} ({actual[:12]}…): "
-            f"train exits for this target (accelgen train exits target={target_url}), point model.exits at its "
-            "own, or set model.exits=null to decode without exits"
+            f"train {kind} for this target (accelgen train {kind} target={target_url}), point model.{kind} at "
+            f"its own, or set model.{kind}=null to decode without {kind}"
         )
 
 
@@ -208,13 +198,13 @@ def load_models(
     heads = None
     if heads_url:
         heads_dir = resolve_model_dir(heads_url, cache_dir, marker=HEADS_CONFIG)
-        check_heads_target(heads_dir, target_dir, heads_url, target_url)
+        check_trained_for_target("heads", heads_dir, target_dir, heads_url, target_url)
         heads = load_heads(heads_dir, dtype, device)
         heads.use_lm_head(target.get_output_embeddings().weight)
     exits = None
     if exits_url:
         exits_dir = resolve_model_dir(exits_url, cache_dir, marker=EXITS_CONFIG)
-        check_exits_target(exits_dir, target_dir, exits_url, target_url)
+        check_trained_for_target("exits", exits_dir, target_dir, exits_url, target_url)
         exits = load_exits(exits_dir, dtype, device)
         exits.use_lm_head(target.get_output_embeddings().weight)
     runners = Models(ModelRunner(target), ModelRunner(draft) if draft is not None else None, heads, exits)
