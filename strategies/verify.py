@@ -31,7 +31,7 @@ class VerifyInputs:
     positions: torch.Tensor  # [B, W] next_pos + depth
     valid: torch.Tensor  # [B, W] bool: False for padding
     attend: torch.Tensor | None  # [B, W, W] tree ancestry; None when every draft is a chain
-    depths: list[list[int]]  # per row: depth of each real slot (0 for the pending token)
+    depths: torch.Tensor  # [B, W] on the CPU: each slot's depth below the pending token (padding: 0)
 
 
 @dataclass
@@ -48,19 +48,18 @@ def verify_inputs(pending: list[int], drafts: list[Draft], next_pos: torch.Tenso
     once: per-row tensor writes cost more than the forward's own launches on a GPU at small batch."""
     device = next_pos.device
     width = 1 + max(len(d) for d in drafts)
-    ids, depth, valid, depths = [], [], [], []
+    ids, depth, valid = [], [], []
     for token, draft in zip(pending, drafts, strict=True):
         pad = [0] * (width - 1 - len(draft))
-        row_depths = tree_depths(draft.parents)
         ids.append([token, *draft.tokens, *pad])
-        depth.append([*row_depths, *pad])
+        depth.append([*tree_depths(draft.parents), *pad])
         valid.append([True] * (1 + len(draft)) + [False] * len(pad))
-        depths.append(row_depths)
     chains = all(is_chain(d) for d in drafts)
     attend = None if chains else torch.stack([tree_attention(d.parents, width) for d in drafts]).to(device)
+    depths = torch.tensor(depth, dtype=torch.long)  # [B, W]
     return VerifyInputs(
         ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=next_pos[:, None] + torch.tensor(depth, device=device),
+        positions=next_pos[:, None] + depths.to(device),
         valid=torch.tensor(valid, device=device),
         attend=attend,
         depths=depths,
@@ -88,12 +87,8 @@ def verify(
     out = runner.forward(kv, inputs.ids, inputs.positions, inputs.valid, inputs.attend, want_hidden=want_states)
     new_slots = torch.arange(kv.num_slots, device=kv.valid.device) >= first_slot  # [S]
     try:
-        b, width = inputs.ids.shape
-        depth = torch.zeros(b, width, dtype=torch.long)
-        for row, row_depths in enumerate(inputs.depths):
-            depth[row, : len(row_depths)] = torch.tensor(row_depths)
         # The token chosen at a slot is generation index `generated + depth` of its row.
-        slots = Slots(sampling.seed, keys, torch.tensor(generated, dtype=torch.long)[:, None] + depth)
+        slots = Slots(sampling.seed, keys, torch.tensor(generated, dtype=torch.long)[:, None] + inputs.depths)
         verdicts = rule.accept(out.logits, drafts, slots, sampling)
     except BaseException:
         kv.invalidate(new_slots.expand_as(kv.valid))
