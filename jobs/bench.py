@@ -122,9 +122,10 @@ class Bench:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = resolve_dtype(config.dtype, self.device)
         uses = set(config.strategies)
-        needs_draft = uses & (registry.NEEDS_DRAFT | {registry.AUTO}) or "assisted" in config.transformers
-        needs_heads = uses & (registry.NEEDS_HEADS | {registry.AUTO}) and config.heads
-        needs_exits = uses & (registry.NEEDS_EXITS | {registry.AUTO}) and config.exits
+        needs = set().union(*(registry.needs_models(name) for name in uses))
+        needs_draft = "draft" in needs or "assisted" in config.transformers
+        needs_heads = "heads" in needs and config.heads
+        needs_exits = "exits" in needs and config.exits
         loaded = load_models(
             config.model,
             dtype,

@@ -164,7 +164,9 @@ def lossy_reason(name: str, options: StrategyOptions) -> str | None:
 
 
 def needs_models(name: str) -> set[str]:
-    """Which optional models (`draft`, `heads`, `exits`) strategy `name` drafts with."""
+    """Which optional models (`draft`, `heads`, `exits`) strategy `name` drafts with; `auto` may use any."""
+    if name == AUTO:
+        return set(OPTIONAL_MODELS)
     needs = {"draft": NEEDS_DRAFT, "heads": NEEDS_HEADS, "exits": NEEDS_EXITS}
     return {model for model, names in needs.items() if name in names}
 
