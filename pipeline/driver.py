@@ -105,16 +105,8 @@ def validate(config: JobConfig) -> None:
         problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
     if config.model.dtype not in DTYPES:
         problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0))
-    for name in _strategies_named(config):
-        for model in sorted(registry.needs_models(name)):
-            if not getattr(config.model, model):
-                what = {
-                    "draft": "a draft model",
-                    "heads": "heads trained on the target",
-                    "exits": "exit heads trained on the target",
-                }[model]
-                problems.append(f"strategy.name={name} needs {what}: set model.{model}")
+    models = {m for m in registry.OPTIONAL_MODELS if getattr(config.model, m)}
+    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, models=models))
     if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
         problems.append("workers.max_batch_tokens and workers.unit_timeout_s must be > 0")
     if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:
@@ -208,11 +200,6 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         f"checked in {time.perf_counter() - started:.1f}s"
     )
     return shards
-
-
-def _strategies_named(config: JobConfig) -> list[str]:
-    """The strategy the job names; `auto` and a strategy column may use any."""
-    return [config.strategy.name] if config.strategy.name in registry.drafting() else []
 
 
 def _optional_models(config: JobConfig) -> list[str]:

@@ -24,6 +24,15 @@ class Plan:
     steps: int | None = 1
 
 
+@dataclass(frozen=True)
+class DraftLimits:
+    """What a drafter may be asked for, as its drafter says: the controller sizes drafts within them."""
+
+    max_depth: int  # longest draft path (chain length)
+    max_nodes: int  # most nodes per row; a chain's are its depth
+    trees: bool = False  # it drafts trees (node budgets double or halve), not chains (depth moves)
+
+
 @dataclass
 class StepRecord:
     """What one step cost and gained."""
@@ -36,8 +45,8 @@ class StepRecord:
 
 
 class Controller(Protocol):
-    def start_batch(self, drafters: dict[str, tuple[int, int]], batch_size: int) -> None:
-        """A new batch; `drafters` maps each available drafter to its (max depth, max nodes)."""
+    def start_batch(self, drafters: dict[str, DraftLimits], batch_size: int) -> None:
+        """A new batch; `drafters` maps each available drafter to its limits."""
 
     def plan(self, batch_size: int) -> Plan: ...
 

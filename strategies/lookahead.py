@@ -182,6 +182,11 @@ class LookaheadProposer:
         self.trie = TokenTrie(max_query_length + branch_length, max_nodes)
         self._next_row = itertools.count()
 
+    @property
+    def drafts_trees(self) -> bool:
+        """Mode `one` drafts a single branch: a chain, sized as chains are."""
+        return self.mode != "one"
+
     def start(
         self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
     ) -> None:

@@ -66,7 +66,7 @@ def _lookahead(options: StrategyOptions, models: Models) -> Drafter:
     proposer = LookaheadProposer(
         o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
     )
-    return Drafter("lookahead", proposer, o.branch_length, o.decoding_length, trees=True, learns=True)
+    return Drafter("lookahead", proposer, o.branch_length, o.decoding_length, trees=proposer.drafts_trees, learns=True)
 
 
 def _medusa(options: StrategyOptions, models: Models) -> Drafter:
@@ -106,20 +106,24 @@ def _self_speculative(options: StrategyOptions, models: Models) -> Drafter:
 
 def _need_draft(models: Models, name: str) -> ModelRunner:
     if models.draft is None:
-        raise ValueError(f"strategy {name!r} needs a draft model: set model.draft")
+        raise ValueError(_missing_model(name, "draft"))
     return models.draft
 
 
 def _need_heads(models: Models, name: str) -> DraftHeads:
     if models.heads is None:
-        raise ValueError(f"strategy {name!r} drafts with heads on the target: set model.heads")
+        raise ValueError(_missing_model(name, "heads"))
     return models.heads
 
 
 def _need_exits(models: Models, name: str) -> ExitHeads:
     if models.exits is None:
-        raise ValueError(f"strategy {name!r} exits from the target's own layers: set model.exits")
+        raise ValueError(_missing_model(name, "exits"))
     return models.exits
+
+
+def _missing_model(name: str, model: str) -> str:
+    return f"strategy {name} needs {_MODEL_ROLES[model]}: set model.{model}"
 
 
 _DRAFTERS: dict[str, Callable[[StrategyOptions, Models], Drafter]] = {
@@ -136,6 +140,11 @@ NEEDS_DRAFT = frozenset({"speculative", "specdec"})
 NEEDS_HEADS = frozenset({"medusa", "blockwise"})
 NEEDS_EXITS = frozenset({"self_speculative", CALM})
 OPTIONAL_MODELS = ("draft", "heads", "exits")
+_MODEL_ROLES = {
+    "draft": "a draft model",
+    "heads": "heads trained on the target",
+    "exits": "exit heads trained on the target",
+}
 
 
 def available() -> list[str]:
@@ -178,9 +187,12 @@ def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
     return [n for n in drafting() if lossy_reason(n, options) is None and needs_models(n) <= has]
 
 
-def problems(options: StrategyOptions, greedy: bool) -> list[str]:
-    """What is wrong with the strategy options for this job, each naming its key (empty: nothing)."""
+def problems(options: StrategyOptions, greedy: bool, models: set[str]) -> list[str]:
+    """What is wrong with the strategy options for a job with these optional `models` set, each
+    naming its key (empty: nothing). `auto` uses what is there, so it misses no model."""
     found = []
+    if options.name != AUTO:
+        found.extend(_missing_model(options.name, m) for m in sorted(needs_models(options.name) - models))
     if options.name not in available():
         found.append(f"strategy.name {options.name!r} is unknown; available: {', '.join(available())}")
     if options.name == AUTO and not options.adaptive:

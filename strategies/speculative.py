@@ -24,7 +24,7 @@ import torch
 
 from strategies.acceptance import AcceptanceRule, ExactMatch, Verdict
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
-from strategies.control import AUTOREGRESSIVE, Controller, Plan, StepRecord
+from strategies.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
 from strategies.drafts import Draft, draft_problem
 from strategies.metrics import SpecStats
 from strategies.plain import Batch, decode_plainly, start_batch
@@ -88,7 +88,7 @@ class SpeculativeStrategy:
         batch = run.batch
         if batch.active:
             if self.controller is not None:
-                limits = {name: (d.max_depth, d.max_nodes) for name, d in run.live.items()}
+                limits = {name: DraftLimits(d.max_depth, d.max_nodes, d.trees) for name, d in run.live.items()}
                 self.controller.start_batch(limits, len(batch.active))
             # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
             # costs nothing; one that learns from every batch starts at once while the controller

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from strategies import registry
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.control import AUTOREGRESSIVE, Plan, StepRecord
+from strategies.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
 from strategies.kv_cache import SlotLayer
 from strategies.options import StrategyOptions
 from strategies.runner import ModelRunner
@@ -21,11 +21,12 @@ from strategies.speculative import Drafter, SpeculativeStrategy
 from workers.controller import AdaptiveController, ControllerSettings, RecentTime, best_chain_depth, bucket
 
 LOOKUP = "lookup"
+CHAIN_OF_4 = DraftLimits(4, 4)
 
 
-def _controller(**settings) -> AdaptiveController:
+def _controller(limits: DraftLimits = CHAIN_OF_4, **settings) -> AdaptiveController:
     controller = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1, probe_every=1000, **settings))
-    controller.start_batch({LOOKUP: (4, 4)}, batch_size=2)
+    controller.start_batch({LOOKUP: limits}, batch_size=2)
     return controller
 
 
@@ -36,10 +37,11 @@ def _step(controller, drafter, wall_s, accepted, drafted=(4, 4)):
 
 
 def test_tau_starts_as_a_plain_mean_so_one_unlucky_first_step_does_not_stand():
-    c = _controller()
+    c = _controller(time_window=1)
+    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.01, [0], [0]))  # as dear as a lookup step: speed-up = τ
     for accepted in (0, 3, 3, 3):  # batch 1: a step weighs 1/16 of a full moving-average weight
         c.observe(StepRecord(LOOKUP, 1, 0.01, [4], [accepted]))
-    assert c.tau[LOOKUP].value == pytest.approx(3.25)
+    assert c.speedup(LOOKUP, 1) == pytest.approx(3.25)
 
 
 def test_step_times_are_recent_means_without_pauses():
@@ -93,16 +95,16 @@ def test_tau_is_the_slower_half_of_the_rows():
     c = _controller(smoothing=1.0)
     _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
     c.observe(StepRecord(LOOKUP, 2, 0.010, [4, 4], [0, 3]))
-    assert c.tau[LOOKUP].value == 1.0 and c.plan(2).drafter == AUTOREGRESSIVE
+    assert c.speedup(LOOKUP, 2) == 1.0 and c.plan(2).drafter == AUTOREGRESSIVE
     c.observe(StepRecord(LOOKUP, 1, 0.005, [4], [3]))  # one row: its own gain
-    assert c.tau[LOOKUP].value == 4.0
+    assert c.speedup(LOOKUP, 2) == 4.0  # τ 4 at the cost of a plain step
 
 
 def _probe_steps(settings: ControllerSettings, lookup_wall_s: float, steps: int = 40) -> list[int]:
     """Steps at which a lookup drafter that gains nothing (τ = 1) is tried, its steps taking `lookup_wall_s`
     against 0.01 s for a plain step."""
     c = AdaptiveController(settings)
-    c.start_batch({LOOKUP: (4, 4)}, 2)
+    c.start_batch({LOOKUP: DraftLimits(4, 4)}, 2)
     tried = []
     for _ in range(steps):
         plan = c.plan(2)
@@ -127,7 +129,7 @@ def test_probes_come_back_spaced_by_what_they_cost():
 def test_plain_steps_run_unasked_until_the_next_probe():
     settings = ControllerSettings(explore_steps=1, explore_rows=1, probe_every=5, probe_budget=0.1, max_probe_wait=1000)
     c = AdaptiveController(settings)
-    c.start_batch({LOOKUP: (4, 4)}, 2)
+    c.start_batch({LOOKUP: DraftLimits(4, 4)}, 2)
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
     c.observe(StepRecord(LOOKUP, 2, 0.02, [4, 4], [0, 0]))  # a probe every 10 steps (see above)
     plan = c.plan(2)
@@ -142,7 +144,7 @@ def test_plain_steps_run_unasked_until_the_next_probe():
 
 def test_options_share_the_probe_budget():
     waits = []
-    for drafters in ({LOOKUP: (4, 4)}, {LOOKUP: (4, 4), "other": (4, 4)}):
+    for drafters in ({LOOKUP: DraftLimits(4, 4)}, {LOOKUP: DraftLimits(4, 4), "other": DraftLimits(4, 4)}):
         c = AdaptiveController(ControllerSettings(probe_every=1, probe_budget=0.1, max_probe_wait=1000))
         c.start_batch(drafters, 2)
         c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
@@ -153,7 +155,7 @@ def test_options_share_the_probe_budget():
 
 def test_a_hopeless_option_is_probed_rarely_with_default_settings():
     c = AdaptiveController()
-    c.start_batch({LOOKUP: (4, 4)}, 2)
+    c.start_batch({LOOKUP: DraftLimits(4, 4)}, 2)
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
     c.observe(StepRecord(LOOKUP, 2, 0.05, [4, 4], [1, 1]))  # speed-up 0.4 at five times the cost
     assert c.probe_wait(LOOKUP, 2) == 600  # a probe loses 5 x 0.6 = 3 plain steps: 0.5% of 600
@@ -173,7 +175,8 @@ def test_rows_whose_drafts_keep_failing_step_plainly_for_a_while():
     c.keep_rows([0])
     for _ in range(4):
         c.observe(StepRecord(LOOKUP, 1, 0.005, [4], [0]))
-    assert c.row_off_until[0] <= c.step + 1 and not c.drain_events()
+    assert not c.drain_events()
+    assert c.plan(1).rows_off == set()
 
 
 def test_best_chain_depth_maximises_tokens_per_step_cost():
@@ -186,40 +189,51 @@ def test_best_chain_depth_maximises_tokens_per_step_cost():
 
 
 def test_chain_depth_moves_toward_the_best_one_token_at_a_time():
-    c = _controller(resize_rows=4)  # a decision every 4 drafted row steps: every 2 steps of 2 rows
-    c.depth[LOOKUP] = 2
-    c.limits[LOOKUP] = (6, 6)
+    c = _controller(DraftLimits(6, 6), resize_rows=4)  # a decision every 4 drafted row steps: 2 steps of 2 rows
+    assert c.draft_size(LOOKUP) == (6, 6)  # a chain starts as long as allowed
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
-    c.observe(StepRecord(LOOKUP, 2, 0.012, [2, 2], [2, 2]))  # a draft token costs 0.1 plain step
-    assert c.depth[LOOKUP] == 2  # one step is not yet evidence
-    c.observe(StepRecord(LOOKUP, 2, 0.012, [2, 2], [2, 2]))  # never rejected: toward 6
-    assert c.depth[LOOKUP] == 3
-    for _ in range(6):
-        c.observe(StepRecord(LOOKUP, 2, 0.013, [3, 3], [0, 0]))  # always rejected: toward 1
-    assert c.depth[LOOKUP] == 1
+    for depth in (5, 4, 3, 2, 1):  # always rejected: toward 1, one token per decision
+        c.observe(StepRecord(LOOKUP, 2, 0.013, [3, 3], [0, 0]))
+        assert c.draft_size(LOOKUP)[0] == depth + 1  # one step is not yet evidence
+        c.observe(StepRecord(LOOKUP, 2, 0.013, [3, 3], [0, 0]))
+        assert c.draft_size(LOOKUP) == (depth, depth)
+    c.observe(StepRecord(LOOKUP, 2, 0.012, [1, 1], [1, 1]))  # a draft token costs 0.2 plain step
+    c.observe(StepRecord(LOOKUP, 2, 0.012, [1, 1], [1, 1]))  # never rejected: toward 6
+    assert c.draft_size(LOOKUP) == (2, 2)
 
 
 def test_tree_budget_follows_what_a_node_yields_against_what_it_costs():
-    c = _controller(resize_rows=2, min_tree_nodes=4)
-    c.limits[LOOKUP], c.nodes[LOOKUP] = (8, 16), 16
+    c = _controller(DraftLimits(8, 16, trees=True), resize_rows=2, min_tree_nodes=4, time_window=1)
+    assert c.draft_size(LOOKUP) == (8, 16)  # a tree starts with its whole node budget
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
     # A 16-node step costs 2.6 plain steps: 0.1 a node. 3 of 32 nodes accepted: under that, halve.
     c.observe(StepRecord(LOOKUP, 2, 0.026, [16, 16], [1, 2]))
-    assert c.nodes[LOOKUP] == 8
-    c.row_time.clear()  # costs measured afresh below
-    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    assert c.draft_size(LOOKUP) == (8, 8)
     c.observe(StepRecord(LOOKUP, 2, 0.012, [8, 8], [0, 0]))  # 0.025 a node, nothing accepted: halve
-    assert c.nodes[LOOKUP] == 4
+    assert c.draft_size(LOOKUP) == (8, 4)
     c.observe(StepRecord(LOOKUP, 2, 0.012, [4, 4], [0, 0]))
-    assert c.nodes[LOOKUP] == 4  # never under min_tree_nodes
-    c.row_time.clear()
-    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    assert c.draft_size(LOOKUP) == (8, 4)  # never under min_tree_nodes
     c.observe(StepRecord(LOOKUP, 2, 0.011, [4, 4], [1, 0]))  # 1 of 8 (0.125) against 0.025: grow
-    assert c.nodes[LOOKUP] == 8
-    c.row_time.clear()
-    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    assert c.draft_size(LOOKUP) == (8, 8)
     c.observe(StepRecord(LOOKUP, 2, 0.018, [8, 8], [1, 1]))  # 0.125 against 0.1 a node: keep
-    assert c.nodes[LOOKUP] == 8
+    assert c.draft_size(LOOKUP) == (8, 8)
+
+
+def test_a_chain_drafter_with_room_for_more_nodes_than_its_depth_is_sized_as_a_chain():
+    """Lookahead's mode `one` drafts one branch of at most 8 tokens within a 16-node budget."""
+    c = _controller(DraftLimits(8, 16, trees=False), resize_rows=2, time_window=1)
+    assert c.draft_size(LOOKUP) == (8, 8)
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    c.observe(StepRecord(LOOKUP, 2, 0.026, [8, 8], [0, 0]))  # as a tree it would halve its nodes to 8
+    assert c.draft_size(LOOKUP) == (7, 7)
+
+
+def test_lookahead_says_whether_it_drafts_trees(runner):
+    for mode, trees in (("hier", True), ("one", False)):
+        options = StrategyOptions(name="lookahead")
+        options.lookahead.mode = mode
+        strategy = registry.create(options, registry.Models(runner))
+        assert strategy.drafters["lookahead"].trees is trees
 
 
 # -- end to end: the controller inside the speculative loop (float64, exact) ---------------------
@@ -323,7 +337,7 @@ class ScheduleController(AdaptiveController):
         if self.planned < self.first_draft or not names:
             return Plan(AUTOREGRESSIVE, 0, 0)
         name = names[(self.planned - self.first_draft) % len(names)]
-        return Plan(name, *self.limits[name])
+        return Plan(name, self.limits[name].max_depth, self.limits[name].max_nodes)
 
     def worth_learning(self, drafter, batch_size):
         return self.learn

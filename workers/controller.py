@@ -42,7 +42,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from strategies.control import AUTOREGRESSIVE, Plan, StepRecord
+from strategies.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class AdaptiveController:
         self.resize_tally: dict[str, list[int]] = {}
         self.measured: dict[str, tuple[int, int]] = {}  # option -> steps and row steps measured
         self.ratios: dict[tuple[str, int], float | None] = {}  # cost_ratio, until the next measurement
-        self.limits: dict[str, tuple[int, int]] = {}
+        self.limits: dict[str, DraftLimits] = {}
         self.current = AUTOREGRESSIVE
         self.step = 0  # steps observed
         self.last_used: dict[str, int] = {}
@@ -144,11 +144,11 @@ class AdaptiveController:
 
     # -- the Controller protocol ---------------------------------------------------------------
 
-    def start_batch(self, drafters: dict[str, tuple[int, int]], batch_size: int) -> None:
+    def start_batch(self, drafters: dict[str, DraftLimits], batch_size: int) -> None:
         self.limits = dict(drafters)
-        for name, (max_depth, max_nodes) in drafters.items():
-            self.depth.setdefault(name, max_depth)
-            self.nodes.setdefault(name, max_nodes)
+        for name, limits in drafters.items():
+            self.depth.setdefault(name, limits.max_depth)
+            self.nodes.setdefault(name, limits.max_nodes if limits.trees else limits.max_depth)
         self.failed = set()
         if self.current not in self.limits:
             self.current = AUTOREGRESSIVE
@@ -308,11 +308,15 @@ class AdaptiveController:
             self._event("batch", self.current, target, reason, estimates=rounded, batch_bucket=b)
             self.current = target
 
+    def draft_size(self, drafter: str) -> tuple[int, int]:
+        """The (depth, nodes) the next step of `drafter` asks for: sized within its limits by what it yields."""
+        return self.depth[drafter], self.nodes[drafter]
+
     def _plan_for(self, option: str) -> Plan:
         if option == AUTOREGRESSIVE:
             return Plan(AUTOREGRESSIVE, 0, 0)
         off = {row for row, until in enumerate(self.row_off_until) if until > self.step + 1}
-        return Plan(option, self.depth[option], self.nodes[option], rows_off=off)
+        return Plan(option, *self.draft_size(option), rows_off=off)
 
     def _resize(self, record: StepRecord) -> None:
         """Size drafts on the last `resize_rows` drafted row steps (one step at batch 1 is one row's luck)."""
@@ -328,21 +332,21 @@ class AdaptiveController:
             return
         _, drafted, accepted, rejections = tally
         self.resize_tally[name] = [0, 0, 0, 0]
-        max_depth, max_nodes = self.limits[name]
+        limits = self.limits[name]
         ratio = self.cost_ratio(name, bucket(record.batch_size))
         nodes = self.nodes[name]  # a chain's nodes are its depth
         node_cost = max(0.0, (ratio - 1) / nodes) if ratio is not None else 0.0  # in plain steps
-        if max_nodes > max_depth:  # a tree: double or halve on what a node yields against what it costs
+        if limits.trees:  # double or halve on what a node yields against what it costs
             yield_per_node = accepted / drafted  # accepted tokens, each a plain step saved
             # The nodes a change adds or drops are the tree's least likely: twice the cost to grow.
             if yield_per_node >= 2 * node_cost:
-                self.nodes[name] = min(max_nodes, nodes * 2)
+                self.nodes[name] = min(limits.max_nodes, nodes * 2)
             elif yield_per_node < node_cost:
-                self.nodes[name] = max(min(self.settings.min_tree_nodes, max_nodes), nodes // 2)
+                self.nodes[name] = max(min(self.settings.min_tree_nodes, limits.max_nodes), nodes // 2)
             return
         # A chain: one step toward the depth with the most tokens per unit of step cost.
         depth = self.depth[name]
-        best = best_chain_depth(accepted / (accepted + rejections), node_cost, max_depth)
+        best = best_chain_depth(accepted / (accepted + rejections), node_cost, limits.max_depth)
         self.depth[name] = depth + (best > depth) - (best < depth)
         self.nodes[name] = self.depth[name]
 
