@@ -30,7 +30,7 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.shards import list_shards, plan_units
 from pipeline.verify import verify
-from workers.generator import OUTPUT_SCHEMA, derived_row_id
+from workers.contract import OUTPUT_SCHEMA, derived_row_id
 from workers.spec import UnitResult, WorkUnit
 from workers.storage import filesystem, join, write_bytes
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from pipeline.errors import JobError
 from pipeline.fingerprint import changed_shards, difference
+from workers.contract import parse_unit_id, part_name
 from workers.spec import UnitResult
 from workers.storage import filesystem, join, protocol_prefix, write_bytes
 
@@ -33,8 +34,9 @@ MANIFEST_FILE = "_manifest.json"
 SUCCESS_FILE = "_SUCCESS"
 
 
-def part_name(unit_id: str) -> str:
-    return f"part-{unit_id}.parquet"
+def commit_record_name(unit: str) -> str:
+    """Where a unit's commit record lies, relative to the output folder."""
+    return f"_commits/{unit}.json"
 
 
 class OutputFolder:
@@ -81,7 +83,7 @@ class OutputFolder:
             return False
         if existing.get("fingerprint") != fingerprint:
             changed = changed_shards(existing.get("identity", {}), job_record["identity"])
-            committed_shards = {int(unit_id.split("-")[0]) for unit_id in self.committed()}
+            committed_shards = {parse_unit_id(unit)[0] for unit in self.committed()}
             if changed is not None and not changed & committed_shards and not self.fs.exists(self._p(SUCCESS_FILE)):
                 self.write_json(JOB_FILE, job_record)
                 return False
@@ -133,7 +135,7 @@ class OutputFolder:
             "bytes": result.num_bytes,
             "attempt": result.attempt,
         }
-        self.write_json(f"_commits/{result.unit_id}.json", record)
+        self.write_json(commit_record_name(result.unit_id), record)
         return record
 
     def discard(self, staged_url: str) -> None:

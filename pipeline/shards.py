@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from pipeline.errors import JobError
-from workers.generator import OUTPUT_SCHEMA
+from workers.contract import OUTPUT_SCHEMA, unit_id
 from workers.spec import WorkUnit
 from workers.storage import filesystem, protocol_prefix
 
@@ -264,8 +264,8 @@ def read_ids(
 def plan_units(shards: list[Shard], rows_per_unit: int) -> list[WorkUnit]:
     """One unit per shard, or runs of whole row groups of about `rows_per_unit` rows for large shards.
 
-    Unit ids come from the shard's position in the sorted listing and its first row group, so the
-    same input always plans the same units (that is what makes resume and retries idempotent).
+    Unit ids come from the shard's position in the sorted listing and its first row group
+    (`contract.unit_id`), so the same input always plans the same units.
     """
     units = []
     for index, shard in enumerate(shards):
@@ -284,7 +284,7 @@ def plan_units(shards: list[Shard], rows_per_unit: int) -> list[WorkUnit]:
 
 def _unit(shard: Shard, index: int, groups: list[int], first_row: int, rows: int) -> WorkUnit:
     return WorkUnit(
-        unit_id=f"{index:05d}-{groups[0]:05d}",
+        unit_id=unit_id(index, groups[0]),
         shard_url=shard.url,
         shard_name=shard.name,
         row_groups=tuple(groups),

@@ -21,7 +21,7 @@ from fsspec import AbstractFileSystem
 
 from pipeline.commit import JOB_FILE, MANIFEST_FILE, SUCCESS_FILE
 from pipeline.shards import list_shards, parallel_map, read_ids
-from workers.generator import derived_row_id
+from workers.contract import derived_row_id, row_ids_of_id_column
 from workers.storage import filesystem, join
 
 _BOOKKEEPING = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE)
@@ -103,17 +103,10 @@ def input_row_ids(
     id_column = manifest["config"]["input"]["id_column"]
     shards = list_shards(input_url, storage_options, exclude=exclude)
     if id_column:
-        columns = [_as_row_ids(ids) for ids in read_ids(shards, id_column, storage_options)]
+        columns = [row_ids_of_id_column(ids) for ids in read_ids(shards, id_column, storage_options)]
     else:
         columns = [
             pa.chunked_array([pa.array([derived_row_id(s.name, i) for i in range(s.num_rows)], pa.string())])
             for s in shards
         ]
     return pa.chunked_array([c for ids in columns for c in ids.chunks], type=pa.string())
-
-
-def _as_row_ids(ids: pa.ChunkedArray) -> pa.ChunkedArray:
-    """An id column as the generator writes it to `row_id`: Python's `str` of each value."""
-    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
-        return pc.cast(ids, pa.string())
-    return pa.chunked_array([pa.array([str(v) for v in ids.to_pylist()], pa.string())])

@@ -19,9 +19,11 @@ from jobs.cli import default_job_config
 from pipeline.config import load_config
 from pipeline.driver import CRASHING_ROW, run_job
 from pipeline.verify import verify
+from workers.contract import derived_row_id, part_name, unit_id
 from workers.faults import FAULTS_ENV
 
 PROMPTS = [f"def f{i}(x):" + " y" * (i % 4) for i in range(12)]
+CRASHING = derived_row_id("shard-1.parquet", 3)  # the row a fault plan makes crash its actor
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,14 +101,14 @@ def test_a_hung_actor_is_restarted_and_its_unit_rescheduled(
 
 
 def test_a_row_that_always_crashes_becomes_an_error_row(job_input, tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULTS_ENV, json.dumps({"crash_row_id": "shard-1.parquet#3"}))
+    monkeypatch.setenv(FAULTS_ENV, json.dumps({"crash_row_id": CRASHING}))
     outcome = _run(job_input, tmp_path / "out", tiny_model_dir, "workers.max_unit_attempts=2")
     assert outcome.status == "succeeded"
     assert verify(str(tmp_path / "out"), str(job_input), {}).ok
-    part = pq.read_table(tmp_path / "out" / "part-00001-00001.parquet").to_pylist()
-    crashed = next(r for r in part if r["row_id"] == "shard-1.parquet#3")
+    part = pq.read_table(tmp_path / "out" / part_name(unit_id(1, 1))).to_pylist()  # rows 2 and 3 of shard 1
+    crashed = next(r for r in part if r["row_id"] == CRASHING)
     assert crashed["finish_reason"] == "error" and crashed["error"] == CRASHING_ROW
-    assert [r["finish_reason"] for r in part if r["row_id"] != "shard-1.parquet#3"] == ["length"]
+    assert [r["finish_reason"] for r in part if r["row_id"] != CRASHING] == ["length"]
 
 
 def _cli(job_input, out, model, env_extra=None) -> subprocess.Popen:
@@ -138,8 +140,8 @@ def test_sigterm_stops_cleanly_and_a_rerun_resumes(job_input, tiny_model_dir, re
     log, _ = driver.communicate(timeout=120)
     assert driver.returncode == 143, log
     assert "interrupted" in log and not (out / "_SUCCESS").exists()
-    committed = {p.stem for p in (out / "_commits").iterdir()}
-    assert {p.name.removeprefix("part-").removesuffix(".parquet") for p in out.glob("part-*")} == committed
+    committed = {json.loads(p.read_text())["part"] for p in (out / "_commits").iterdir()}
+    assert {p.name for p in out.glob("part-*")} == committed
     rerun = _cli(job_input, out, tiny_model_dir)
     log, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, log

@@ -14,10 +14,12 @@ from job_config import job_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.cli import default_job_config
+from pipeline.commit import commit_record_name
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from pipeline.verify import verify
+from workers.contract import derived_row_id, part_name, unit_id
 
 GOOD = [
     "def add(a, b):",
@@ -130,9 +132,9 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, tiny_model
     out = tmp_path / "out"
     reference = _part_hashes(out)
     # An interruption: two units never committed, no manifest, no _SUCCESS.
-    for unit in ("00000-00000", "00002-00000"):
-        (out / f"part-{unit}.parquet").unlink()
-        (out / "_commits" / f"{unit}.json").unlink()
+    for unit in (unit_id(0, 0), unit_id(2, 0)):
+        (out / part_name(unit)).unlink()
+        (out / commit_record_name(unit)).unlink()
     (out / "_SUCCESS").unlink()
     (out / "_manifest.json").unlink()
     outcome = run_job(_config(tmp_path, tiny_model_dir, "workers.batch_size=2"))
@@ -142,7 +144,8 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, tiny_model
 
 def test_corrupt_shard_fails_its_unit_only_and_rerun_resumes(tmp_path, tiny_model_dir):
     _write_input(tmp_path / "in")
-    shard = tmp_path / "in" / "shard-2.parquet"  # one unit: 00002-00000
+    shard = tmp_path / "in" / "shard-2.parquet"  # one unit
+    failed = unit_id(2, 0)
     good_bytes = shard.read_bytes()
     meta = pq.ParquetFile(shard).metadata
     corrupt = bytearray(good_bytes)
@@ -152,9 +155,9 @@ def test_corrupt_shard_fails_its_unit_only_and_rerun_resumes(tmp_path, tiny_mode
     outcome = run_job(_config(tmp_path, tiny_model_dir))
     out = tmp_path / "out"
     assert outcome.status == "failed" and not (out / "_SUCCESS").exists()
-    assert list(outcome.summary["failed_units"]) == ["00002-00000"]
-    assert "shard-2.parquet" in outcome.summary["failed_units"]["00002-00000"]
-    assert (out / "part-00000-00000.parquet").exists()
+    assert list(outcome.summary["failed_units"]) == [failed]
+    assert "shard-2.parquet" in outcome.summary["failed_units"][failed]
+    assert (out / part_name(unit_id(0, 0))).exists()
     # Fixing the file changes its stamp; the job still resumes, since no unit of it was committed.
     shard.write_bytes(good_bytes)
     outcome = run_job(_config(tmp_path, tiny_model_dir))
@@ -232,12 +235,12 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
     )
     assert run_job(picked).status == "succeeded"
     rows = {r["row_id"]: r for r in _read_output(tmp_path / "picked").to_pylist()}
-    bad = rows["a.parquet#3"]
+    bad = rows[derived_row_id("a.parquet", 3)]
     assert bad["finish_reason"] == "error" and "unknown strategy 'nonsense'" in bad["error"]
     for row_id, row in rows.items():
-        if row_id != "a.parquet#3":
+        if row_id != derived_row_id("a.parquet", 3):
             assert row["completion"] == greedy[row_id]
-    assert rows["a.parquet#4"]["strategy"] == "autoregressive"
+    assert rows[derived_row_id("a.parquet", 4)]["strategy"] == "autoregressive"
 
     auto = load_config(default_job_config(), None, [*base, f"output.url={tmp_path / 'auto'}", "strategy.name=auto"])
     assert run_job(auto).status == "succeeded"
@@ -256,7 +259,7 @@ def test_output_inside_the_input_folder_across_reruns_and_resumes(tmp_path, tiny
     reference = _part_hashes(out)
     assert run_job(config).status == "already_complete"
     for _ in range(2):  # an interruption after the first commits, resumed: twice over
-        for name in ("_SUCCESS", "_manifest.json", "part-00001-00000.parquet"):
+        for name in ("_SUCCESS", "_manifest.json", part_name(unit_id(1, 0))):
             (out / name).unlink()
         outcome = run_job(config)
         assert outcome.status == "succeeded" and outcome.summary["rows_this_run"] == 2
@@ -271,7 +274,7 @@ def test_resume_over_a_changed_listing(tmp_path, tiny_model_dir):
     config = _config(tmp_path, tiny_model_dir)
     assert run_job(config).status == "succeeded"
     out = tmp_path / "out"
-    for name in ("_SUCCESS", "_manifest.json", "part-00002-00000.parquet"):
+    for name in ("_SUCCESS", "_manifest.json", part_name(unit_id(2, 0))):
         (out / name).unlink()
     # Files that are not data (named _* or .*) may come and go: the listing does not change.
     extra = pa.table({"id": ["z"], "prompt": ["x"], "n": [9]})

@@ -16,6 +16,7 @@ from jobs.cli import main as cli
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.verify import verify
+from workers.contract import part_name, unit_id
 
 PROMPTS = [f"def f{i}(x):\n    return" + " x" * (i % 5) for i in range(12)]
 
@@ -80,7 +81,8 @@ def test_job_reads_and_writes_s3_and_keeps_credentials_out(s3, tiny_model_dir, c
     # The CLI checker agrees, and finds a stray part.
     opts = json.dumps(options)
     assert cli(["verify", "s3://jobs/out", "--input", "s3://jobs/in", "--storage-options", opts]) == 0
-    fs.pipe_file("jobs/out/part-99999-00000.parquet", fs.cat_file("jobs/out/part-00000-00000.parquet"))
+    stray, first = part_name(unit_id(99999, 0)), part_name(unit_id(0, 0))
+    fs.pipe_file(f"jobs/out/{stray}", fs.cat_file(f"jobs/out/{first}"))
     assert cli(["verify", "s3://jobs/out", "--storage-options", opts]) == 1
     assert "not in the manifest" in capsys.readouterr().out
 
@@ -108,7 +110,7 @@ def test_output_inside_the_input_folder_on_s3(s3, tiny_model_dir):
     assert run_job(config).status == "succeeded"
     assert run_job(config).status == "already_complete"
     for _ in range(2):  # interrupted after the first commits, then resumed: twice over
-        fs.rm(["nested/in/out/_SUCCESS", "nested/in/out/_manifest.json", "nested/in/out/part-00001-00000.parquet"])
+        fs.rm([f"nested/in/out/{name}" for name in ("_SUCCESS", "_manifest.json", part_name(unit_id(1, 0)))])
         outcome = run_job(config)
         assert outcome.status == "succeeded" and outcome.summary["rows_this_run"] == 2
     assert run_job(config).status == "already_complete"

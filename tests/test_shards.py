@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.errors import JobError
 from pipeline.shards import check_columns, check_ids, list_shards, plan_units
+from workers.contract import part_name, unit_id
 
 
 def _write(path, prompts, row_group_size=None, **extra):
@@ -62,9 +63,9 @@ def test_units_are_whole_row_groups(tmp_path):
     _write(tmp_path / "small.parquet", ["a"])
     units = plan_units(list_shards(str(tmp_path), {}), rows_per_unit=6)
     assert [(u.unit_id, u.row_groups, u.first_row, u.num_rows) for u in units] == [
-        ("00000-00000", (0, 1), 0, 6),
-        ("00000-00002", (2, 3), 6, 4),
-        ("00001-00000", (0,), 0, 1),
+        (unit_id(0, 0), (0, 1), 0, 6),
+        (unit_id(0, 2), (2, 3), 6, 4),
+        (unit_id(1, 0), (0,), 0, 1),
     ]
     assert plan_units(list_shards(str(tmp_path), {}), rows_per_unit=6) == units
 
@@ -84,7 +85,7 @@ def test_names_starting_with_underscore_or_dot_are_not_data(tmp_path):
 def test_the_output_folder_is_never_input(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "data" / "a.parquet", ["x"])
-    _write(tmp_path / "data" / "out" / "part-00000-00000.parquet", ["x"])  # the job's own output
+    _write(tmp_path / "data" / "out" / part_name(unit_id(0, 0)), ["x"])  # the job's own output
     for url, output in [("data", "data/out"), ("data/", "data/out/"), (str(tmp_path / "data"), "data/out")]:
         assert [s.name for s in list_shards(url, {}, exclude=output)] == ["a.parquet"]
     assert [s.name for s in list_shards("data/**/*.parquet", {}, exclude="data/out")] == ["a.parquet"]

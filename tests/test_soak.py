@@ -17,6 +17,7 @@ from jobs.cli import default_job_config
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.verify import verify
+from workers.contract import unit_id
 from workers.faults import FAULTS_ENV
 
 RUNS = 20
@@ -32,7 +33,7 @@ def _random_input(rng: random.Random, folder) -> list[str]:
         pq.write_table(
             pa.table({"prompt": pa.array(prompts, pa.binary())}), folder / f"{shard}.parquet", row_group_size=2
         )
-        units += [f"{shard:05d}-{g:05d}" for g in range(0, -(-n // 2) if n else 0)]
+        units += [unit_id(shard, g) for g in range(0, -(-n // 2) if n else 0)]
     return units
 
 

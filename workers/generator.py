@@ -26,35 +26,22 @@ from strategies import registry
 from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest, Strategy
 from strategies.sampling import SamplingParams, row_key
 from workers import faults
+from workers.contract import (
+    FINISH_ERROR,
+    OUTPUT_SCHEMA,
+    derived_row_id,
+    output_schema,
+    row_ids_of_id_column,
+)
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
 from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
 
-FINISH_ERROR = "error"
-
-OUTPUT_SCHEMA = pa.schema(
-    [
-        ("row_id", pa.string()),
-        ("completion", pa.string()),
-        ("finish_reason", pa.string()),
-        ("error", pa.string()),
-        ("num_prompt_tokens", pa.int64()),
-        ("num_generated_tokens", pa.int64()),
-        ("strategy", pa.string()),
-        ("mean_exit_layer", pa.float64()),  # early exit (calm): the row's mean exit layer; else null
-    ]
-)
-
 
 class UnitInputError(Exception):
     """The unit's input data cannot be read: retrying will not help until the file is fixed."""
-
-
-def derived_row_id(shard_name: str, index: int) -> str:
-    """The row id of row `index` of a shard when the input has no id column."""
-    return f"{shard_name}#{index}"
 
 
 class Generator:
@@ -123,7 +110,7 @@ class Generator:
         started = time.perf_counter()
         table = self._read_unit(unit)
         columns, records = self.decode_table(table, unit, attempt, error_rows or {})
-        out = pa.table(columns, schema=_output_schema(table, self.spec.keep_columns))
+        out = pa.table(columns, schema=output_schema([table.schema.field(name) for name in self.spec.keep_columns]))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
         data = buffer.getvalue()
@@ -190,19 +177,11 @@ class Generator:
         n = table.num_rows
         prompts = table.column(spec.prompt_column).to_pylist()
         if spec.id_column:
-            row_ids = [str(v) for v in table.column(spec.id_column).to_pylist()]
+            row_ids = row_ids_of_id_column(table.column(spec.id_column)).to_pylist()
         else:
             row_ids = [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(n)]
-        columns: dict[str, list] = {
-            "row_id": row_ids,
-            "completion": [None] * n,
-            "finish_reason": [FINISH_ERROR] * n,
-            "error": [None] * n,
-            "num_prompt_tokens": [None] * n,
-            "num_generated_tokens": [None] * n,
-            "strategy": [None] * n,
-            "mean_exit_layer": [None] * n,
-        }
+        columns: dict[str, list] = {name: [None] * n for name in OUTPUT_SCHEMA.names}
+        columns["row_id"], columns["finish_reason"] = row_ids, [FINISH_ERROR] * n
         for name in spec.keep_columns:
             columns[name] = table.column(name).to_pylist()
 
@@ -319,7 +298,3 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
         elif isinstance(value, list | tuple):
             ids.update(v for v in value if isinstance(v, int))
     return ids
-
-
-def _output_schema(table: pa.Table, keep_columns: tuple[str, ...]) -> pa.Schema:
-    return pa.schema(list(OUTPUT_SCHEMA) + [table.schema.field(name) for name in keep_columns])
