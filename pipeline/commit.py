@@ -138,11 +138,6 @@ class OutputFolder:
         self.write_json(commit_record_name(result.unit_id), record)
         return record
 
-    def discard(self, staged_url: str) -> None:
-        staged = staged_url.removeprefix(self.prefix)
-        if self.fs.exists(staged):
-            self.fs.rm(staged)
-
     def _abort_incomplete_uploads(self) -> None:
         """S3 keeps the parts of a multipart upload a crash left unfinished (and bills them): abort
         those under this output's prefix, and only those."""

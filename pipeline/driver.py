@@ -361,7 +361,7 @@ class ActorPool:
                             attempt,
                             output.staged_url(unit.unit_id),
                             output.batch_log_url(unit.unit_id, attempt),
-                            error_rows.get(unit.unit_id),
+                            error_rows.get(unit.unit_id, {}),
                         )
                         inflight[ref] = _Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic())
                     done, _ = ray.wait(list(inflight), num_returns=1, timeout=PROGRESS_POLL_S)

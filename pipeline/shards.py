@@ -240,7 +240,8 @@ def check_ids(
     )
 
 
-def _some(places: list[str], shown: int = 3) -> str:
+def _some(places: list[str]) -> str:
+    shown = 3
     more = f" and {len(places) - shown} more" if len(places) > shown else ""
     return ", ".join(places[:shown]) + more
 

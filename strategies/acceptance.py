@@ -16,8 +16,8 @@ and the target's choices or probabilities at every slot (slot 0: the pending tok
   accepted chain draw the bonus from p. The emitted tokens follow the target's distribution exactly.
 
 The rule a strategy hands the verifier (`strategies.verify`) is one of the classes below, each
-applying its function to every row of a verify forward. A rule says whether it is lossless and
-refuses the combinations its math does not cover (`refusal`).
+applying its function to every row of a verify forward and refusing the combinations its math
+does not cover (`refusal`). Which strategies are lossy, and why, the registry says (`lossy_reason`).
 """
 
 from __future__ import annotations
@@ -152,7 +152,6 @@ class Slots:
 
 class AcceptanceRule(Protocol):
     name: str
-    lossless: bool  # greedy output identical to plain decoding, samples from the target's distribution
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         """Why this rule cannot verify such drafts (tree drafts or not) at this sampling, or None."""
@@ -177,7 +176,6 @@ class ExactMatch:
     """The target's own choice decides (`walk`): lossless for any draft, chain or tree, greedy or sampled."""
 
     name: ClassVar[str] = "exact"
-    lossless: ClassVar[bool] = True
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         return None
@@ -197,7 +195,6 @@ class RejectionSampling:
     """
 
     name: ClassVar[str] = "rejection_sampling"
-    lossless: ClassVar[bool] = True
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         if trees and not greedy:
@@ -237,7 +234,6 @@ class Relaxed:
     top_beta: int
     tolerance: float = math.inf
     name: ClassVar[str] = "relaxed"
-    lossless: ClassVar[bool] = False
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         return None if greedy else "relaxed verification relaxes greedy decoding: use generation.temperature=0"
@@ -259,7 +255,6 @@ class Typical:
     epsilon: float
     delta: float
     name: ClassVar[str] = "typical"
-    lossless: ClassVar[bool] = False
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         return None

@@ -12,7 +12,10 @@ the controller's events) uses these words in these senses.
 - **acceptance by position** (`acceptance_by_position[d]`): of the verify steps whose draft had a
   node at depth d+1, the share whose accepted path reached depth d+1. For a chain this is the
   share of draft tokens at position d+1 accepted; for trees of heads it is head d's acceptance.
-- **fallbacks**: row steps whose draft was refused (invalid, or its proposer raised), decoded plainly.
+- **fallbacks**: drafts refused as invalid (`drafts.draft_problem`: a token outside the vocabulary,
+  more nodes or a deeper path than the step allows, a malformed tree); the row's verify step goes on
+  with an empty draft and emits the target's one token. A proposer or a verify forward that raises
+  is a fault (`faults`): the step is decoded plainly.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class SpecStats:
     drafts: int = 0  # verify steps with at least one draft token
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    fallbacks: int = 0
+    fallbacks: int = 0  # invalid drafts replaced by empty ones (see "fallbacks" above)
     faults: list[str] = field(default_factory=list)  # drafter and verify faults, with their reason
     reached_depth: list[int] = field(default_factory=list)  # [d]: verify steps with a node at depth d+1
     accepted_at: list[int] = field(default_factory=list)  # [d]: verify steps accepting depth d+1

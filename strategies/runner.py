@@ -148,11 +148,11 @@ class ModelRunner:
         input_ids: torch.Tensor,  # [B, n]
         positions: torch.Tensor,  # [B, n]
         new_valid: torch.Tensor,  # [B, n] bool
-        attend: torch.Tensor | None = None,  # [B, n, n]
     ) -> LayerPass:
-        """One forward of n new tokens over `kv`, to be taken a range of layers at a time (`LayerPass`)."""
+        """One forward of n new tokens (a chain per row) over `kv`, to be taken a range of layers at a
+        time (`LayerPass`)."""
         kv.drop_provisional()
-        mask = self._mask_unless_dense(kv.valid, new_valid, attend)
+        mask = self._mask_unless_dense(kv.valid, new_valid)
         return LayerPass(self.need_layers(), kv, input_ids, positions, new_valid, mask)
 
     @torch.inference_mode()

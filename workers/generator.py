@@ -103,13 +103,13 @@ class Generator:
             return self._rows_done, self._generated
 
     def run_unit(
-        self, unit: WorkUnit, attempt: int, staged_url: str, log_url: str, error_rows: dict[int, str] | None = None
+        self, unit: WorkUnit, attempt: int, staged_url: str, log_url: str, error_rows: dict[int, str]
     ) -> UnitResult:
         """Decode a unit and stage its part. `error_rows` (row index -> message) are not decoded: they
         become error rows (rows found to crash the actor)."""
         started = time.perf_counter()
         table = self._read_unit(unit)
-        columns, records = self.decode_table(table, unit, attempt, error_rows or {})
+        columns, records = self.decode_table(table, unit, attempt, error_rows)
         out = pa.table(columns, schema=output_schema([table.schema.field(name) for name in self.spec.keep_columns]))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)

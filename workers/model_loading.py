@@ -14,7 +14,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import fsspec
 import torch
@@ -49,9 +48,7 @@ def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
-def resolve_model_dir(
-    url: str, cache_dir: str = "", storage_options: dict[str, Any] | None = None, marker: str = "config.json"
-) -> Path:
+def resolve_model_dir(url: str, cache_dir: str = "", marker: str = "config.json") -> Path:
     """A local folder holding the model (or heads: `marker` heads.json; exits: exits.json) at `url`,
     downloading it into the cache when remote."""
     if is_local(url):
@@ -66,7 +63,7 @@ def resolve_model_dir(
     local = root / hashlib.sha256(url.encode()).hexdigest()[:24]
     if (local / marker).is_file():
         return local
-    fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    fs, remote = fsspec.core.url_to_fs(url)
     staging = root / f".{local.name}.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -83,10 +80,10 @@ def resolve_model_dir(
     return local
 
 
-def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None, marker: str = "config.json") -> str:
+def model_weights_hash(url: str, marker: str = "config.json") -> str:
     """sha256 over the model's files (names and contents); remote models hash their listing's checksums."""
     if not is_local(url):
-        fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, remote = fsspec.core.url_to_fs(url)
         infos = sorted((info for info in fs.ls(remote, detail=True) if info["type"] == "file"), key=lambda i: i["name"])
         listing = [
             (Path(i["name"]).name, i.get("size"), str(i.get("ETag") or i.get("etag") or i.get("mtime"))) for i in infos

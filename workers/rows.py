@@ -66,11 +66,12 @@ def completion_text(tokenizer: PreTrainedTokenizerBase, tokens: list[int], stops
     return text[: min(cuts)] if cuts else text
 
 
-def repetition_rate(tokens: list[int], n: int = 4) -> float:
-    """Share of a completion's n-grams that already occurred earlier in it (0: none repeats).
+def repetition_rate(tokens: list[int]) -> float:
+    """Share of a completion's 4-grams that already occurred earlier in it (0: none repeats).
 
     Retrieval drafting gains from repetition; a weak model that loops inflates those gains, so
     benchmarks and logs report this beside the accepted length.
     """
+    n = 4
     grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
