@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -64,6 +64,22 @@ class _Flight:
     beat: tuple[int, int]  # ... at its last heartbeat
     beat_at: float
     hung: bool = False
+
+
+@dataclass
+class _Run:
+    """The actor pool's bookkeeping while it runs a job's units."""
+
+    queue: deque[tuple[WorkUnit, int]]  # (unit, attempt) waiting for an actor
+    idle: list[int]  # actors with nothing to do
+    committed_rows: int  # rows of committed units, those of earlier runs included
+    inflight: dict[ray.ObjectRef, _Flight] = field(default_factory=dict)
+    recovering: dict[int, ray.ObjectRef] = field(default_factory=dict)  # actor -> its ready() while Ray restarts it
+    results: list[UnitResult] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)  # unit -> why it failed
+    crashes: dict[str, int] = field(default_factory=dict)  # unit -> attempts that ended with the actor's death
+    error_rows: dict[str, dict[int, str]] = field(default_factory=dict)  # unit -> rows not to decode, and why
+    commits: int = 0  # this run's
 
 
 class _StopOnSigterm:
@@ -118,25 +134,14 @@ def validate(config: JobConfig) -> None:
 
 
 def run_job(config: JobConfig) -> JobOutcome:
+    """Check, plan and claim the output folder, decode the units not yet committed, then finish the
+    job (manifest, `_SUCCESS`) or say what is left to resume."""
     validate(config)
     shards = _checked_shards(config)
     units = plan_units(shards, config.input.rows_per_unit)
-    hashes = {"target": _model_hash(config.model.target, "model.target")}
-    for model in _optional_models(config):
-        hashes[model] = _model_hash(getattr(config.model, model), f"model.{model}")
-    for kind in ("heads", "exits"):
-        if kind in hashes:
-            _check_trained_for_target(config, kind)
-    ident = identity(config, shards, hashes)
-    job_id = fingerprint(ident)
+    job_record = _job_record(config, shards)
+    job_id = job_record["fingerprint"]
     output = OutputFolder(config.output.url, config.output.storage_options)
-    job_record = {
-        "fingerprint": job_id,
-        "identity": ident,
-        "config": to_plain_dict(config),
-        "versions": _versions(),
-        "lossy": _lossy(config),
-    }
     total_rows = sum(u.num_rows for u in units)
     if output.claim(job_id, job_record):
         print(f"job {job_id[:12]} already complete in {config.output.url}: nothing to do")
@@ -145,37 +150,71 @@ def run_job(config: JobConfig) -> JobOutcome:
     todo = [u for u in units if u.unit_id not in committed]
     if committed:
         print(f"resuming job {job_id[:12]}: {len(units) - len(todo)} of {len(units)} units already committed")
-
-    failures: dict[str, str] = {}
-    results: list[UnitResult] = []
     started = time.perf_counter()
-    if todo:
-        pool = ActorPool(config, _worker_spec(config, job_id))
-        try:
-            results, failures = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
-        except JobInterrupted as exc:
-            print(f"job {job_id[:12]} interrupted: {exc}; run the same command again to resume", file=sys.stderr)
-            return JobOutcome("interrupted", {"rows": total_rows})
-        finally:
-            pool.shutdown()
+    try:
+        results, failures = _run_units(config, job_id, todo, output, total_rows, committed)
+    except JobInterrupted as exc:
+        print(f"job {job_id[:12]} interrupted: {exc}; run the same command again to resume", file=sys.stderr)
+        return JobOutcome("interrupted", {"rows": total_rows})
     wall_s = time.perf_counter() - started
     committed = output.committed()
     summary = _summary(results, committed, wall_s, total_rows)
     if failures or len(committed) != len(units):
-        for unit_id, message in sorted(failures.items()):
-            print(f"unit {unit_id} failed: {message}", file=sys.stderr)
-        summary["failed_units"] = failures
-        _print_summary(summary)
-        print(
-            f"job {job_id[:12]} incomplete: {len(units) - len(committed)} of {len(units)} units not committed; "
-            "fix the cause and run the same command again to resume",
-            file=sys.stderr,
-        )
-        return JobOutcome("failed", summary)
+        return _incomplete(job_id, summary, failures, len(units) - len(committed), len(units))
     parts = [committed[u.unit_id] for u in units]
     output.finish({**job_record, "parts": parts, "total_rows": sum(p["rows"] for p in parts), "summary": summary})
     _print_summary(summary)
     return JobOutcome("succeeded", summary)
+
+
+def _job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
+    """The job's identity and fingerprint (the hash of what decides its rows: input listing, models'
+    weights, settings), its config, versions and lossy strategies: `_job.json`, and the manifest's head."""
+    hashes = {"target": _model_hash(config.model.target, "model.target")}
+    for model in _optional_models(config):
+        hashes[model] = _model_hash(getattr(config.model, model), f"model.{model}")
+    for kind in ("heads", "exits"):
+        if kind in hashes:
+            _check_trained_for_target(config, kind)
+    ident = identity(config, shards, hashes)
+    return {
+        "fingerprint": fingerprint(ident),
+        "identity": ident,
+        "config": to_plain_dict(config),
+        "versions": _versions(),
+        "lossy": _lossy(config),
+    }
+
+
+def _run_units(
+    config: JobConfig,
+    job_id: str,
+    todo: list[WorkUnit],
+    output: OutputFolder,
+    total_rows: int,
+    committed: dict[str, dict[str, Any]],
+) -> tuple[list[UnitResult], dict[str, str]]:
+    """Decode and commit `todo` on a fresh actor pool, shut down after (results, failed units)."""
+    if not todo:
+        return [], {}
+    pool = ActorPool(config, _worker_spec(config, job_id))
+    try:
+        return pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
+    finally:
+        pool.shutdown()
+
+
+def _incomplete(job_id: str, summary: dict[str, Any], failures: dict[str, str], missing: int, units: int) -> JobOutcome:
+    for unit, message in sorted(failures.items()):
+        print(f"unit {unit} failed: {message}", file=sys.stderr)
+    summary["failed_units"] = failures
+    _print_summary(summary)
+    print(
+        f"job {job_id[:12]} incomplete: {missing} of {units} units not committed; "
+        "fix the cause and run the same command again to resume",
+        file=sys.stderr,
+    )
+    return JobOutcome("failed", summary)
 
 
 def _checked_shards(config: JobConfig) -> list[Shard]:
@@ -329,87 +368,89 @@ class ActorPool:
     ) -> tuple[list[UnitResult], dict[str, str]]:
         """Feed every unit to an idle actor, commit each staged part; returns results and failed units.
 
-        A failed attempt is retried; a unit whose attempts all killed their actor is searched for the
-        row that does (`_find_crashing_row`), which then becomes an error row. An attempt that makes no
-        progress (no batch finished) for `workers.unit_timeout_s` is taken as hung: its actor is
-        restarted and the unit retried. SIGTERM stops the job between commits.
+        A failed attempt is retried (`_attempt_failed`); a unit whose attempts all killed their actor
+        is searched for the row that does (`_find_crashing_row`), which then becomes an error row. An
+        attempt that makes no progress (no batch finished) for `workers.unit_timeout_s` is taken as
+        hung: its actor is restarted and the unit retried. SIGTERM stops the job between commits.
         """
-        w = self.config.workers
-        queue: deque[tuple[WorkUnit, int]] = deque((u, 1) for u in units)
-        idle = list(range(len(self.actors)))
-        inflight: dict[ray.ObjectRef, _Flight] = {}
-        recovering: dict[int, ray.ObjectRef] = {}  # actor -> its ready() call while Ray restarts it
-        results: list[UnitResult] = []
-        failures: dict[str, str] = {}
-        crashes: dict[str, int] = {}  # unit -> attempts that ended with the actor's death
-        error_rows: dict[str, dict[int, str]] = {}
-        committed_rows, commits = rows_before, 0
+        run = _Run(queue=deque((u, 1) for u in units), idle=list(range(len(self.actors))), committed_rows=rows_before)
         bar = tqdm(total=total_rows, initial=rows_before, unit="row", desc="generate", dynamic_ncols=True)
         started = time.perf_counter()
         snapshot = self._progress()
         with _StopOnSigterm() as stop:
             try:
-                while queue or inflight:
+                while run.queue or run.inflight:
                     if stop.requested:
                         raise JobInterrupted("SIGTERM received: stopped between commits")
-                    idle.extend(self._recovered(recovering))
-                    while queue and idle:
-                        unit, attempt = queue.popleft()
-                        a = idle.pop(0)
-                        ref = self.actors[a].run_unit.remote(
-                            unit,
-                            attempt,
-                            output.staged_url(unit.unit_id),
-                            output.batch_log_url(unit.unit_id, attempt),
-                            error_rows.get(unit.unit_id, {}),
-                        )
-                        inflight[ref] = _Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic())
-                    done, _ = ray.wait(list(inflight), num_returns=1, timeout=PROGRESS_POLL_S)
+                    self._dispatch(run, output, snapshot)
+                    done, _ = ray.wait(list(run.inflight), num_returns=1, timeout=PROGRESS_POLL_S)
                     for ref in done:
-                        flight = inflight.pop(ref)
-                        unit, attempt, a = flight.unit, flight.attempt, flight.actor
-                        try:
-                            result: UnitResult = ray.get(ref)
-                            idle.append(a)
-                        except (RayActorError, RayTaskError) as exc:
-                            message = "no progress for workers.unit_timeout_s" if flight.hung else _cause(exc)
-                            tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
-                            if isinstance(exc, RayActorError):  # Ray restarts it; no work until it is back
-                                recovering[a] = self.actors[a].ready.remote()
-                                crashes[unit.unit_id] = crashes.get(unit.unit_id, 0) + (not flight.hung)
-                            else:
-                                idle.append(a)
-                            if _is_input_error(exc):
-                                failures[unit.unit_id] = message
-                            elif attempt < w.max_unit_attempts:
-                                queue.append((unit, attempt + 1))
-                            elif crashes.get(unit.unit_id, 0) and attempt < 2 * w.max_unit_attempts:
-                                row = self._find_crashing_row(a, unit, error_rows.get(unit.unit_id, {}))
-                                if row is None:
-                                    failures[unit.unit_id] = message
-                                else:
-                                    tqdm.write(f"unit {unit.unit_id}: row {row} crashes the actor", file=sys.stderr)
-                                    error_rows.setdefault(unit.unit_id, {})[row] = CRASHING_ROW
-                                    crashes[unit.unit_id] = 0
-                                    queue.append((unit, attempt + 1))
-                            else:
-                                failures[unit.unit_id] = message
-                            continue
-                        output.publish(result)
-                        results.append(result)
-                        committed_rows += result.num_rows
-                        commits += 1
-                        faults.after_commit(self.faults, commits)
+                        self._settle(run, run.inflight.pop(ref), ref, output)
                     snapshot = self._progress()
-                    self._watch(inflight, snapshot, w.unit_timeout_s)
-                    in_flight_rows = sum(max(0, snapshot[f.actor][0] - f.start[0]) for f in inflight.values())
-                    bar.n = min(total_rows, committed_rows + in_flight_rows)
-                    elapsed = time.perf_counter() - started
-                    bar.set_postfix(tok_s=f"{sum(g for _, g in snapshot) / elapsed:.1f}")
-                    bar.refresh()
+                    self._watch(run.inflight, snapshot, self.config.workers.unit_timeout_s)
+                    _show_progress(bar, run, snapshot, time.perf_counter() - started)
             finally:
                 bar.close()
-        return results, failures
+        return run.results, run.failures
+
+    def _dispatch(self, run: _Run, output: OutputFolder, snapshot: list[tuple[int, int]]) -> None:
+        """Hand queued units to idle actors, those back from a restart included."""
+        run.idle.extend(self._recovered(run.recovering))
+        while run.queue and run.idle:
+            unit, attempt = run.queue.popleft()
+            a = run.idle.pop(0)
+            ref = self.actors[a].run_unit.remote(
+                unit,
+                attempt,
+                output.staged_url(unit.unit_id),
+                output.batch_log_url(unit.unit_id, attempt),
+                run.error_rows.get(unit.unit_id, {}),
+            )
+            run.inflight[ref] = _Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic())
+
+    def _settle(self, run: _Run, flight: _Flight, ref: ray.ObjectRef, output: OutputFolder) -> None:
+        """An attempt ended: commit what it staged, or decide what its failure means."""
+        try:
+            result: UnitResult = ray.get(ref)
+        except (RayActorError, RayTaskError) as exc:
+            self._attempt_failed(run, flight, exc)
+            return
+        run.idle.append(flight.actor)
+        output.publish(result)
+        run.results.append(result)
+        run.committed_rows += result.num_rows
+        run.commits += 1
+        faults.after_commit(self.faults, run.commits)
+
+    def _attempt_failed(self, run: _Run, flight: _Flight, exc: RayActorError | RayTaskError) -> None:
+        """Retry the unit, look for a row that crashes the actor, or fail the unit: an input error
+        fails it at once; after `workers.max_unit_attempts` attempts, a unit whose attempts killed
+        their actor gets as many more, each after a search that turns the crashing row into an
+        error row; any other unit fails."""
+        unit, attempt, a = flight.unit, flight.attempt, flight.actor
+        message = "no progress for workers.unit_timeout_s" if flight.hung else _cause(exc)
+        tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
+        if isinstance(exc, RayActorError):  # Ray restarts it; no work until it is back
+            run.recovering[a] = self.actors[a].ready.remote()
+            run.crashes[unit.unit_id] = run.crashes.get(unit.unit_id, 0) + (not flight.hung)
+        else:
+            run.idle.append(a)
+        max_attempts = self.config.workers.max_unit_attempts
+        if _is_input_error(exc):
+            run.failures[unit.unit_id] = message
+        elif attempt < max_attempts:
+            run.queue.append((unit, attempt + 1))
+        elif run.crashes.get(unit.unit_id, 0) and attempt < 2 * max_attempts:
+            row = self._find_crashing_row(a, unit, run.error_rows.get(unit.unit_id, {}))
+            if row is None:
+                run.failures[unit.unit_id] = message
+            else:
+                tqdm.write(f"unit {unit.unit_id}: row {row} crashes the actor", file=sys.stderr)
+                run.error_rows.setdefault(unit.unit_id, {})[row] = CRASHING_ROW
+                run.crashes[unit.unit_id] = 0
+                run.queue.append((unit, attempt + 1))
+        else:
+            run.failures[unit.unit_id] = message
 
     def _watch(self, inflight: dict[ray.ObjectRef, _Flight], snapshot: list[tuple[int, int]], timeout_s: float) -> None:
         """Heartbeats: an attempt's actor finishing batches is alive; one silent past `timeout_s` is
@@ -483,6 +524,14 @@ class ActorPool:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
+
+
+def _show_progress(bar: tqdm, run: _Run, snapshot: list[tuple[int, int]], elapsed_s: float) -> None:
+    """Rows committed plus rows the attempts in flight have finished, and the actors' tokens/s."""
+    in_flight_rows = sum(max(0, snapshot[f.actor][0] - f.start[0]) for f in run.inflight.values())
+    bar.n = min(bar.total, run.committed_rows + in_flight_rows)
+    bar.set_postfix(tok_s=f"{sum(g for _, g in snapshot) / elapsed_s:.1f}")
+    bar.refresh()
 
 
 def _init_ray(address: str) -> None:

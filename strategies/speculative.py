@@ -76,6 +76,14 @@ class SpeculativeStrategy:
         self.want_states = any(d.proposer.wants_states for d in drafters)
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
+        run = self._open(requests, params)
+        while run.batch.active:
+            self._step(run)
+        return self._output(run)
+
+    def _open(self, requests: list[RowRequest], params: GenerationParams) -> _Decoding:
+        """Prefill the batch, tell the controller which drafters it may plan, and start those that
+        learn from every batch. A drafter whose rule cannot verify at these settings fails the batch."""
         for d in self.drafters.values():
             refusal = d.rule.refusal(greedy=params.sampling.greedy, trees=d.trees)
             if refusal is not None:
@@ -85,46 +93,53 @@ class SpeculativeStrategy:
             emitted_by=[dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests],
             live={n: d for n, d in self.drafters.items() if params.sampling.greedy or not d.greedy_only},
         )
+        batch_size = len(run.batch.active)
+        if not batch_size:
+            return run
+        if self.controller is not None:
+            limits = {name: DraftLimits(d.max_depth, d.max_nodes, d.trees) for name, d in run.live.items()}
+            self.controller.start_batch(limits, batch_size)
+        # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
+        # costs nothing; one that learns from every batch starts at once while the controller
+        # thinks it may pay, so that it keeps learning while off.
+        for name, d in list(run.live.items()):
+            if d.learns and (self.controller is None or self.controller.worth_learning(name, batch_size)):
+                self._start(run, d)
+        return run
+
+    def _step(self, run: _Decoding) -> None:
+        """One step as planned: draft and verify, or plain steps where nothing is drafted or it failed."""
         batch = run.batch
-        if batch.active:
-            if self.controller is not None:
-                limits = {name: DraftLimits(d.max_depth, d.max_nodes, d.trees) for name, d in run.live.items()}
-                self.controller.start_batch(limits, len(batch.active))
-            # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
-            # costs nothing; one that learns from every batch starts at once while the controller
-            # thinks it may pay, so that it keeps learning while off.
-            for name, d in list(run.live.items()):
-                if d.learns and (self.controller is None or self.controller.worth_learning(name, len(batch.active))):
-                    self._start(run, d)
-        while batch.active:
-            plan = self._plan(run.live, len(batch.active))
-            drafter = run.live.get(plan.drafter)
-            if drafter is not None and drafter.name not in run.started and not self._start(run, drafter):
-                drafter = None
-            if drafter is None:
-                self._plain(run, plan.steps)
-                continue
-            began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
-            context = ProposalContext(
-                generated=[len(batch.outputs[i]) for i in batch.active],
-                budgets=[
-                    0 if row in plan.rows_off else self._room(requests[i], batch.outputs[i], params, plan.depth)
-                    for row, i in enumerate(batch.active)
-                ],
-                max_nodes=plan.nodes,
-            )
-            if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
-                self._plain(run, 1)
-                continue
-            drafts = self._drafts(run, drafter, context)
-            if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
-                self._plain(run, 1, billed_to=drafter.name, overhead_s=time.perf_counter() - began)
-                continue
-            verdicts = self._speculate(run, drafter, drafts, context)
-            if verdicts is None:  # the verify forward raised; the cache is as before the step
-                self._plain(run, 1)
-                continue
-            self._drafted(run, drafter.name, drafts, verdicts, began)
+        plan = self._plan(run.live, len(batch.active))
+        drafter = run.live.get(plan.drafter)
+        if drafter is not None and drafter.name not in run.started and not self._start(run, drafter):
+            drafter = None
+        if drafter is None:
+            self._plain(run, plan.steps)
+            return
+        began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
+        context = ProposalContext(
+            generated=[len(batch.outputs[i]) for i in batch.active],
+            budgets=[
+                0 if row in plan.rows_off else self._room(batch, i, plan.depth) for row, i in enumerate(batch.active)
+            ],
+            max_nodes=plan.nodes,
+        )
+        if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
+            self._plain(run, 1)
+            return
+        drafts = self._drafts(run, drafter, context)
+        if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
+            self._plain(run, 1, billed_to=drafter.name, overhead_s=time.perf_counter() - began)
+            return
+        verdicts = self._speculate(run, drafter, drafts, context)
+        if verdicts is None:  # the verify forward raised; the cache is as before the step
+            self._plain(run, 1)
+            return
+        self._drafted(run, drafter.name, drafts, verdicts, began)
+
+    def _output(self, run: _Decoding) -> BatchOutput:
+        batch = run.batch
         # A fixed strategy whose drafter could not run at all (greedy-only, sampling) decoded plainly.
         fixed = self.name if run.live or run.started else AUTOREGRESSIVE
         rows = [
@@ -266,9 +281,10 @@ class SpeculativeStrategy:
                 self.controller.drafter_failed(name, f"proposer raised {type(exc).__name__}")
             return False
 
-    def _room(self, request: RowRequest, output: list[int], params: GenerationParams, depth: int) -> int:
-        """Draft tokens that can still be emitted: a step emits them plus one target token."""
-        room = min(params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
+    def _room(self, batch: Batch, i: int, depth: int) -> int:
+        """Draft tokens request `i` can still emit, at most `depth`: a step emits them plus one target token."""
+        request, output = batch.requests[i], batch.outputs[i]
+        room = min(batch.params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
         return max(0, min(depth, room))
 
     def _drafts(self, run: _Decoding, drafter: Drafter, context: ProposalContext) -> list[Draft]:

@@ -173,18 +173,29 @@ class Generator:
         self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]
     ) -> tuple[dict[str, list], list[dict]]:
         """Output columns for every input row (input order), and one throughput record per batch."""
-        spec = self.spec
         n = table.num_rows
-        prompts = table.column(spec.prompt_column).to_pylist()
-        if spec.id_column:
-            row_ids = row_ids_of_id_column(table.column(spec.id_column)).to_pylist()
-        else:
-            row_ids = [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(n)]
         columns: dict[str, list] = {name: [None] * n for name in OUTPUT_SCHEMA.names}
-        columns["row_id"], columns["finish_reason"] = row_ids, [FINISH_ERROR] * n
-        for name in spec.keep_columns:
+        columns["row_id"], columns["finish_reason"] = self._row_ids(table, unit), [FINISH_ERROR] * n
+        for name in self.spec.keep_columns:
             columns[name] = table.column(name).to_pylist()
+        token_ids = self._tokenize(table.column(self.spec.prompt_column).to_pylist(), error_rows, columns)
+        by_strategy = self._strategy_per_row(table, token_ids, columns)
+        records = [
+            self._decode_batch(name, batch, token_ids, columns, unit, attempt)
+            for name, batch in self._batches(by_strategy, token_ids)
+        ]
+        with self._lock:
+            self._rows_done += n - len(token_ids)
+        return columns, records
 
+    def _row_ids(self, table: pa.Table, unit: WorkUnit) -> list[str]:
+        if self.spec.id_column:
+            return row_ids_of_id_column(table.column(self.spec.id_column)).to_pylist()
+        return [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(table.num_rows)]
+
+    def _tokenize(self, prompts: list, error_rows: dict[int, str], columns: dict[str, list]) -> dict[int, list[int]]:
+        """Token ids of the rows to decode, by row index; the others get their error (`error_rows`,
+        a bad prompt, one too long for the model) in `columns`."""
         decodable: list[int] = []
         for i, prompt in enumerate(prompts):
             problem = error_rows.get(i) or prompt_problem(prompt)
@@ -200,50 +211,54 @@ class Generator:
                 columns["error"][i] = too_long_message(len(ids), self.runner.max_context)
             else:
                 token_ids[i] = ids
+        return token_ids
 
-        by_strategy = self._strategy_per_row(table, token_ids, columns)
-        records = []
-        for name, batch in self._batches(by_strategy, token_ids):
-            requests = [RowRequest(token_ids[i], row_key(row_ids[i]), self.stop_strings.for_row()) for i in batch]
-            faults.before_batch(self.faults, unit.unit_id, attempt, batch, [row_ids[i] for i in batch])
-            began = time.perf_counter()
-            result = self._strategy(name).generate(requests, self.params)
-            wall_s = time.perf_counter() - began
-            generated = 0
-            for i, row in zip(batch, result.rows, strict=True):
-                columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(spec.stop))
-                columns["finish_reason"][i] = row.finish_reason
-                columns["num_generated_tokens"][i] = len(row.tokens)
-                columns["strategy"][i] = row.strategy or result.strategy
-                columns["mean_exit_layer"][i] = row.mean_exit_layer
-                generated += len(row.tokens)
-            with self._lock:
-                self._rows_done += len(batch)
-                self._generated += generated
-            records.append(
-                {
-                    "job_id": spec.job_id,
-                    "unit_id": unit.unit_id,
-                    "attempt": attempt,
-                    "actor": self.actor,
-                    "device": str(self.device),
-                    "strategy": result.strategy,
-                    "batch_size": len(batch),
-                    "prompt_tokens": sum(len(r.prompt) for r in requests),
-                    "generated_tokens": generated,
-                    "target_forwards": result.target_forwards,
-                    "rows_at_length": sum(r.finish_reason == FINISH_LENGTH for r in result.rows),
-                    "repetition_rate": round(sum(repetition_rate(r.tokens) for r in result.rows) / len(batch), 4),
-                    "wall_s": round(wall_s, 6),
-                    "tokens_per_s": round(generated / wall_s, 3) if wall_s > 0 else None,
-                    "time": time.time(),
-                    **result.stats,
-                    "switches": self.controller.drain_events() if self.controller is not None else [],
-                }
-            )
+    def _decode_batch(
+        self,
+        name: str,
+        batch: list[int],
+        token_ids: dict[int, list[int]],
+        columns: dict[str, list],
+        unit: WorkUnit,
+        attempt: int,
+    ) -> dict[str, Any]:
+        """Decode rows `batch` with strategy `name` into `columns`; returns the batch's throughput record."""
+        row_ids = columns["row_id"]
+        requests = [RowRequest(token_ids[i], row_key(row_ids[i]), self.stop_strings.for_row()) for i in batch]
+        faults.before_batch(self.faults, unit.unit_id, attempt, batch, [row_ids[i] for i in batch])
+        began = time.perf_counter()
+        result = self._strategy(name).generate(requests, self.params)
+        wall_s = time.perf_counter() - began
+        generated = 0
+        for i, row in zip(batch, result.rows, strict=True):
+            columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(self.spec.stop))
+            columns["finish_reason"][i] = row.finish_reason
+            columns["num_generated_tokens"][i] = len(row.tokens)
+            columns["strategy"][i] = row.strategy or result.strategy
+            columns["mean_exit_layer"][i] = row.mean_exit_layer
+            generated += len(row.tokens)
         with self._lock:
-            self._rows_done += n - len(token_ids)
-        return columns, records
+            self._rows_done += len(batch)
+            self._generated += generated
+        return {
+            "job_id": self.spec.job_id,
+            "unit_id": unit.unit_id,
+            "attempt": attempt,
+            "actor": self.actor,
+            "device": str(self.device),
+            "strategy": result.strategy,
+            "batch_size": len(batch),
+            "prompt_tokens": sum(len(r.prompt) for r in requests),
+            "generated_tokens": generated,
+            "target_forwards": result.target_forwards,
+            "rows_at_length": sum(r.finish_reason == FINISH_LENGTH for r in result.rows),
+            "repetition_rate": round(sum(repetition_rate(r.tokens) for r in result.rows) / len(batch), 4),
+            "wall_s": round(wall_s, 6),
+            "tokens_per_s": round(generated / wall_s, 3) if wall_s > 0 else None,
+            "time": time.time(),
+            **result.stats,
+            "switches": self.controller.drain_events() if self.controller is not None else [],
+        }
 
     def _strategy_per_row(
         self, table: pa.Table, token_ids: dict[int, list[int]], columns: dict[str, list]
