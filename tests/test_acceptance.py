@@ -66,22 +66,45 @@ def test_rejection_chain_on_literal_numbers():
     assert rejected.tokens == [0] and rejected.path == []
 
 
-def test_speculative_sampling_preserves_the_target_distribution():
-    """Chi-square over 20000 trials of a 2-token chain on a 4-token vocabulary with known p and q."""
-    torch.manual_seed(0)
-    p = torch.tensor([[0.1, 0.4, 0.3, 0.2], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
-    q = torch.tensor([[0.4, 0.1, 0.1, 0.4], [0.1, 0.6, 0.2, 0.1]], dtype=torch.float64)
-    trials = 20000
-    counts = torch.zeros(4, dtype=torch.float64)
-    for _ in range(trials):
-        first = int(torch.multinomial(q[0], 1))
-        second = int(torch.multinomial(q[1], 1))
-        u = torch.rand(5, dtype=torch.float64)
-        verdict = rejection_chain(Draft.chain([first, second], probs=q), p, u[:2], u[2:4], float(u[4]))
-        counts[verdict.tokens[0]] += 1  # the first emitted token must follow p[0]
-    expected = p[0] * trials
+def test_speculative_sampling_preserves_the_target_distribution_along_the_whole_chain():
+    """Chi-square over 8000 steps of a 2-token chain and its bonus, on a 3-token vocabulary, where the
+    target's and the draft's distributions at each position depend on the tokens before it.
+
+    A step emits 1 to 3 tokens; the rest of the 3 are then drawn from the target itself, as the next
+    steps would. The joint of the 3 tokens must be the target's: p0(x1) p1(x2 | x1) p2(x3 | x1, x2).
+    """
+    generator = torch.Generator().manual_seed(0)
+
+    def distributions(*shape: int) -> torch.Tensor:
+        weights = torch.rand(*shape, 3, generator=generator, dtype=torch.float64) + 0.2
+        return weights / weights.sum(-1, keepdim=True)
+
+    p0, p1, p2 = distributions(), distributions(3), distributions(3, 3)  # target, given the tokens before
+    q0, q1 = distributions(), distributions(3)  # draft, given the tokens before
+
+    def draw(probs: torch.Tensor, u: float) -> int:
+        """The token whose share of [0, 1) holds `u`."""
+        return sum(u >= c for c in probs.cumsum(0)[:-1].tolist())
+
+    # Per drafted prefix: the target at each slot of the chain [3, V], and the draft's [2, V].
+    p = {(a, b): torch.stack([p0, p1[a], p2[a, b]]) for a in range(3) for b in range(3)}
+    q = {a: torch.stack([q0, q1[a]]) for a in range(3)}
+    trials = 8000  # the least likely of the 27 outcomes is still expected 95 times
+    uniforms = torch.rand(trials, 9, generator=generator, dtype=torch.float64)
+    counts = torch.zeros(3, 3, 3, dtype=torch.float64)
+    for u in uniforms:
+        first = draw(q0, float(u[0]))
+        second = draw(q1[first], float(u[1]))
+        draft = Draft.chain([first, second], q[first])
+        tokens = rejection_chain(draft, p[first, second], u[2:4], u[4:6], float(u[6])).tokens
+        if len(tokens) < 2:
+            tokens.append(draw(p1[tokens[0]], float(u[7])))
+        if len(tokens) < 3:
+            tokens.append(draw(p2[tokens[0], tokens[1]], float(u[8])))
+        counts[tuple(tokens)] += 1
+    expected = p0[:, None, None] * p1[:, :, None] * p2 * trials
     chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 16.27, (chi2, counts)  # 3 degrees of freedom, p = 0.001
+    assert chi2 < 54.05, (chi2, counts)  # 26 degrees of freedom, p = 0.001
 
 
 def test_typical_walk_on_literal_distributions():
