@@ -101,13 +101,39 @@ def test_specdec(target, random_draft):
     proposer = DraftModelProposer(random_draft, target.vocab_size)
     exact = _spec("specdec", target, proposer, Relaxed(top_beta=1, tolerance=0.0))
     assert _tokens(exact, PROMPTS, params) == reference
-    # From the same state (one step, the same drafts), β > 1 accepts at least as many tokens.
+    # From the same state (one step, the same drafts), β > 1 accepts at least as many tokens...
     one_step = _params(K + 1)
     strict = exact.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"]
     loose = _spec("specdec", target, proposer, Relaxed(top_beta=4, tolerance=3.0))
     assert loose.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"] >= strict
+    # ...and strictly more when a draft's token is the target's runner-up: exact matching rejects
+    # it, β = 2 accepts it, and the step goes on from there.
+    runner_up = RunnerUpProposer(target, PROMPTS, reference)
+    relaxed = _spec("specdec", target, runner_up, Relaxed(top_beta=2, tolerance=100.0))
+    rows = relaxed.generate(_requests(PROMPTS), _params(3))
+    assert rows.stats["accepted_tokens"] == len(PROMPTS)
+    pairs = zip(reference, runner_up.tokens, strict=True)
+    assert [r.tokens[:2] for r in rows.rows] == [[ref[0], t] for ref, t in pairs]
+    exact = _spec("specdec", target, RunnerUpProposer(target, PROMPTS, reference), Relaxed(top_beta=1))
+    assert exact.generate(_requests(PROMPTS), _params(3)).stats["accepted_tokens"] == 0
     with pytest.raises(ValueError, match="temperature=0"):
         exact.generate(_requests(PROMPTS), _params(temperature=1.0))
+
+
+class RunnerUpProposer(ScriptedProposer):
+    """Drafts, at its first call, each row's second most likely token after its first greedy one."""
+
+    def __init__(self, target: ModelRunner, prompts: list[list[int]], reference: list[list[int]]):
+        super().__init__(reference, target.vocab_size)
+        self.tokens = []
+        for prompt, ref in zip(prompts, reference, strict=True):
+            with torch.inference_mode():
+                logits = target.model(torch.tensor([[*prompt, ref[0]]])).logits[0, -1]
+            self.tokens.append(int(logits.topk(2).indices[1]))
+
+    def propose(self, context):
+        self.calls += 1
+        return [Draft.chain([self.tokens[row]] if self.calls == 1 else []) for row in self.rows]
 
 
 def test_seeded_sampling_is_deterministic_and_independent_of_the_batch(target, random_draft):
