@@ -40,9 +40,27 @@ def test_tokenizer_round_trips_and_the_models_agree_on_it():
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
     assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
-    model = AutoModelForCausalLM.from_pretrained(SHIPPED_TARGET)
+
+
+CODE = (
+    "def mean(values):\n"
+    '    """The arithmetic mean of a non-empty list."""\n'
+    "    total = 0\n"
+    "    for value in values:\n"
+    "        total += value\n"
+    "    return total / len(values)\n"
+)
+
+
+@pytest.mark.parametrize("path", [SHIPPED_TARGET, SHIPPED_DRAFT], ids=["target", "draft"])
+def test_the_models_have_learned_python(path):
+    """Far below a uniform guess's ln(8192) = 9.0 nats a token on ordinary code (the card's held-out
+    losses: 3.5 and 4.2), and a function's header is continued by its indented body."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids = torch.tensor([tokenizer(CODE)["input_ids"]])
     with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([tokenizer("def add(a, b):")["input_ids"]]), max_new_tokens=8, do_sample=False
-        )
-    assert out.shape[1] > 1
+        assert float(model(ids, labels=ids).loss) < 4.5
+        prompt = torch.tensor([tokenizer("def add(a, b):")["input_ids"]])
+        out = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert tokenizer.decode(out[0, prompt.shape[1] :]).startswith("\n    ")
