@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +20,10 @@ from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from pipeline.verify import verify
+from strategies.autoregressive import AutoregressiveStrategy
+from strategies.base import GenerationParams, RowRequest
+from strategies.runner import ModelRunner
+from strategies.sampling import SamplingParams, filtered_probs, row_key
 from workers.contract import derived_row_id, part_name, unit_id
 
 GOOD = [
@@ -196,10 +201,6 @@ def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_di
     assert {r["strategy"] for r in rows if r["finish_reason"] != "error"} == {"speculative"}
     metrics = {"draft_tokens", "accepted_tokens", "acceptance_by_position", "tau", "tau_by_drafter"}
     assert all(metrics <= set(r) for r in _read_logs(tmp_path / "spec"))
-
-    sampled = _config(tmp_path, tiny_model_dir, *spec, "generation.temperature=0.8", f"output.url={tmp_path / 's'}")
-    assert run_job(sampled).status == "succeeded"
-    assert len(_read_output(tmp_path / "s")) == len(rows)
     with pytest.raises(JobError, match="needs a draft model"):
         run_job(
             _config(
@@ -210,6 +211,107 @@ def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_di
                 f"output.url={tmp_path / 'x'}",
             )
         )
+
+
+def test_sampled_retrieval_drafters_emit_the_targets_own_keyed_samples(tmp_path, tiny_model_dir):
+    """Prompt lookup and Lookahead verify by the target's own keyed draw: a sampled row is the row
+    plain decoding samples, token for token, whichever drafter ran and whatever it drafted."""
+    (tmp_path / "in").mkdir()
+    prompts = [p * 3 for p in GOOD if len(p) < 30]  # repeated text: the retrieval drafters find drafts
+    how = ["prompt_lookup", "lookahead", "prompt_lookup", "lookahead", "prompt_lookup"]
+    ids = [f"r{i}" for i in range(len(prompts))]
+    pq.write_table(pa.table({"id": ids, "prompt": prompts, "how": how}), tmp_path / "in" / "a.parquet")
+    sampling = SamplingParams(temperature=0.8, top_k=20, seed=7)
+    config = _config(
+        tmp_path,
+        tiny_model_dir,
+        "input.keep_columns=[]",
+        "input.strategy_column=how",
+        "model.draft=null",
+        "strategy.adaptive=false",
+        f"generation.temperature={sampling.temperature}",
+        f"generation.top_k={sampling.top_k}",
+        f"generation.seed={sampling.seed}",
+    )
+    assert run_job(config).status == "succeeded"
+    rows = {r["row_id"]: r for r in _read_output(tmp_path / "out").to_pylist()}
+    assert [rows[i]["strategy"] for i in ids] == how
+    assert sum(r["accepted_tokens"] for r in _read_logs(tmp_path / "out")) > 0  # drafts were accepted
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    plain = AutoregressiveStrategy(
+        ModelRunner(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64))
+    )
+    requests = [RowRequest(tokenizer(p)["input_ids"], row_key(i)) for p, i in zip(prompts, ids, strict=True)]
+    params = GenerationParams(12, sampling, frozenset(), ignore_eos=True)
+    samples = [tokenizer.decode(r.tokens, skip_special_tokens=True) for r in plain.generate(requests, params).rows]
+    assert [rows[i]["completion"] for i in ids] == samples
+
+
+def test_sampled_speculative_job_keeps_the_targets_distribution(tmp_path, tiny_model_dir, tiny_draft_dir):
+    """Speculative sampling with a draft model draws other samples than plain decoding, from the same
+    distribution: 600 rows of one prompt, 3 tokens each among the target's top 3, against the
+    target's exact probabilities of each completion (chi-square)."""
+    (tmp_path / "in").mkdir()
+    n, prompt = 600, "def add(a, b):"
+    table = pa.table({"id": [f"r{i}" for i in range(n)], "prompt": [prompt] * n})
+    pq.write_table(table, tmp_path / "in" / "a.parquet")
+    sampling = SamplingParams(temperature=1.0, top_k=3, seed=11)
+    config = _config(
+        tmp_path,
+        tiny_model_dir,
+        "input.keep_columns=[]",
+        f"input.rows_per_unit={n}",
+        "workers.batch_size=200",
+        "generation.max_new_tokens=3",  # the prefill's token, then a verified draft token and the next
+        f"model.draft={tiny_draft_dir}",
+        "strategy.name=speculative",
+        "strategy.adaptive=false",
+        f"generation.temperature={sampling.temperature}",
+        f"generation.top_k={sampling.top_k}",
+        f"generation.seed={sampling.seed}",
+    )
+    assert run_job(config).status == "succeeded"
+    logs = _read_logs(tmp_path / "out")
+    drafted, accepted = sum(r["draft_tokens"] for r in logs), sum(r["accepted_tokens"] for r in logs)
+    assert drafted == n and 0 < accepted < n  # the draft is right only sometimes: both paths are taken
+
+    expected = _completion_probabilities(tiny_model_dir, prompt, sampling, length=3)
+    observed = Counter(r["completion"] for r in _read_output(tmp_path / "out").to_pylist())
+    assert set(observed) <= set(expected)
+    # Completions expected fewer than 5 times are pooled, as a chi-square test needs.
+    rare = [text for text, p in expected.items() if p * n < 5]
+    cells = [([text], p) for text, p in expected.items() if p * n >= 5] + [(rare, sum(expected[t] for t in rare))]
+    cells = [(texts, p) for texts, p in cells if p > 0]
+    chi2 = sum((sum(observed[t] for t in texts) - p * n) ** 2 / (p * n) for texts, p in cells)
+    assert chi2 < _chi2_critical(len(cells) - 1), (chi2, observed, expected)
+
+
+def _completion_probabilities(model_dir: Path, prompt: str, sampling: SamplingParams, length: int) -> dict[str, float]:
+    """The target's exact probability of each completion text of `length` tokens (texts of several
+    token sequences add up), enumerating every sequence of tokens the sampling filter leaves."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    sequences = {(): 1.0}
+    prefix = tokenizer(prompt)["input_ids"]
+    for _ in range(length):
+        grown = {}
+        with torch.inference_mode():
+            logits = model(torch.tensor([[*prefix, *s] for s in sequences])).logits[:, -1]
+        for (sequence, p), probs in zip(sequences.items(), filtered_probs(logits, sampling), strict=True):
+            for token in probs.nonzero().flatten().tolist():
+                grown[(*sequence, token)] = p * float(probs[token])
+        sequences = grown
+    texts: Counter[str] = Counter()
+    for sequence, p in sequences.items():
+        texts[tokenizer.decode(list(sequence), skip_special_tokens=True)] += p
+    return dict(texts)
+
+
+def _chi2_critical(dof: int) -> float:
+    """The chi-square value exceeded with probability 0.001 (Wilson-Hilferty, within 1% from 5 degrees of freedom)."""
+    z = 3.0902  # the standard normal's 0.999 quantile
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
 
 
 def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_dir, tiny_draft_dir):
@@ -246,7 +348,17 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
     assert run_job(auto).status == "succeeded"
     rows = _read_output(tmp_path / "auto").to_pylist()
     assert {r["row_id"]: r["completion"] for r in rows} == greedy
-    assert all("switches" in r for r in _read_logs(tmp_path / "auto"))
+    # auto tried drafters on its own, among the lossless ones whose models the job has (no heads, no exits),
+    # and its records account for every target forward.
+    logs = _read_logs(tmp_path / "auto")
+    steps = Counter()
+    for record in logs:
+        steps.update(record["steps_by_drafter"])
+    candidates = {"speculative", "prompt_lookup", "lookahead", "jacobi"}
+    assert set(steps) - {"autoregressive"} and set(steps) <= candidates | {"autoregressive"}
+    assert sum(steps.values()) == sum(r["target_forwards"] for r in logs)
+    assert {r["strategy"] for r in rows} <= candidates | {"autoregressive"}
+    assert all({"from", "to", "reason"} <= set(e) for r in logs for e in r["switches"])
 
 
 def test_output_inside_the_input_folder_across_reruns_and_resumes(tmp_path, tiny_model_dir):
