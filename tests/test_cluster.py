@@ -58,7 +58,7 @@ def three_node_cluster():
     cluster.shutdown()
 
 
-def test_a_node_removed_mid_job(tmp_path, tiny_model_dir, three_node_cluster, monkeypatch):
+def test_a_node_removed_mid_job(tmp_path, tiny_model_dir, three_node_cluster, monkeypatch, capsys):
     cluster, workers = three_node_cluster
     (tmp_path / "in").mkdir()
     prompts = [f"def f{i}(x):" for i in range(16)]
@@ -84,3 +84,7 @@ def test_a_node_removed_mid_job(tmp_path, tiny_model_dir, three_node_cluster, mo
     job.join(timeout=300)
     assert outcome["result"].status == "succeeded"
     assert verify(str(tmp_path / "out"), str(tmp_path / "in"), {}).ok
+    # The unit whose actor died was retried, and its second attempt is the one committed.
+    attempts = [json.loads(p.read_text())["attempt"] for p in (tmp_path / "out" / "_commits").iterdir()]
+    assert len(attempts) == 8 and max(attempts) == 2
+    assert "attempt 1 failed" in capsys.readouterr().err

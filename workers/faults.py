@@ -3,7 +3,8 @@
 The plan names where to fail, so tests reproduce real failures at chosen points:
 
     {"exit_at_row":  {"unit": "00001-00000", "row": 3, "attempts": [1]},   # os._exit mid-unit
-     "hang_at_row":  {"unit": "00000-00000", "row": 0, "attempts": [1]},   # stop making progress
+     "hang_at_row":  {"unit": "00000-00000", "row": 0, "attempts": [1],    # stop making progress
+                      "seconds": 120},                                     # (default: an hour)
      "exit_after_upload": {"unit": "00000-00000", "attempts": [1]},        # staged, not returned
      "crash_row_id": "a.parquet#5",                                        # every attempt dies on it
      "batch_sleep_s": 0.5,                                                 # slow decoding down
@@ -41,7 +42,7 @@ def before_batch(faults: dict[str, Any], unit_id: str, attempt: int, rows: list[
     if _hit(exit_at, unit_id, attempt) and exit_at["row"] in rows:
         os._exit(1)
     if _hit(hang_at, unit_id, attempt) and hang_at["row"] in rows:
-        time.sleep(3600)
+        time.sleep(hang_at.get("seconds", 3600))
     if faults.get("crash_row_id") in row_ids:
         os._exit(1)
 
