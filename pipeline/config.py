@@ -65,6 +65,11 @@ class ModelConfig:
         "Exit heads at intermediate layers of the target (`accelgen train exits`) for self_speculative and calm: "
         "folder or URL.",
     )
+    cmlm: str | None = option(
+        None,
+        "Conditional masked LM distilled from the target (`accelgen train cmlm`) for mask_predict, and for "
+        "speculative/specdec with drafter=cmlm: folder or URL.",
+    )
     dtype: str = option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
     trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
     cache_dir: str = option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")

@@ -32,6 +32,7 @@ from strategies import registry
 from workers import faults
 from workers.generator import Generator, UnitInputError
 from workers.model_loading import (
+    CMLM_CONFIG,
     EXITS_CONFIG,
     HEADS_CONFIG,
     check_trained_for_target,
@@ -107,12 +108,13 @@ def validate(config: JobConfig) -> None:
         problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
     problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0))
     for name in _strategies_named(config):
-        for model in sorted(registry.needs_models(name)):
+        for model in sorted(registry.needs_models(name, config.strategy)):
             if not getattr(config.model, model):
                 what = {
                     "draft": "a draft model",
                     "heads": "heads trained on the target",
                     "exits": "exit heads trained on the target",
+                    "cmlm": "a conditional masked LM (accelgen train cmlm)",
                 }[model]
                 problems.append(f"strategy.name={name} needs {what}: set model.{model}")
     if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
@@ -212,15 +214,15 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
 
 def _strategies_named(config: JobConfig) -> list[str]:
     """The strategy the job names; `auto` and a strategy column may use any."""
-    return [config.strategy.name] if config.strategy.name in registry.drafting() else []
+    return [] if config.strategy.name == registry.AUTO else [config.strategy.name]
 
 
 def _optional_models(config: JobConfig) -> list[str]:
-    """The optional models (`draft`, `heads`, `exits`) set and possibly used: loaded, and part of the
+    """The optional models (`draft`, `heads`, `exits`, `cmlm`) set and possibly used: loaded, and part of the
     job's identity, only then."""
     # A strategy column may name any strategy, as `auto` may use any drafter.
     name = registry.AUTO if config.input.strategy_column else config.strategy.name
-    wanted = registry.needs_models(name)
+    wanted = registry.needs_models(name, config.strategy)
     return sorted(m for m in wanted if getattr(config.model, m))
 
 
@@ -234,7 +236,9 @@ def _lossy(config: JobConfig) -> dict[str, str]:
 
 def _model_hash(url: str, key: str) -> str:
     try:
-        marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG}.get(key, "config.json")
+        marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG, "model.cmlm": CMLM_CONFIG}.get(
+            key, "config.json"
+        )
         return model_weights_hash(url, marker=marker)
     except FileNotFoundError as exc:
         raise JobError(f"{key}: {exc}") from None
@@ -260,6 +264,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         model_draft=config.model.draft if "draft" in _optional_models(config) else None,
         model_heads=config.model.heads if "heads" in _optional_models(config) else None,
         model_exits=config.model.exits if "exits" in _optional_models(config) else None,
+        model_cmlm=config.model.cmlm if "cmlm" in _optional_models(config) else None,
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         cache_dir=config.model.cache_dir,

@@ -34,6 +34,8 @@ class RowOutput:
     finish_reason: str  # FINISH_STOP | FINISH_LENGTH
     strategy: str | None = None  # what decoded the row when it differs from the batch's strategy
     mean_exit_layer: float | None = None  # early exit (calm): layers its tokens went through, on average
+    iterations: int | None = None  # mask_predict: CMLM passes over the row's blocks, all blocks together
+    block_lengths: list[int] | None = None  # mask_predict: the length chosen for each of the row's blocks
 
 
 @dataclass

@@ -44,6 +44,8 @@ OUTPUT_SCHEMA = pa.schema(
         ("num_generated_tokens", pa.int64()),
         ("strategy", pa.string()),
         ("mean_exit_layer", pa.float64()),  # early exit (calm): the row's mean exit layer; else null
+        ("iterations", pa.int64()),  # mask_predict: the CMLM passes the row took; else null
+        ("block_lengths", pa.list_(pa.int64())),  # mask_predict: the length chosen for each block; else null
     ]
 )
 
@@ -75,6 +77,7 @@ class Generator:
             draft_url=spec.model_draft,
             heads_url=spec.model_heads,
             exits_url=spec.model_exits,
+            cmlm_url=spec.model_cmlm,
             cache_dir=spec.cache_dir,
             trust_remote_code=spec.trust_remote_code,
         )
@@ -202,6 +205,8 @@ class Generator:
             "num_generated_tokens": [None] * n,
             "strategy": [None] * n,
             "mean_exit_layer": [None] * n,
+            "iterations": [None] * n,
+            "block_lengths": [None] * n,
         }
         for name in spec.keep_columns:
             columns[name] = table.column(name).to_pylist()
@@ -237,6 +242,8 @@ class Generator:
                 columns["num_generated_tokens"][i] = len(row.tokens)
                 columns["strategy"][i] = row.strategy or result.strategy
                 columns["mean_exit_layer"][i] = row.mean_exit_layer
+                columns["iterations"][i] = row.iterations
+                columns["block_lengths"][i] = row.block_lengths
                 generated += len(row.tokens)
             with self._lock:
                 self._rows_done += len(batch)

@@ -49,6 +49,7 @@ class WorkerSpec:
     input_storage_options: dict[str, Any] = field(default_factory=dict)
     output_storage_options: dict[str, Any] = field(default_factory=dict)
     model_exits: str | None = None
+    model_cmlm: str | None = None
 
 
 @dataclass
