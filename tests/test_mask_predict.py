@@ -7,13 +7,22 @@ drafter the CMLM is verified by the target, so `speculative` with it is greedy d
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from jobs.agreement import agreement, chrf, token_accuracy
+from jobs.bench import Bench, BenchConfig
 from jobs.train.cmlm import cmlm_from_target, cmlm_tokenizer_and_config
+from pipeline.config import load_config
+from pipeline.driver import run_job
+from pipeline.errors import JobError
 from strategies import registry
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
@@ -21,6 +30,7 @@ from strategies.cmlm import read_config, write_config
 from strategies.mask_predict import best_lanes, length_candidates, lowest, refine, remask_counts
 from strategies.options import StrategyOptions
 from strategies.sampling import SamplingParams
+from tests.job_config import job_config
 from tests.mixed_prompts import PROMPTS
 from workers.model_loading import load_models
 
@@ -194,3 +204,69 @@ def test_mask_predict_is_lossy_greedy_only_and_never_chosen_by_auto():
     assert registry.needs_models("specdec", options) == {"cmlm"}
     options.speculative.drafter = "nope"
     assert any("strategy.speculative.drafter" in p for p in registry.problems(options, greedy=True))
+
+
+def test_agreement_measures_on_literal_rows():
+    assert token_accuracy([1, 2, 3, 4], [1, 2, 9, 4]) == 0.75
+    assert token_accuracy([1, 2], [1, 2, 3, 4]) == 0.5  # missing tokens count as wrong
+    assert chrf("def f(x):", "def f(x):") == 100.0
+    assert chrf("abc", "xyz") == 0.0
+    shifted = chrf("return  x + 1", "return x+1")  # whitespace does not count
+    assert shifted == 100.0
+    partial = chrf("return x + 2", "return x + 1")
+    assert 50.0 < partial < 100.0
+    numbers = agreement([[1, 2], [3, 4]], [[1, 2], [3, 5]], ["ab", "cd"], ["ab", "ce"])
+    assert numbers["exact_match"] == 0.5 and numbers["token_accuracy"] == 0.75 and 0 < numbers["chrf"] < 100
+
+
+def test_bench_sweeps_mask_predict_passes_beside_the_target(tiny_model_dir: Path, cmlm_dir: Path, tmp_path: Path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "import os", "class A:"]) + "\n")
+    config = load_config(
+        BenchConfig(),
+        None,
+        [
+            f"prompts={prompts}",
+            f"model={tiny_model_dir}",
+            f"cmlm={cmlm_dir}",
+            "strategies=[autoregressive,mask_predict]",
+            "mask_predict_iterations=[1,3]",
+            "transformers=[]",
+            "batch_sizes=[2]",
+            "num_prompts=3",
+            "max_new_tokens=6",
+            "repeats=1",
+            "dtype=float64",
+        ],
+    )
+    rows = {r["contender"]: r for r in Bench(config).run()}
+    assert set(rows) == {"autoregressive", "mask_predict T=1", "mask_predict T=3"}
+    assert rows["autoregressive"]["agreement"] == {"exact_match": 1.0, "token_accuracy": 1.0, "chrf": 100.0}
+    assert all(0.0 <= rows[n]["agreement"]["token_accuracy"] < 1.0 for n in ("mask_predict T=1", "mask_predict T=3"))
+
+
+def test_mask_predict_job_records_each_rows_passes_and_lengths_and_is_lossy(tiny_model_dir, cmlm_dir, tmp_path):
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"prompt": ["def f(x):", "import os", "class A:"]}), tmp_path / "in" / "a.parquet")
+    common = ["model.dtype=float64", "generation.max_new_tokens=10", f"model.cmlm={cmlm_dir}"]
+    try:
+        with pytest.raises(JobError, match="temperature 0"):
+            run_job(
+                job_config(tmp_path, tiny_model_dir, *common, "strategy.name=mask_predict", "generation.temperature=1")
+            )
+        with pytest.raises(JobError, match="conditional masked LM"):
+            run_job(job_config(tmp_path, tiny_model_dir, "strategy.name=mask_predict"))
+        config = job_config(
+            tmp_path, tiny_model_dir, *common, "strategy.name=mask_predict", "strategy.mask_predict.iterations=3"
+        )
+        assert run_job(config).status == "succeeded"
+        rows = pq.read_table(tmp_path / "out").to_pylist()
+        assert {r["strategy"] for r in rows} == {"mask_predict"} and len(rows) == 3
+        for r in rows:
+            assert 1 <= r["iterations"] <= 3 * len(r["block_lengths"])
+            assert r["num_generated_tokens"] <= sum(r["block_lengths"])
+        manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+        assert "Mask-Predict" in manifest["lossy"]["mask_predict"]
+        assert "cmlm" in manifest["identity"]["model"]["weights_sha256"]
+    finally:
+        ray.shutdown()
