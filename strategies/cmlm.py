@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from strategies.kv_cache import RaggedKV
 from strategies.runner import ModelRunner
@@ -70,11 +71,13 @@ def write_config(directory: Path, config: CMLMConfig) -> None:
 
 
 @dataclass
-class BlockLogits:
-    """What one CMLM forward read out (float32 log-probabilities)."""
+class BlockRead:
+    """What one CMLM forward read out."""
 
-    lengths: torch.Tensor  # [B, L] log p(length = n + 1) at the LENGTH marker
-    block: torch.Tensor | None  # [B, W, V] log p over the content vocabulary at y_1 … y_W; None without a block
+    lengths: torch.Tensor  # [B, L] float32 log p(length = n + 1) at the LENGTH marker
+    # [B, W, H] the final states (what the LM head reads) at y_1 … y_W; None without a block. The head
+    # runs only where a caller needs tokens (`token_logprobs`): most of a refinement pass's are kept.
+    states: torch.Tensor | None
 
 
 class CMLM:
@@ -88,6 +91,7 @@ class CMLM:
             )
         self.runner = runner
         self.config = config
+        self.head = runner.model.get_output_embeddings().weight  # [V', H]
 
     @property
     def max_length(self) -> int:
@@ -96,7 +100,8 @@ class CMLM:
     def new_kv(self, batch_size: int) -> RaggedKV:
         return self.runner.new_kv(batch_size)
 
-    def read(self, kv: RaggedKV, feeds: list[list[int]], blocks: list[list[int]] | None = None) -> BlockLogits:
+    @torch.inference_mode()
+    def read(self, kv: RaggedKV, feeds: list[list[int]], blocks: list[list[int]] | None = None) -> BlockRead:
         """Append each row's `feeds` tokens to its cached context (kept), then read LENGTH and, when
         `blocks` is given, each row's block `[<len_N>, y_1 … y_N]` (y: tokens or the mask id) over it;
         the LENGTH and block slots are dropped again, so `kv` holds the contexts only.
@@ -126,12 +131,25 @@ class CMLM:
         ids, valid = ids.to(runner.device), valid.to(runner.device)
         positions = kv.next_pos[:, None] + (valid.long().cumsum(dim=1) - 1).clamp(min=0)
         kept = kv.num_slots + f
-        out = runner.forward(kv, ids, positions, valid, attend.to(runner.device).expand(b, width, width))
+        attend = attend.to(runner.device).expand(b, width, width)
+        out = runner.forward(kv, ids, positions, valid, attend, logits_to_keep=1, want_hidden=True)
         kv.truncate(kept)
-        logits = out.logits.float()  # [B, width, V]
         first = c.first_length_token_id
-        lengths = torch.log_softmax(logits[:, f, first : first + c.max_length], dim=-1)
-        block = None
-        if blocks is not None:
-            block = torch.log_softmax(logits[:, f + 2 :, : c.content_vocab_size], dim=-1)
-        return BlockLogits(lengths, block)
+        lengths = torch.log_softmax(F.linear(out.hidden[:, f], self.head[first : first + c.max_length]).float(), -1)
+        return BlockRead(lengths, out.hidden[:, f + 2 :] if blocks is not None else None)
+
+    @torch.inference_mode()
+    def token_logprobs(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., H] final states -> [..., V] float32 log-probabilities over the content vocabulary."""
+        return torch.log_softmax(F.linear(states, self.head[: self.config.content_vocab_size]).float(), dim=-1)
+
+    @torch.inference_mode()
+    def best_tokens(self, states: torch.Tensor, needed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each needed position's most likely token and its log-probability: (log p [B, W], token [B, W]),
+        zero where not `needed` [B, W] (the head runs on the needed positions only)."""
+        needed = needed.to(states.device)
+        best, token = self.token_logprobs(states[needed]).max(dim=-1)  # [M] each
+        logp = torch.zeros(needed.shape, dtype=best.dtype, device=states.device)
+        tokens = torch.zeros(needed.shape, dtype=torch.long, device=states.device)
+        logp[needed], tokens[needed] = best, token
+        return logp.cpu(), tokens.cpu()

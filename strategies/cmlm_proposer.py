@@ -46,10 +46,11 @@ class CMLMProposer:
             return [Draft.empty() for _ in self.contexts]
         feeds = [ctx[fed:] for ctx, fed in zip(self.contexts, self.fed, strict=True)]
         mask = self.cmlm.config.mask_token_id
-        block = self.cmlm.read(self.kv, feeds, [[mask] * k for _ in feeds]).block  # [B, k, V]
+        states = self.cmlm.read(self.kv, feeds, [[mask] * k for _ in feeds]).states  # [B, k, H]
+        _, best = self.cmlm.best_tokens(states, torch.ones(states.shape[:2], dtype=torch.bool))  # [B, k]
         self.fed = [len(ctx) for ctx in self.contexts]
         drafts = []
-        for row, tokens in enumerate(block.argmax(dim=-1).tolist()):
+        for row, tokens in enumerate(best.tolist()):
             chain = []
             for token in tokens[: context.budgets[row]]:
                 chain.append(token)

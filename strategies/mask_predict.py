@@ -25,8 +25,9 @@ from strategies.options import MaskPredictOptions
 
 NAME = "mask_predict"
 
-# Per lane, its block's tokens (the mask id where masked) -> log-probabilities [lanes, W, V].
-ReadBlock = Callable[[list[list[int]]], torch.Tensor]
+# (per lane, its block's tokens with the mask id where masked; which positions need a prediction [lanes, W])
+# -> the most likely token's log-probability and the token at each needed position ([lanes, W] each).
+ReadBlock = Callable[[list[list[int]], torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def remask_counts(sizes: torch.Tensor, t: int, iterations: int) -> torch.Tensor:
@@ -78,9 +79,9 @@ def refine(read_block: ReadBlock, sizes: list[int], iterations: int, mask_id: in
             masked = lowest(logp, valid, counts)
             tokens = tokens.masked_fill(masked, mask_id)
         blocks = [tokens[lane, : sizes[lane]].tolist() for lane in range(lanes)]
-        best, choice = read_block(blocks).max(dim=-1)  # [lanes, W]
-        tokens = torch.where(masked, choice.cpu(), tokens)
-        logp = torch.where(masked, best.cpu(), logp)
+        best, choice = read_block(blocks, masked)  # [lanes, W] each
+        tokens = torch.where(masked, choice, tokens)
+        logp = torch.where(masked, best, logp)
         passes += masked.any(dim=1).long()
     scores = (logp * valid).sum(dim=1) / n
     return Refined([tokens[lane, : sizes[lane]].tolist() for lane in range(lanes)], scores, passes.tolist())
@@ -143,7 +144,7 @@ class MaskPredictStrategy:
             if len(owners) > len(active):
                 kv.select_rows(torch.tensor(owners, dtype=torch.long, device=kv.valid.device))
             refined = refine(
-                lambda blocks: cmlm.read(kv, [[]] * len(blocks), blocks).block,
+                lambda blocks, masked: cmlm.best_tokens(cmlm.read(kv, [[]] * len(blocks), blocks).states, masked),
                 sizes,
                 o.iterations,
                 cmlm.config.mask_token_id,

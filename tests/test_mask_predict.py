@@ -60,9 +60,10 @@ class ScriptedCMLM:
         self.passes = passes  # per pass: [lanes, W, V] log-probabilities
         self.shown: list[list[list[int]]] = []
 
-    def __call__(self, blocks: list[list[int]]) -> torch.Tensor:
+    def __call__(self, blocks: list[list[int]], masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.shown.append([list(b) for b in blocks])
-        return self.passes[len(self.shown) - 1]
+        best, token = self.passes[len(self.shown) - 1].max(dim=-1)
+        return best.masked_fill(~masked, 0.0), token.masked_fill(~masked, 0)
 
 
 def _table(choices: list[list[tuple[int, float]]], vocab: int = 6) -> torch.Tensor:
@@ -173,11 +174,11 @@ def test_the_folder_loads_with_plain_transformers_and_the_block_pass_is_a_4d_mas
     plain = torch.log_softmax(logits[len(context) + 2 :, : config.content_vocab_size], dim=-1)
     cmlm = models.cmlm
     kv = cmlm.new_kv(1)
-    read = cmlm.read(kv, [context], [block])
+    read = cmlm.token_logprobs(cmlm.read(kv, [context], [block]).states)
     assert kv.num_slots == len(context)  # the block's slots are dropped, the context stays
-    assert torch.allclose(read.block[0].double(), plain, atol=1e-5)
-    again = cmlm.read(kv, [[]], [block]).block  # the cached context gives the same
-    assert torch.allclose(again, read.block, atol=1e-6)
+    assert torch.allclose(read[0].double(), plain, atol=1e-5)
+    again = cmlm.token_logprobs(cmlm.read(kv, [[]], [block]).states)  # the cached context gives the same
+    assert torch.allclose(again, read, atol=1e-6)
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
