@@ -39,7 +39,7 @@ from pipeline.errors import JobError
 from strategies import registry
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.options import StrategyOptions
+from strategies.options import DRAFTERS, StrategyOptions
 from strategies.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
@@ -66,6 +66,11 @@ class BenchConfig:
         [],
         "With mask_predict among the strategies: time it at each of these passes T (e.g. [1,2,4,10]), one "
         "contender each. Empty: strategy.mask_predict.iterations alone.",
+    )
+    drafters: list[str] = option(
+        [],
+        "With speculative or specdec among the strategies: time it with each of these drafters (draft_model, "
+        "cmlm), one contender each. Empty: strategy.<name>.drafter alone.",
     )
     transformers: list[str] = option(
         ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
@@ -139,7 +144,8 @@ class Bench:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = resolve_dtype(config.dtype, self.device)
         uses = set(config.strategies)
-        needs = set().union(*(registry.needs_models(name, config.strategy) for name in uses))
+        variants = [v for n in uses for v in self._variants(n, dataclasses.replace(config.strategy, name=n)).values()]
+        needs = set().union(*(registry.needs_models(v.name, v) for v in variants))
         needs_draft = "draft" in needs or "assisted" in config.transformers
         needs_heads = "heads" in needs and config.heads
         needs_exits = "exits" in needs and config.exits
@@ -221,14 +227,27 @@ class Bench:
             found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=config.strategy.num_speculative_tokens)
         for name in config.strategies:
             options = dataclasses.replace(config.strategy, name=name)
-            if name == registry.MASK_PREDICT and config.mask_predict_iterations:
-                for t in config.mask_predict_iterations:
-                    passes = dataclasses.replace(options.mask_predict, iterations=t)
-                    sweep = dataclasses.replace(options, mask_predict=passes)
-                    found[f"{name} T={t}"] = lambda b, o=sweep: self.ours(self._fresh(o, batch_size), b)
-                continue
-            found[name] = lambda b, o=options: self.ours(self._fresh(o, batch_size), b)
+            for label, variant in self._variants(name, options).items():
+                found[label] = lambda b, o=variant: self.ours(self._fresh(o, batch_size), b)
         return found
+
+    def _variants(self, name: str, options: StrategyOptions) -> dict[str, StrategyOptions]:
+        """The contenders strategy `name` stands for: one per swept setting (passes T, drafters), or itself."""
+        config = self.config
+        if name == registry.MASK_PREDICT and config.mask_predict_iterations:
+            return {
+                f"{name} T={t}": dataclasses.replace(
+                    options, mask_predict=dataclasses.replace(options.mask_predict, iterations=t)
+                )
+                for t in config.mask_predict_iterations
+            }
+        if name in ("speculative", "specdec") and config.drafters:
+            section = getattr(options, name)
+            return {
+                f"{name} drafter={d}": dataclasses.replace(options, **{name: dataclasses.replace(section, drafter=d)})
+                for d in config.drafters
+            }
+        return {name: options}
 
     def greedy(self, batches: list[list[list[int]]]) -> list[list[int]]:
         """The target's greedy tokens for `batches` (not timed): what agreement is measured against."""
@@ -349,6 +368,8 @@ def main(args: list[str]) -> int:
     unknown = sorted(set(config.strategies) - set(registry.available()))
     if unknown:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
+    if set(config.drafters) - set(DRAFTERS):
+        raise JobError(f"drafters: unknown {sorted(set(config.drafters) - set(DRAFTERS))}; use {', '.join(DRAFTERS)}")
     bench = Bench(config)
     print_header()
     rows = bench.run(on_rows=print_rows)

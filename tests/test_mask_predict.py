@@ -230,8 +230,9 @@ def test_bench_sweeps_mask_predict_passes_beside_the_target(tiny_model_dir: Path
             f"prompts={prompts}",
             f"model={tiny_model_dir}",
             f"cmlm={cmlm_dir}",
-            "strategies=[autoregressive,mask_predict]",
+            "strategies=[autoregressive,mask_predict,speculative]",
             "mask_predict_iterations=[1,3]",
+            "drafters=[cmlm]",
             "transformers=[]",
             "batch_sizes=[2]",
             "num_prompts=3",
@@ -241,8 +242,10 @@ def test_bench_sweeps_mask_predict_passes_beside_the_target(tiny_model_dir: Path
         ],
     )
     rows = {r["contender"]: r for r in Bench(config).run()}
-    assert set(rows) == {"autoregressive", "mask_predict T=1", "mask_predict T=3"}
-    assert rows["autoregressive"]["agreement"] == {"exact_match": 1.0, "token_accuracy": 1.0, "chrf": 100.0}
+    assert set(rows) == {"autoregressive", "mask_predict T=1", "mask_predict T=3", "speculative drafter=cmlm"}
+    exact = {"exact_match": 1.0, "token_accuracy": 1.0, "chrf": 100.0}
+    assert rows["autoregressive"]["agreement"] == exact == rows["speculative drafter=cmlm"]["agreement"]
+    assert rows["speculative drafter=cmlm"]["tau"] >= 1.0
     assert all(0.0 <= rows[n]["agreement"]["token_accuracy"] < 1.0 for n in ("mask_predict T=1", "mask_predict T=3"))
 
 
