@@ -51,6 +51,13 @@ class InputConfig:
 class OutputConfig:
     url: str = option(MISSING, "Output folder; any fsspec URL. Parts, manifest, _SUCCESS and _logs/ go here.")
     storage_options: dict[str, Any] = option({}, "fsspec storage options for the output.")
+    logprobs: bool = option(
+        False,
+        "Add `logprobs`: each generated token's log-probability under the target (raw log-softmax of its "
+        "logits, before temperature and top-k/top-p).",
+    )
+    top_logprobs: int = option(0, "Add `top_logprobs`: per generated token, the target's k most likely tokens.")
+    token_ids: bool = option(False, "Add `token_ids`: the generated token ids.")
 
 
 @dataclass

@@ -103,9 +103,12 @@ def validate(config: JobConfig) -> None:
         problems.append(f"generation.top_p must be in (0, 1], got {g.top_p}")
     if g.top_k < 0:
         problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
+    if config.output.top_logprobs < 0:
+        problems.append(f"output.top_logprobs must be >= 0, got {config.output.top_logprobs}")
     if config.model.dtype not in DTYPES:
         problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0))
+    scores = config.output.logprobs or config.output.top_logprobs > 0
+    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
     for name in _strategies_named(config):
         for model in sorted(registry.needs_models(name)):
             if not getattr(config.model, model):
@@ -280,6 +283,9 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         torch_threads=config.workers.torch_threads,
         input_storage_options=dict(config.input.storage_options),
         output_storage_options=dict(config.output.storage_options),
+        logprobs=config.output.logprobs,
+        top_logprobs=config.output.top_logprobs,
+        token_ids=config.output.token_ids,
     )
 
 

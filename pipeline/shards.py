@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from pipeline.errors import JobError
-from workers.generator import OUTPUT_SCHEMA
+from workers.generator import OUTPUT_SCHEMA, SCORE_COLUMNS
 from workers.spec import WorkUnit
 from workers.storage import filesystem, protocol_prefix
 
@@ -198,7 +198,7 @@ def check_columns(
     prompt_type = first.schema.field(prompt_column).type
     if not (pa.types.is_string(prompt_type) or pa.types.is_large_string(prompt_type) or _is_binary(prompt_type)):
         raise JobError(f"input.prompt_column {prompt_column!r} of {first.url} is {prompt_type}, not text")
-    clashing = sorted(set(keep_columns) & set(OUTPUT_SCHEMA.names))
+    clashing = sorted(set(keep_columns) & {*OUTPUT_SCHEMA.names, *SCORE_COLUMNS.names})
     if clashing:
         raise JobError(f"input.keep_columns {clashing} clash with output columns; rename them in the input")
 

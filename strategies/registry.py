@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from strategies.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import Strategy
-from strategies.calm import CalmStrategy
+from strategies.calm import LOGPROBS_REFUSAL, CalmStrategy
 from strategies.control import AUTOREGRESSIVE, Controller
 from strategies.draft_model import DraftModelProposer
 from strategies.exits import ExitHeads
@@ -178,9 +178,12 @@ def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
     return [n for n in drafting() if lossy_reason(n, options) is None and needs_models(n) <= has]
 
 
-def problems(options: StrategyOptions, greedy: bool) -> list[str]:
-    """What is wrong with the strategy options for this job, each naming its key (empty: nothing)."""
+def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> list[str]:
+    """What is wrong with the strategy options for this job (`logprobs`: it reports the target's
+    log-probabilities), each naming its key (empty: nothing)."""
     found = []
+    if logprobs and options.name == CALM:
+        found.append(LOGPROBS_REFUSAL)
     if options.name not in available():
         found.append(f"strategy.name {options.name!r} is unknown; available: {', '.join(available())}")
     if options.name == AUTO and not options.adaptive:

@@ -23,7 +23,7 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from strategies import registry
-from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest, Strategy
+from strategies.base import FINISH_LENGTH, GenerationParams, RowOutput, RowRequest, Strategy
 from strategies.sampling import SamplingParams, row_key
 from workers import faults
 from workers.controller import AdaptiveController
@@ -44,6 +44,15 @@ OUTPUT_SCHEMA = pa.schema(
         ("num_generated_tokens", pa.int64()),
         ("strategy", pa.string()),
         ("mean_exit_layer", pa.float64()),  # early exit (calm): the row's mean exit layer; else null
+    ]
+)
+# Columns added on request (output.token_ids, output.logprobs, output.top_logprobs): one entry per
+# generated token, the same tokens `num_generated_tokens` counts.
+SCORE_COLUMNS = pa.schema(
+    [
+        ("token_ids", pa.list_(pa.int64())),
+        ("logprobs", pa.list_(pa.float64())),
+        ("top_logprobs", pa.list_(pa.list_(pa.struct([("token_id", pa.int64()), ("logprob", pa.float64())])))),
     ]
 )
 
@@ -88,6 +97,7 @@ class Generator:
             sampling=SamplingParams(spec.temperature, spec.top_k, spec.top_p, spec.seed),
             eos_token_ids=frozenset(_eos_ids(loaded.target, self.tokenizer)),
             ignore_eos=spec.ignore_eos,
+            logprobs=spec.scores,
         )
         self.stop_strings = StopStrings(self.tokenizer, list(spec.stop))
         self.faults = faults.plan()
@@ -123,7 +133,7 @@ class Generator:
         started = time.perf_counter()
         table = self._read_unit(unit)
         columns, records = self.decode_table(table, unit, attempt, error_rows or {})
-        out = pa.table(columns, schema=_output_schema(table, self.spec.keep_columns))
+        out = pa.table(columns, schema=output_schema(self.spec, table))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
         data = buffer.getvalue()
@@ -203,6 +213,8 @@ class Generator:
             "strategy": [None] * n,
             "mean_exit_layer": [None] * n,
         }
+        for name in score_columns(spec):
+            columns[name] = [None] * n
         for name in spec.keep_columns:
             columns[name] = table.column(name).to_pylist()
 
@@ -237,6 +249,7 @@ class Generator:
                 columns["num_generated_tokens"][i] = len(row.tokens)
                 columns["strategy"][i] = row.strategy or result.strategy
                 columns["mean_exit_layer"][i] = row.mean_exit_layer
+                _fill_scores(columns, i, row)
                 generated += len(row.tokens)
             with self._lock:
                 self._rows_done += len(batch)
@@ -280,12 +293,22 @@ class Generator:
             name = (wanted[i] if wanted else None) or default
             try:
                 self._strategy(name)
+                problem = self._refusal(name)
             except (KeyError, ValueError) as exc:
-                columns["error"][i] = f"{self.spec.strategy_column}: {exc.args[0]}"
+                problem = exc.args[0]
+            if problem:
+                columns["error"][i] = f"{self.spec.strategy_column}: {problem}" if wanted else problem
                 del token_ids[i]
                 continue
             groups.setdefault(name, []).append(i)
         return groups
+
+    def _refusal(self, name: str) -> str | None:
+        """Why strategy `name` cannot decode a row with the job's settings (a strategy column may name
+        one the job's own checks did not see), or None."""
+        options = dataclasses.replace(self.spec.strategy, name=name)
+        found = registry.problems(options, self.params.sampling.greedy, self.params.logprobs is not None)
+        return "; ".join(found) or None
 
     def _batches(self, groups: dict[str, list[int]], token_ids: dict[int, list[int]]):
         """(strategy, rows) batches: rows of similar prompt length together, at most `batch_size` rows
@@ -305,6 +328,19 @@ class Generator:
                 yield name, batch
 
 
+def _fill_scores(columns: dict[str, list], i: int, row: RowOutput) -> None:
+    """Row `i`'s token ids and log-probabilities, in those of `SCORE_COLUMNS` the job asked for."""
+    if "token_ids" in columns:
+        columns["token_ids"][i] = list(row.tokens)
+    if "logprobs" in columns:
+        columns["logprobs"][i] = [s.logprob for s in row.logprobs]
+    if "top_logprobs" in columns:
+        columns["top_logprobs"][i] = [
+            [{"token_id": t, "logprob": v} for t, v in zip(s.top_ids, s.top_logprobs, strict=True)]
+            for s in row.logprobs
+        ]
+
+
 def _write(url: str, data: bytes, storage_options: dict[str, Any]) -> None:
     write_bytes(*filesystem(url, storage_options), data)
 
@@ -321,5 +357,12 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _output_schema(table: pa.Table, keep_columns: tuple[str, ...]) -> pa.Schema:
-    return pa.schema(list(OUTPUT_SCHEMA) + [table.schema.field(name) for name in keep_columns])
+def score_columns(spec: WorkerSpec) -> list[str]:
+    """The columns of `SCORE_COLUMNS` the job asked for."""
+    asked = {"token_ids": spec.token_ids, "logprobs": spec.logprobs, "top_logprobs": spec.top_logprobs > 0}
+    return [name for name in SCORE_COLUMNS.names if asked[name]]
+
+
+def output_schema(spec: WorkerSpec, table: pa.Table) -> pa.Schema:
+    scores = [SCORE_COLUMNS.field(name) for name in score_columns(spec)]
+    return pa.schema(list(OUTPUT_SCHEMA) + scores + [table.schema.field(name) for name in spec.keep_columns])

@@ -49,6 +49,14 @@ class WorkerSpec:
     input_storage_options: dict[str, Any] = field(default_factory=dict)
     output_storage_options: dict[str, Any] = field(default_factory=dict)
     model_exits: str | None = None
+    logprobs: bool = False  # output.logprobs
+    top_logprobs: int = 0  # output.top_logprobs
+    token_ids: bool = False  # output.token_ids
+
+    @property
+    def scores(self) -> int | None:
+        """What the strategies score (`GenerationParams.logprobs`): None unless a log-probability column is asked."""
+        return self.top_logprobs if self.logprobs or self.top_logprobs else None
 
 
 @dataclass
