@@ -41,6 +41,11 @@ class InputConfig:
     strategy_column: str | None = option(
         None, "Optional column naming a strategy per row (empty values: strategy.name); unknown: an error row."
     )
+    params_columns: dict[str, str] = option(
+        {},
+        "Per-row settings: {setting: column} for settings among max_new_tokens, temperature, top_p, stop, seed; "
+        "a row's non-null value overrides generation.<setting>, a bad one makes an error row.",
+    )
     storage_options: dict[str, Any] = option({}, "fsspec storage options for the input (endpoint, credentials).")
     rows_per_unit: int = option(
         4096, "Shards with more rows are split into work units of whole row groups up to about this size."

@@ -39,6 +39,7 @@ from workers.model_loading import (
     model_weights_hash,
     resolve_model_dir,
 )
+from workers.row_settings import SETTINGS as ROW_SETTINGS
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
@@ -103,6 +104,9 @@ def validate(config: JobConfig) -> None:
         problems.append(f"generation.top_p must be in (0, 1], got {g.top_p}")
     if g.top_k < 0:
         problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
+    unknown = sorted(set(config.input.params_columns) - set(ROW_SETTINGS))
+    if unknown:
+        problems.append(f"input.params_columns: {unknown} cannot be set per row; use any of {', '.join(ROW_SETTINGS)}")
     if config.output.top_logprobs < 0:
         problems.append(f"output.top_logprobs must be >= 0, got {config.output.top_logprobs}")
     if config.model.dtype not in DTYPES:
@@ -203,6 +207,7 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         config.input.id_column,
         list(config.input.keep_columns),
         config.input.strategy_column,
+        dict(config.input.params_columns),
     )
     if config.input.id_column:
         check_ids(shards, config.input.id_column, config.input.storage_options)
@@ -286,6 +291,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         logprobs=config.output.logprobs,
         top_logprobs=config.output.top_logprobs,
         token_ids=config.output.token_ids,
+        params_columns=dict(config.input.params_columns),
     )
 
 

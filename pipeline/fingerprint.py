@@ -30,6 +30,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "id": config.input.id_column,
             "keep": list(config.input.keep_columns),
             "strategy": config.input.strategy_column,
+            "params": dict(sorted(config.input.params_columns.items())),
         },
         "model": {
             "target": config.model.target,

@@ -176,6 +176,7 @@ def check_columns(
     id_column: str | None,
     keep_columns: list[str],
     strategy_column: str | None = None,
+    params_columns: dict[str, str] | None = None,
 ) -> None:
     """Fail the job unless every shard has the same schema and the configured columns are usable."""
     first = shards[0]
@@ -191,6 +192,8 @@ def check_columns(
         wanted["input.id_column"] = [id_column]
     if strategy_column:
         wanted["input.strategy_column"] = [strategy_column]
+    for setting, column in (params_columns or {}).items():
+        wanted[f"input.params_columns.{setting}"] = [column]
     for key, columns in wanted.items():
         for column in columns:
             if column not in names:

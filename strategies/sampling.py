@@ -48,6 +48,13 @@ def row_key(row_id: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
+def seeded_key(key: int, seed: int, batch_seed: int) -> int:
+    """The key whose draws under `batch_seed` are `key`'s under `seed`. `keyed_uniform` mixes seed and
+    key only as `seed ^ key`, so a row with a seed of its own shares a batch (and its one seed)
+    exactly: its samples are those of a job run with its seed."""
+    return key ^ seed ^ batch_seed
+
+
 def keyed_uniform(seed: int, keys: torch.Tensor, positions: torch.Tensor, stream: int = STREAM_TARGET) -> torch.Tensor:
     """Uniform floats in [0, 1), float64, one per (key, position): `keys` and `positions` [B] int64.
 

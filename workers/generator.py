@@ -24,10 +24,11 @@ from transformers.utils import logging as transformers_logging
 
 from strategies import registry
 from strategies.base import FINISH_LENGTH, GenerationParams, RowOutput, RowRequest, Strategy
-from strategies.sampling import SamplingParams, row_key
+from strategies.sampling import SamplingParams, row_key, seeded_key
 from workers import faults
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
+from workers.row_settings import RowSettings, row_settings
 from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
@@ -99,7 +100,8 @@ class Generator:
             ignore_eos=spec.ignore_eos,
             logprobs=spec.scores,
         )
-        self.stop_strings = StopStrings(self.tokenizer, list(spec.stop))
+        self.job_settings = RowSettings(spec.max_new_tokens, spec.temperature, spec.top_p, tuple(spec.stop), spec.seed)
+        self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.faults = faults.plan()
         self._lock = threading.Lock()
         self._rows_done = 0
@@ -174,6 +176,7 @@ class Generator:
             spec.prompt_column,
             *([spec.id_column] if spec.id_column else []),
             *([spec.strategy_column] if spec.strategy_column else []),
+            *spec.params_columns.values(),
             *spec.keep_columns,
         ]
         try:
@@ -234,17 +237,25 @@ class Generator:
             else:
                 token_ids[i] = ids
 
-        by_strategy = self._strategy_per_row(table, token_ids, columns)
+        settings = self._row_settings(table, row_ids, token_ids, columns)
+        groups = self._groups(table, token_ids, settings, columns)
         records = []
-        for name, batch in self._batches(by_strategy, token_ids):
-            requests = [RowRequest(token_ids[i], row_key(row_ids[i]), self.stop_strings.for_row()) for i in batch]
+        for (name, key), batch in self._batches(groups, token_ids):
+            requests = [
+                RowRequest(
+                    token_ids[i],
+                    seeded_key(row_key(row_ids[i]), settings[i].seed, spec.seed),
+                    self._stop_strings(settings[i].stop).for_row(),
+                )
+                for i in batch
+            ]
             faults.before_batch(self.faults, unit.unit_id, attempt, batch, [row_ids[i] for i in batch])
             began = time.perf_counter()
-            result = self._strategy(name).generate(requests, self.params)
+            result = self._strategy(name).generate(requests, self._batch_params(key))
             wall_s = time.perf_counter() - began
             generated = 0
             for i, row in zip(batch, result.rows, strict=True):
-                columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(spec.stop))
+                columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(settings[i].stop))
                 columns["finish_reason"][i] = row.finish_reason
                 columns["num_generated_tokens"][i] = len(row.tokens)
                 columns["strategy"][i] = row.strategy or result.strategy
@@ -279,53 +290,87 @@ class Generator:
             self._rows_done += n - len(token_ids)
         return columns, records
 
-    def _strategy_per_row(
-        self, table: pa.Table, token_ids: dict[int, list[int]], columns: dict[str, list]
-    ) -> dict[str, list[int]]:
-        """Rows to decode, grouped by strategy: `input.strategy_column` where given, else the job's.
+    def _row_settings(
+        self, table: pa.Table, row_ids: list[str], token_ids: dict[int, list[int]], columns: dict[str, list]
+    ) -> dict[int, RowSettings]:
+        """Each decodable row's settings: the job's, overridden by `input.params_columns`. A row with a
+        value that cannot be used becomes an error row (and leaves `token_ids`)."""
+        named = self.spec.params_columns
+        values = {setting: table.column(column).to_pylist() for setting, column in named.items()}
+        settings = {}
+        for i in list(token_ids):
+            found = row_settings(self.job_settings, {k: v[i] for k, v in values.items()}, named, row_ids[i])
+            if isinstance(found, str):
+                columns["error"][i] = found
+                del token_ids[i]
+            else:
+                settings[i] = found
+        return settings
 
-        A row naming an unknown strategy (or one whose model is missing) becomes an error row.
+    def _groups(
+        self,
+        table: pa.Table,
+        token_ids: dict[int, list[int]],
+        settings: dict[int, RowSettings],
+        columns: dict[str, list],
+    ) -> dict[tuple[str, tuple], list[int]]:
+        """Rows to decode, grouped by strategy (`input.strategy_column` where given, else the job's) and
+        by the settings a batch shares (`RowSettings.batch_key`).
+
+        A row naming an unknown strategy, one whose model is missing, or one that cannot decode with the
+        row's settings becomes an error row.
         """
         default = self.spec.strategy.name
         wanted = table.column(self.spec.strategy_column).to_pylist() if self.spec.strategy_column else None
-        groups: dict[str, list[int]] = {}
+        groups: dict[tuple[str, tuple], list[int]] = {}
         for i in list(token_ids):
             name = (wanted[i] if wanted else None) or default
             try:
                 self._strategy(name)
-                problem = self._refusal(name)
+                problem = self._refusal(name, greedy=settings[i].temperature == 0)
             except (KeyError, ValueError) as exc:
                 problem = exc.args[0]
             if problem:
                 columns["error"][i] = f"{self.spec.strategy_column}: {problem}" if wanted else problem
                 del token_ids[i]
                 continue
-            groups.setdefault(name, []).append(i)
+            groups.setdefault((name, settings[i].batch_key()), []).append(i)
         return groups
 
-    def _refusal(self, name: str) -> str | None:
-        """Why strategy `name` cannot decode a row with the job's settings (a strategy column may name
-        one the job's own checks did not see), or None."""
+    def _refusal(self, name: str, greedy: bool) -> str | None:
+        """Why strategy `name` cannot decode a row at these settings (a strategy column or a row's own
+        temperature may ask for what the job's checks did not see), or None."""
         options = dataclasses.replace(self.spec.strategy, name=name)
-        found = registry.problems(options, self.params.sampling.greedy, self.params.logprobs is not None)
-        return "; ".join(found) or None
+        return "; ".join(registry.problems(options, greedy, self.params.logprobs is not None)) or None
 
-    def _batches(self, groups: dict[str, list[int]], token_ids: dict[int, list[int]]):
-        """(strategy, rows) batches: rows of similar prompt length together, at most `batch_size` rows
+    def _batch_params(self, key: tuple[int, float, float]) -> GenerationParams:
+        """The parameters of a batch of rows sharing `key` (`RowSettings.batch_key`)."""
+        max_new_tokens, temperature, top_p = key
+        sampling = SamplingParams(temperature, self.spec.top_k, top_p, self.spec.seed)
+        return dataclasses.replace(self.params, max_new_tokens=max_new_tokens, sampling=sampling)
+
+    def _stop_strings(self, stops: tuple[str, ...]) -> StopStrings:
+        if stops not in self._stops:
+            self._stops[stops] = StopStrings(self.tokenizer, list(stops))
+        return self._stops[stops]
+
+    def _batches(self, groups: dict[tuple[str, tuple], list[int]], token_ids: dict[int, list[int]]):
+        """(group, rows) batches: rows of similar prompt length together, at most `batch_size` rows
         and `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
         spec = self.spec
-        for name, rows in groups.items():
+        for group, rows in groups.items():
+            max_new_tokens = group[1][0]
             batch: list[int] = []
             tokens = 0
             for i in sorted(rows, key=lambda i: len(token_ids[i])):
-                cost = len(token_ids[i]) + spec.max_new_tokens
+                cost = len(token_ids[i]) + max_new_tokens
                 if batch and (len(batch) >= spec.batch_size or tokens + cost > spec.max_batch_tokens):
-                    yield name, batch
+                    yield group, batch
                     batch, tokens = [], 0
                 batch.append(i)
                 tokens += cost
             if batch:
-                yield name, batch
+                yield group, batch
 
 
 def _fill_scores(columns: dict[str, list], i: int, row: RowOutput) -> None:

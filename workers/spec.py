@@ -52,6 +52,7 @@ class WorkerSpec:
     logprobs: bool = False  # output.logprobs
     top_logprobs: int = 0  # output.top_logprobs
     token_ids: bool = False  # output.token_ids
+    params_columns: dict[str, str] = field(default_factory=dict)  # input.params_columns: setting -> column
 
     @property
     def scores(self) -> int | None:
