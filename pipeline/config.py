@@ -91,6 +91,11 @@ class GenerationConfig:
     stop: list[str] = option([], "Stop strings: end the row (finish_reason=stop); not part of the completion.")
     seed: int = option(0, "Sampling seed; a row's draws are keyed by (seed, row_id, position).")
     ignore_eos: bool = option(False, "Keep generating past EOS (fixed-length runs, benchmarks).")
+    n: int = option(
+        1,
+        "Completions per input row: n output rows, sample_index 0..n-1, each drawn with its own key "
+        "(seed, row_id, sample_index, position). n > 1 needs temperature > 0.",
+    )
 
 
 @dataclass

@@ -104,6 +104,13 @@ def validate(config: JobConfig) -> None:
         problems.append(f"generation.top_p must be in (0, 1], got {g.top_p}")
     if g.top_k < 0:
         problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
+    if g.n < 1:
+        problems.append(f"generation.n must be >= 1, got {g.n}")
+    elif g.n > 1 and g.temperature == 0:
+        problems.append(
+            f"generation.n={g.n} samples at generation.temperature=0 would be {g.n} copies of one greedy "
+            "completion: set generation.temperature > 0 to sample, or generation.n=1"
+        )
     unknown = sorted(set(config.input.params_columns) - set(ROW_SETTINGS))
     if unknown:
         problems.append(f"input.params_columns: {unknown} cannot be set per row; use any of {', '.join(ROW_SETTINGS)}")
@@ -152,7 +159,7 @@ def run_job(config: JobConfig) -> JobOutcome:
         "versions": _versions(),
         "lossy": _lossy(config),
     }
-    total_rows = sum(u.num_rows for u in units)
+    total_rows = sum(u.num_rows for u in units) * config.generation.n  # output rows
     if output.claim(job_id, job_record):
         print(f"job {job_id[:12]} already complete in {config.output.url}: nothing to do")
         return JobOutcome("already_complete", {"rows": total_rows})
@@ -292,6 +299,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         top_logprobs=config.output.top_logprobs,
         token_ids=config.output.token_ids,
         params_columns=dict(config.input.params_columns),
+        n=g.n,
     )
 
 

@@ -74,19 +74,29 @@ class Batch:
 def start_batch(
     runner: ModelRunner, requests: list[RowRequest], params: GenerationParams, want_states: bool = False
 ) -> Batch:
-    """Prefill the prompts and choose every row's first token; rows that end on it leave the batch."""
-    kv = runner.new_kv(len(requests))
-    out = runner.prefill(kv, [r.prompt for r in requests], want_hidden=want_states)
+    """Prefill the prompts and choose every row's first token; rows that end on it leave the batch.
+
+    Identical prompts (the samples of one input row) are prefilled once and their cache rows copied.
+    """
+    distinct: dict[tuple[int, ...], int] = {}
+    source = [distinct.setdefault(tuple(r.prompt), len(distinct)) for r in requests]  # request -> prompt
+    kv = runner.new_kv(len(distinct))
+    out = runner.prefill(kv, [list(p) for p in distinct], want_hidden=want_states)
+    last, hidden = out.logits[:, -1], out.hidden  # [P, V], [P, L, H] per distinct prompt
+    if len(distinct) < len(requests):
+        index = torch.tensor(source, dtype=torch.long, device=kv.valid.device)
+        kv.select_rows(index)
+        last, hidden = last[index], hidden[index] if want_states else None
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
-    first = choose_tokens(out.logits[:, -1], params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
+    first = choose_tokens(last, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     n = len(requests)
     batch = Batch(requests, params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context)
     if params.logprobs is not None:
         batch.scores = [[] for _ in range(n)]
     if want_states:
-        width = out.hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
-        batch.states = TargetStates(out.hidden, [list(range(width - len(r.prompt), width)) for r in requests])
-    scores = batch.score(out.logits[:, -1], first)
+        width = hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
+        batch.states = TargetStates(hidden, [list(range(width - len(r.prompt), width)) for r in requests])
+    scores = batch.score(last, first)
     batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token, scores[row])])
     return batch
 

@@ -42,9 +42,13 @@ def _splitmix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def row_key(row_id: str) -> int:
-    """A stable signed 64-bit key for a row id (same on every machine and Python run)."""
-    digest = hashlib.blake2b(row_id.encode("utf-8"), digest_size=8).digest()
+def row_key(row_id: str, sample_index: int = 0) -> int:
+    """A stable signed 64-bit key for sample `sample_index` of a row (same on every machine and Python
+    run). Each sample has its own key, so a sample depends neither on how many are drawn nor on
+    which share its batch; sample 0's is the row's key (BLAKE2's salt defaults to zeros), so one sample
+    per row draws what it always drew."""
+    salt = sample_index.to_bytes(16, "little")
+    digest = hashlib.blake2b(row_id.encode("utf-8"), digest_size=8, salt=salt).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 

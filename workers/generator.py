@@ -38,6 +38,7 @@ FINISH_ERROR = "error"
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
+        ("sample_index", pa.int64()),  # 0 .. generation.n - 1
         ("completion", pa.string()),
         ("finish_reason", pa.string()),
         ("error", pa.string()),
@@ -198,69 +199,77 @@ class Generator:
     def decode_table(
         self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]
     ) -> tuple[dict[str, list], list[dict]]:
-        """Output columns for every input row (input order), and one throughput record per batch."""
+        """Output columns, `generation.n` rows per input row (input order, then sample index), and one
+        throughput record per batch."""
         spec = self.spec
-        n = table.num_rows
+        n, samples = table.num_rows, spec.n
         prompts = table.column(spec.prompt_column).to_pylist()
         if spec.id_column:
             row_ids = [str(v) for v in table.column(spec.id_column).to_pylist()]
         else:
             row_ids = [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(n)]
-        columns: dict[str, list] = {
-            "row_id": row_ids,
-            "completion": [None] * n,
-            "finish_reason": [FINISH_ERROR] * n,
-            "error": [None] * n,
-            "num_prompt_tokens": [None] * n,
-            "num_generated_tokens": [None] * n,
-            "strategy": [None] * n,
-            "mean_exit_layer": [None] * n,
-        }
-        for name in score_columns(spec):
-            columns[name] = [None] * n
-        for name in spec.keep_columns:
-            columns[name] = table.column(name).to_pylist()
 
-        decodable: list[int] = []
+        errors: dict[int, str] = {}  # input row -> why it is not decoded
         for i, prompt in enumerate(prompts):
             problem = error_rows.get(i) or prompt_problem(prompt)
             if problem:
-                columns["error"][i] = problem
-            else:
-                decodable.append(i)
+                errors[i] = problem
+        decodable = [i for i in range(n) if i not in errors]
         encoded = self.tokenizer([as_text(prompts[i]) for i in decodable])["input_ids"] if decodable else []
+        prompt_tokens: dict[int, int] = {}
         token_ids: dict[int, list[int]] = {}
         for i, ids in zip(decodable, encoded, strict=True):
-            columns["num_prompt_tokens"][i] = len(ids)
+            prompt_tokens[i] = len(ids)
             if len(ids) >= self.runner.max_context:
-                columns["error"][i] = too_long_message(len(ids), self.runner.max_context)
+                errors[i] = too_long_message(len(ids), self.runner.max_context)
             else:
                 token_ids[i] = ids
+        settings = self._row_settings(table, row_ids, token_ids, errors)
+        groups = self._groups(table, token_ids, settings, errors)
 
-        settings = self._row_settings(table, row_ids, token_ids, columns)
-        groups = self._groups(table, token_ids, settings, columns)
+        def each(values: list) -> list:  # an input row's value on each of its samples
+            return [v for v in values for _ in range(samples)]
+
+        columns: dict[str, list] = {
+            "row_id": each(row_ids),
+            "sample_index": list(range(samples)) * n,
+            "completion": [None] * (n * samples),
+            "finish_reason": [FINISH_ERROR] * (n * samples),
+            "error": each([errors.get(i) for i in range(n)]),
+            "num_prompt_tokens": each([prompt_tokens.get(i) for i in range(n)]),
+            "num_generated_tokens": [None] * (n * samples),
+            "strategy": [None] * (n * samples),
+            "mean_exit_layer": [None] * (n * samples),
+        }
+        for name in score_columns(spec):
+            columns[name] = [None] * (n * samples)
+        for name in spec.keep_columns:
+            columns[name] = each(table.column(name).to_pylist())
+
         records = []
         for (name, key), batch in self._batches(groups, token_ids):
             requests = [
                 RowRequest(
                     token_ids[i],
-                    seeded_key(row_key(row_ids[i]), settings[i].seed, spec.seed),
+                    seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.seed),
                     self._stop_strings(settings[i].stop).for_row(),
                 )
-                for i in batch
+                for i, sample in batch
             ]
-            faults.before_batch(self.faults, unit.unit_id, attempt, batch, [row_ids[i] for i in batch])
+            rows = [i for i, _ in batch]
+            faults.before_batch(self.faults, unit.unit_id, attempt, rows, [row_ids[i] for i in rows])
             began = time.perf_counter()
             result = self._strategy(name).generate(requests, self._batch_params(key))
             wall_s = time.perf_counter() - began
             generated = 0
-            for i, row in zip(batch, result.rows, strict=True):
-                columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(settings[i].stop))
-                columns["finish_reason"][i] = row.finish_reason
-                columns["num_generated_tokens"][i] = len(row.tokens)
-                columns["strategy"][i] = row.strategy or result.strategy
-                columns["mean_exit_layer"][i] = row.mean_exit_layer
-                _fill_scores(columns, i, row)
+            for (i, sample), row in zip(batch, result.rows, strict=True):
+                o = i * samples + sample
+                columns["completion"][o] = completion_text(self.tokenizer, row.tokens, list(settings[i].stop))
+                columns["finish_reason"][o] = row.finish_reason
+                columns["num_generated_tokens"][o] = len(row.tokens)
+                columns["strategy"][o] = row.strategy or result.strategy
+                columns["mean_exit_layer"][o] = row.mean_exit_layer
+                _fill_scores(columns, o, row)
                 generated += len(row.tokens)
             with self._lock:
                 self._rows_done += len(batch)
@@ -287,21 +296,29 @@ class Generator:
                 }
             )
         with self._lock:
-            self._rows_done += n - len(token_ids)
+            self._rows_done += len(errors) * samples
         return columns, records
 
     def _row_settings(
-        self, table: pa.Table, row_ids: list[str], token_ids: dict[int, list[int]], columns: dict[str, list]
+        self, table: pa.Table, row_ids: list[str], token_ids: dict[int, list[int]], errors: dict[int, str]
     ) -> dict[int, RowSettings]:
         """Each decodable row's settings: the job's, overridden by `input.params_columns`. A row with a
-        value that cannot be used becomes an error row (and leaves `token_ids`)."""
-        named = self.spec.params_columns
+        value that cannot be used, or at temperature 0 when it is to be sampled several times, becomes
+        an error row (in `errors`, out of `token_ids`)."""
+        named, samples = self.spec.params_columns, self.spec.n
         values = {setting: table.column(column).to_pylist() for setting, column in named.items()}
         settings = {}
         for i in list(token_ids):
             found = row_settings(self.job_settings, {k: v[i] for k, v in values.items()}, named, row_ids[i])
+            if not isinstance(found, str) and samples > 1 and found.temperature == 0:
+                column = named.get("temperature")
+                found = (
+                    f"row {row_ids[i]}: generation.n={samples} samples at temperature 0 would be {samples} "
+                    "copies of one greedy completion: give the row a temperature > 0"
+                    + (f" in input column {column!r}" if column else "")
+                )
             if isinstance(found, str):
-                columns["error"][i] = found
+                errors[i] = found
                 del token_ids[i]
             else:
                 settings[i] = found
@@ -312,17 +329,17 @@ class Generator:
         table: pa.Table,
         token_ids: dict[int, list[int]],
         settings: dict[int, RowSettings],
-        columns: dict[str, list],
-    ) -> dict[tuple[str, tuple], list[int]]:
-        """Rows to decode, grouped by strategy (`input.strategy_column` where given, else the job's) and
-        by the settings a batch shares (`RowSettings.batch_key`).
+        errors: dict[int, str],
+    ) -> dict[tuple[str, tuple], list[tuple[int, int]]]:
+        """(row, sample index) pairs to decode, grouped by strategy (`input.strategy_column` where given,
+        else the job's) and by the settings a batch shares (`RowSettings.batch_key`).
 
         A row naming an unknown strategy, one whose model is missing, or one that cannot decode with the
         row's settings becomes an error row.
         """
         default = self.spec.strategy.name
         wanted = table.column(self.spec.strategy_column).to_pylist() if self.spec.strategy_column else None
-        groups: dict[tuple[str, tuple], list[int]] = {}
+        groups: dict[tuple[str, tuple], list[tuple[int, int]]] = {}
         for i in list(token_ids):
             name = (wanted[i] if wanted else None) or default
             try:
@@ -331,10 +348,10 @@ class Generator:
             except (KeyError, ValueError) as exc:
                 problem = exc.args[0]
             if problem:
-                columns["error"][i] = f"{self.spec.strategy_column}: {problem}" if wanted else problem
+                errors[i] = f"{self.spec.strategy_column}: {problem}" if wanted else problem
                 del token_ids[i]
                 continue
-            groups.setdefault((name, settings[i].batch_key()), []).append(i)
+            groups.setdefault((name, settings[i].batch_key()), []).extend((i, s) for s in range(self.spec.n))
         return groups
 
     def _refusal(self, name: str, greedy: bool) -> str | None:
@@ -354,20 +371,21 @@ class Generator:
             self._stops[stops] = StopStrings(self.tokenizer, list(stops))
         return self._stops[stops]
 
-    def _batches(self, groups: dict[tuple[str, tuple], list[int]], token_ids: dict[int, list[int]]):
-        """(group, rows) batches: rows of similar prompt length together, at most `batch_size` rows
-        and `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
+    def _batches(self, groups: dict[tuple[str, tuple], list[tuple[int, int]]], token_ids: dict[int, list[int]]):
+        """(group, samples) batches: rows of similar prompt length together, a row's samples next to each
+        other (they share its prefill, `plain.start_batch`), at most `batch_size` samples and
+        `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
         spec = self.spec
         for group, rows in groups.items():
             max_new_tokens = group[1][0]
-            batch: list[int] = []
+            batch: list[tuple[int, int]] = []
             tokens = 0
-            for i in sorted(rows, key=lambda i: len(token_ids[i])):
-                cost = len(token_ids[i]) + max_new_tokens
+            for item in sorted(rows, key=lambda item: len(token_ids[item[0]])):  # stable: samples stay together
+                cost = len(token_ids[item[0]]) + max_new_tokens
                 if batch and (len(batch) >= spec.batch_size or tokens + cost > spec.max_batch_tokens):
                     yield group, batch
                     batch, tokens = [], 0
-                batch.append(i)
+                batch.append(item)
                 tokens += cost
             if batch:
                 yield group, batch

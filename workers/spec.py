@@ -53,6 +53,7 @@ class WorkerSpec:
     top_logprobs: int = 0  # output.top_logprobs
     token_ids: bool = False  # output.token_ids
     params_columns: dict[str, str] = field(default_factory=dict)  # input.params_columns: setting -> column
+    n: int = 1  # generation.n: samples per input row
 
     @property
     def scores(self) -> int | None:
