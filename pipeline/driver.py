@@ -40,6 +40,7 @@ from workers.model_loading import (
     model_weights_hash,
     resolve_model_dir,
 )
+from workers.row_settings import SETTINGS as ROW_SETTINGS
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
@@ -104,9 +105,22 @@ def validate(config: JobConfig) -> None:
         problems.append(f"generation.top_p must be in (0, 1], got {g.top_p}")
     if g.top_k < 0:
         problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
+    if g.n < 1:
+        problems.append(f"generation.n must be >= 1, got {g.n}")
+    elif g.n > 1 and g.temperature == 0:
+        problems.append(
+            f"generation.n={g.n} samples at generation.temperature=0 would be {g.n} copies of one greedy "
+            "completion: set generation.temperature > 0 to sample, or generation.n=1"
+        )
+    unknown = sorted(set(config.input.params_columns) - set(ROW_SETTINGS))
+    if unknown:
+        problems.append(f"input.params_columns: {unknown} cannot be set per row; use any of {', '.join(ROW_SETTINGS)}")
+    if config.output.top_logprobs < 0:
+        problems.append(f"output.top_logprobs must be >= 0, got {config.output.top_logprobs}")
     if config.model.dtype not in DTYPES:
         problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0))
+    scores = config.output.logprobs or config.output.top_logprobs > 0
+    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
     for name in _strategies_named(config):
         for model in sorted(registry.needs_models(name, config.strategy)):
             if not getattr(config.model, model):
@@ -147,7 +161,7 @@ def run_job(config: JobConfig) -> JobOutcome:
         "versions": _versions(),
         "lossy": _lossy(config),
     }
-    total_rows = sum(u.num_rows for u in units)
+    total_rows = sum(u.num_rows for u in units) * config.generation.n  # output rows
     if output.claim(job_id, job_record):
         print(f"job {job_id[:12]} already complete in {config.output.url}: nothing to do")
         return JobOutcome("already_complete", {"rows": total_rows})
@@ -202,6 +216,7 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         config.input.id_column,
         list(config.input.keep_columns),
         config.input.strategy_column,
+        dict(config.input.params_columns),
     )
     if config.input.id_column:
         check_ids(shards, config.input.id_column, config.input.storage_options)
@@ -285,6 +300,11 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         torch_threads=config.workers.torch_threads,
         input_storage_options=dict(config.input.storage_options),
         output_storage_options=dict(config.output.storage_options),
+        logprobs=config.output.logprobs,
+        top_logprobs=config.output.top_logprobs,
+        token_ids=config.output.token_ids,
+        params_columns=dict(config.input.params_columns),
+        n=g.n,
     )
 
 

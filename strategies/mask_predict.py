@@ -24,6 +24,10 @@ from strategies.cmlm import CMLM
 from strategies.options import MaskPredictOptions
 
 NAME = "mask_predict"
+LOGPROBS_REFUSAL = (
+    "strategy mask_predict never runs the target, so it has no target log-probabilities to report: use a "
+    "lossless strategy, or drop output.logprobs and output.top_logprobs"
+)
 
 # (per lane, its block's tokens with the mask id where masked; which positions need a prediction [lanes, W])
 # -> the most likely token's log-probability and the token at each needed position ([lanes, W] each).
@@ -114,6 +118,8 @@ class MaskPredictStrategy:
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
         if not params.sampling.greedy:
             raise ValueError("strategy.name=mask_predict decodes greedily only: set generation.temperature=0")
+        if params.logprobs is not None:
+            raise ValueError(LOGPROBS_REFUSAL)
         cmlm, o = self.cmlm, self.options
         kv = cmlm.new_kv(len(requests))
         outputs: list[list[int]] = [[] for _ in requests]

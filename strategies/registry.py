@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from strategies.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import Strategy
-from strategies.calm import CalmStrategy
+from strategies.calm import LOGPROBS_REFUSAL, CalmStrategy
 from strategies.cmlm import CMLM
 from strategies.cmlm_proposer import CMLMProposer
 from strategies.control import AUTOREGRESSIVE, Controller
@@ -25,6 +25,7 @@ from strategies.heads import DraftHeads
 from strategies.jacobi import INITS, JacobiProposer
 from strategies.jacobi import MODES as JACOBI_MODES
 from strategies.lookahead import MODES, LookaheadProposer
+from strategies.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
 from strategies.mask_predict import MaskPredictStrategy
 from strategies.medusa import HeadsProposer, chain_choices, check_choices
 from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, DRAFTERS, MEDUSA_ACCEPTANCE, StrategyOptions
@@ -211,9 +212,14 @@ def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
     return [n for n in drafting() if lossy_reason(n, options) is None and needs_models(n, options) <= has]
 
 
-def problems(options: StrategyOptions, greedy: bool) -> list[str]:
-    """What is wrong with the strategy options for this job, each naming its key (empty: nothing)."""
+def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> list[str]:
+    """What is wrong with the strategy options for this job (`logprobs`: it reports the target's
+    log-probabilities), each naming its key (empty: nothing)."""
     found = []
+    if logprobs and options.name == CALM:
+        found.append(LOGPROBS_REFUSAL)
+    if logprobs and options.name == MASK_PREDICT:
+        found.append(MASK_PREDICT_LOGPROBS_REFUSAL)
     if options.name not in available():
         found.append(f"strategy.name {options.name!r} is unknown; available: {', '.join(available())}")
     if options.name == AUTO and not options.adaptive:

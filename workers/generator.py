@@ -23,11 +23,12 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from strategies import registry
-from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest, Strategy
-from strategies.sampling import SamplingParams, row_key
+from strategies.base import FINISH_LENGTH, GenerationParams, RowOutput, RowRequest, Strategy
+from strategies.sampling import SamplingParams, row_key, seeded_key
 from workers import faults
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
+from workers.row_settings import RowSettings, row_settings
 from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
@@ -37,6 +38,7 @@ FINISH_ERROR = "error"
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
+        ("sample_index", pa.int64()),  # 0 .. generation.n - 1
         ("completion", pa.string()),
         ("finish_reason", pa.string()),
         ("error", pa.string()),
@@ -46,6 +48,15 @@ OUTPUT_SCHEMA = pa.schema(
         ("mean_exit_layer", pa.float64()),  # early exit (calm): the row's mean exit layer; else null
         ("iterations", pa.int64()),  # mask_predict: the CMLM passes the row took; else null
         ("block_lengths", pa.list_(pa.int64())),  # mask_predict: the length chosen for each block; else null
+    ]
+)
+# Columns added on request (output.token_ids, output.logprobs, output.top_logprobs): one entry per
+# generated token, the same tokens `num_generated_tokens` counts.
+SCORE_COLUMNS = pa.schema(
+    [
+        ("token_ids", pa.list_(pa.int64())),
+        ("logprobs", pa.list_(pa.float64())),
+        ("top_logprobs", pa.list_(pa.list_(pa.struct([("token_id", pa.int64()), ("logprob", pa.float64())])))),
     ]
 )
 
@@ -91,8 +102,10 @@ class Generator:
             sampling=SamplingParams(spec.temperature, spec.top_k, spec.top_p, spec.seed),
             eos_token_ids=frozenset(_eos_ids(loaded.target, self.tokenizer)),
             ignore_eos=spec.ignore_eos,
+            logprobs=spec.scores,
         )
-        self.stop_strings = StopStrings(self.tokenizer, list(spec.stop))
+        self.job_settings = RowSettings(spec.max_new_tokens, spec.temperature, spec.top_p, tuple(spec.stop), spec.seed)
+        self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.faults = faults.plan()
         self._lock = threading.Lock()
         self._rows_done = 0
@@ -126,7 +139,7 @@ class Generator:
         started = time.perf_counter()
         table = self._read_unit(unit)
         columns, records = self.decode_table(table, unit, attempt, error_rows or {})
-        out = pa.table(columns, schema=_output_schema(table, self.spec.keep_columns))
+        out = pa.table(columns, schema=output_schema(self.spec, table))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
         data = buffer.getvalue()
@@ -167,6 +180,7 @@ class Generator:
             spec.prompt_column,
             *([spec.id_column] if spec.id_column else []),
             *([spec.strategy_column] if spec.strategy_column else []),
+            *spec.params_columns.values(),
             *spec.keep_columns,
         ]
         try:
@@ -188,62 +202,81 @@ class Generator:
     def decode_table(
         self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]
     ) -> tuple[dict[str, list], list[dict]]:
-        """Output columns for every input row (input order), and one throughput record per batch."""
+        """Output columns, `generation.n` rows per input row (input order, then sample index), and one
+        throughput record per batch."""
         spec = self.spec
-        n = table.num_rows
+        n, samples = table.num_rows, spec.n
         prompts = table.column(spec.prompt_column).to_pylist()
         if spec.id_column:
             row_ids = [str(v) for v in table.column(spec.id_column).to_pylist()]
         else:
             row_ids = [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(n)]
-        columns: dict[str, list] = {
-            "row_id": row_ids,
-            "completion": [None] * n,
-            "finish_reason": [FINISH_ERROR] * n,
-            "error": [None] * n,
-            "num_prompt_tokens": [None] * n,
-            "num_generated_tokens": [None] * n,
-            "strategy": [None] * n,
-            "mean_exit_layer": [None] * n,
-            "iterations": [None] * n,
-            "block_lengths": [None] * n,
-        }
-        for name in spec.keep_columns:
-            columns[name] = table.column(name).to_pylist()
 
-        decodable: list[int] = []
+        errors: dict[int, str] = {}  # input row -> why it is not decoded
         for i, prompt in enumerate(prompts):
             problem = error_rows.get(i) or prompt_problem(prompt)
             if problem:
-                columns["error"][i] = problem
-            else:
-                decodable.append(i)
+                errors[i] = problem
+        decodable = [i for i in range(n) if i not in errors]
         encoded = self.tokenizer([as_text(prompts[i]) for i in decodable])["input_ids"] if decodable else []
+        prompt_tokens: dict[int, int] = {}
         token_ids: dict[int, list[int]] = {}
         for i, ids in zip(decodable, encoded, strict=True):
-            columns["num_prompt_tokens"][i] = len(ids)
+            prompt_tokens[i] = len(ids)
             if len(ids) >= self.runner.max_context:
-                columns["error"][i] = too_long_message(len(ids), self.runner.max_context)
+                errors[i] = too_long_message(len(ids), self.runner.max_context)
             else:
                 token_ids[i] = ids
+        settings = self._row_settings(table, row_ids, token_ids, errors)
+        groups = self._groups(table, token_ids, settings, errors)
 
-        by_strategy = self._strategy_per_row(table, token_ids, columns)
+        def each(values: list) -> list:  # an input row's value on each of its samples
+            return [v for v in values for _ in range(samples)]
+
+        columns: dict[str, list] = {
+            "row_id": each(row_ids),
+            "sample_index": list(range(samples)) * n,
+            "completion": [None] * (n * samples),
+            "finish_reason": [FINISH_ERROR] * (n * samples),
+            "error": each([errors.get(i) for i in range(n)]),
+            "num_prompt_tokens": each([prompt_tokens.get(i) for i in range(n)]),
+            "num_generated_tokens": [None] * (n * samples),
+            "strategy": [None] * (n * samples),
+            "mean_exit_layer": [None] * (n * samples),
+            "iterations": [None] * (n * samples),
+            "block_lengths": [None] * (n * samples),
+        }
+        for name in score_columns(spec):
+            columns[name] = [None] * (n * samples)
+        for name in spec.keep_columns:
+            columns[name] = each(table.column(name).to_pylist())
+
         records = []
-        for name, batch in self._batches(by_strategy, token_ids):
-            requests = [RowRequest(token_ids[i], row_key(row_ids[i]), self.stop_strings.for_row()) for i in batch]
-            faults.before_batch(self.faults, unit.unit_id, attempt, batch, [row_ids[i] for i in batch])
+        for (name, key), batch in self._batches(groups, token_ids):
+            requests = [
+                RowRequest(
+                    token_ids[i],
+                    seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.seed),
+                    self._stop_strings(settings[i].stop).for_row(),
+                )
+                for i, sample in batch
+            ]
+            rows = [i for i, _ in batch]
+            faults.before_batch(self.faults, unit.unit_id, attempt, rows, [row_ids[i] for i in rows])
             began = time.perf_counter()
-            result = self._strategy(name).generate(requests, self.params)
+            result = self._strategy(name).generate(requests, self._batch_params(key))
             wall_s = time.perf_counter() - began
             generated = 0
-            for i, row in zip(batch, result.rows, strict=True):
-                columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(spec.stop))
-                columns["finish_reason"][i] = row.finish_reason
-                columns["num_generated_tokens"][i] = len(row.tokens)
-                columns["strategy"][i] = row.strategy or result.strategy
-                columns["mean_exit_layer"][i] = row.mean_exit_layer
-                columns["iterations"][i] = row.iterations
-                columns["block_lengths"][i] = row.block_lengths
+            for (i, sample), row in zip(batch, result.rows, strict=True):
+                o = i * samples + sample
+                columns["completion"][o] = completion_text(self.tokenizer, row.tokens, list(settings[i].stop))
+                columns["finish_reason"][o] = row.finish_reason
+                columns["num_generated_tokens"][o] = len(row.tokens)
+                columns["strategy"][o] = row.strategy or result.strategy
+                columns["mean_exit_layer"][o] = row.mean_exit_layer
+                columns["iterations"][o] = row.iterations
+                columns["block_lengths"][o] = row.block_lengths
+                _fill_scores(columns, o, row)
                 generated += len(row.tokens)
             with self._lock:
                 self._rows_done += len(batch)
@@ -270,46 +303,112 @@ class Generator:
                 }
             )
         with self._lock:
-            self._rows_done += n - len(token_ids)
+            self._rows_done += len(errors) * samples
         return columns, records
 
-    def _strategy_per_row(
-        self, table: pa.Table, token_ids: dict[int, list[int]], columns: dict[str, list]
-    ) -> dict[str, list[int]]:
-        """Rows to decode, grouped by strategy: `input.strategy_column` where given, else the job's.
+    def _row_settings(
+        self, table: pa.Table, row_ids: list[str], token_ids: dict[int, list[int]], errors: dict[int, str]
+    ) -> dict[int, RowSettings]:
+        """Each decodable row's settings: the job's, overridden by `input.params_columns`. A row with a
+        value that cannot be used, or at temperature 0 when it is to be sampled several times, becomes
+        an error row (in `errors`, out of `token_ids`)."""
+        named, samples = self.spec.params_columns, self.spec.n
+        values = {setting: table.column(column).to_pylist() for setting, column in named.items()}
+        settings = {}
+        for i in list(token_ids):
+            found = row_settings(self.job_settings, {k: v[i] for k, v in values.items()}, named, row_ids[i])
+            if not isinstance(found, str) and samples > 1 and found.temperature == 0:
+                column = named.get("temperature")
+                found = (
+                    f"row {row_ids[i]}: generation.n={samples} samples at temperature 0 would be {samples} "
+                    "copies of one greedy completion: give the row a temperature > 0"
+                    + (f" in input column {column!r}" if column else "")
+                )
+            if isinstance(found, str):
+                errors[i] = found
+                del token_ids[i]
+            else:
+                settings[i] = found
+        return settings
 
-        A row naming an unknown strategy (or one whose model is missing) becomes an error row.
+    def _groups(
+        self,
+        table: pa.Table,
+        token_ids: dict[int, list[int]],
+        settings: dict[int, RowSettings],
+        errors: dict[int, str],
+    ) -> dict[tuple[str, tuple], list[tuple[int, int]]]:
+        """(row, sample index) pairs to decode, grouped by strategy (`input.strategy_column` where given,
+        else the job's) and by the settings a batch shares (`RowSettings.batch_key`).
+
+        A row naming an unknown strategy, one whose model is missing, or one that cannot decode with the
+        row's settings becomes an error row.
         """
         default = self.spec.strategy.name
         wanted = table.column(self.spec.strategy_column).to_pylist() if self.spec.strategy_column else None
-        groups: dict[str, list[int]] = {}
+        groups: dict[tuple[str, tuple], list[tuple[int, int]]] = {}
         for i in list(token_ids):
             name = (wanted[i] if wanted else None) or default
             try:
                 self._strategy(name)
+                problem = self._refusal(name, greedy=settings[i].temperature == 0)
             except (KeyError, ValueError) as exc:
-                columns["error"][i] = f"{self.spec.strategy_column}: {exc.args[0]}"
+                problem = exc.args[0]
+            if problem:
+                errors[i] = f"{self.spec.strategy_column}: {problem}" if wanted else problem
                 del token_ids[i]
                 continue
-            groups.setdefault(name, []).append(i)
+            groups.setdefault((name, settings[i].batch_key()), []).extend((i, s) for s in range(self.spec.n))
         return groups
 
-    def _batches(self, groups: dict[str, list[int]], token_ids: dict[int, list[int]]):
-        """(strategy, rows) batches: rows of similar prompt length together, at most `batch_size` rows
-        and `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
+    def _refusal(self, name: str, greedy: bool) -> str | None:
+        """Why strategy `name` cannot decode a row at these settings (a strategy column or a row's own
+        temperature may ask for what the job's checks did not see), or None."""
+        options = dataclasses.replace(self.spec.strategy, name=name)
+        return "; ".join(registry.problems(options, greedy, self.params.logprobs is not None)) or None
+
+    def _batch_params(self, key: tuple[int, float, float]) -> GenerationParams:
+        """The parameters of a batch of rows sharing `key` (`RowSettings.batch_key`)."""
+        max_new_tokens, temperature, top_p = key
+        sampling = SamplingParams(temperature, self.spec.top_k, top_p, self.spec.seed)
+        return dataclasses.replace(self.params, max_new_tokens=max_new_tokens, sampling=sampling)
+
+    def _stop_strings(self, stops: tuple[str, ...]) -> StopStrings:
+        if stops not in self._stops:
+            self._stops[stops] = StopStrings(self.tokenizer, list(stops))
+        return self._stops[stops]
+
+    def _batches(self, groups: dict[tuple[str, tuple], list[tuple[int, int]]], token_ids: dict[int, list[int]]):
+        """(group, samples) batches: rows of similar prompt length together, a row's samples next to each
+        other (they share its prefill, `plain.start_batch`), at most `batch_size` samples and
+        `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
         spec = self.spec
-        for name, rows in groups.items():
-            batch: list[int] = []
+        for group, rows in groups.items():
+            max_new_tokens = group[1][0]
+            batch: list[tuple[int, int]] = []
             tokens = 0
-            for i in sorted(rows, key=lambda i: len(token_ids[i])):
-                cost = len(token_ids[i]) + spec.max_new_tokens
+            for item in sorted(rows, key=lambda item: len(token_ids[item[0]])):  # stable: samples stay together
+                cost = len(token_ids[item[0]]) + max_new_tokens
                 if batch and (len(batch) >= spec.batch_size or tokens + cost > spec.max_batch_tokens):
-                    yield name, batch
+                    yield group, batch
                     batch, tokens = [], 0
-                batch.append(i)
+                batch.append(item)
                 tokens += cost
             if batch:
-                yield name, batch
+                yield group, batch
+
+
+def _fill_scores(columns: dict[str, list], i: int, row: RowOutput) -> None:
+    """Row `i`'s token ids and log-probabilities, in those of `SCORE_COLUMNS` the job asked for."""
+    if "token_ids" in columns:
+        columns["token_ids"][i] = list(row.tokens)
+    if "logprobs" in columns:
+        columns["logprobs"][i] = [s.logprob for s in row.logprobs]
+    if "top_logprobs" in columns:
+        columns["top_logprobs"][i] = [
+            [{"token_id": t, "logprob": v} for t, v in zip(s.top_ids, s.top_logprobs, strict=True)]
+            for s in row.logprobs
+        ]
 
 
 def _write(url: str, data: bytes, storage_options: dict[str, Any]) -> None:
@@ -328,5 +427,12 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _output_schema(table: pa.Table, keep_columns: tuple[str, ...]) -> pa.Schema:
-    return pa.schema(list(OUTPUT_SCHEMA) + [table.schema.field(name) for name in keep_columns])
+def score_columns(spec: WorkerSpec) -> list[str]:
+    """The columns of `SCORE_COLUMNS` the job asked for."""
+    asked = {"token_ids": spec.token_ids, "logprobs": spec.logprobs, "top_logprobs": spec.top_logprobs > 0}
+    return [name for name in SCORE_COLUMNS.names if asked[name]]
+
+
+def output_schema(spec: WorkerSpec, table: pa.Table) -> pa.Schema:
+    scores = [SCORE_COLUMNS.field(name) for name in score_columns(spec)]
+    return pa.schema(list(OUTPUT_SCHEMA) + scores + [table.schema.field(name) for name in spec.keep_columns])
