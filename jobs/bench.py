@@ -23,12 +23,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jobs.cli import SAMPLE_PROMPTS, SHIPPED_DRAFT, SHIPPED_EXITS, SHIPPED_HEADS, SHIPPED_TARGET, print_keys, split_args
+from jobs.agreement import agreement
+from jobs.cli import (
+    SAMPLE_PROMPTS,
+    SHIPPED_CMLM,
+    SHIPPED_DRAFT,
+    SHIPPED_EXITS,
+    SHIPPED_HEADS,
+    SHIPPED_TARGET,
+    print_keys,
+    split_args,
+)
 from pipeline.config import load_config, option
 from pipeline.errors import JobError
 from strategies import registry
+from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.options import StrategyOptions
+from strategies.options import DRAFTERS, StrategyOptions
 from strategies.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
@@ -48,8 +59,19 @@ class BenchConfig:
     draft: str = option(str(SHIPPED_DRAFT), "Draft model for speculative strategies and assisted generation.")
     heads: str = option(str(SHIPPED_HEADS), "Draft heads of the target for medusa and blockwise.")
     exits: str = option(str(SHIPPED_EXITS), "Exit heads of the target for self_speculative and calm.")
+    cmlm: str = option(str(SHIPPED_CMLM), "Conditional masked LM for mask_predict and the cmlm drafter.")
     dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
     strategies: list[str] = option(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
+    mask_predict_iterations: list[int] = option(
+        [],
+        "With mask_predict among the strategies: time it at each of these passes T (e.g. [1,2,4,10]), one "
+        "contender each. Empty: strategy.mask_predict.iterations alone.",
+    )
+    drafters: list[str] = option(
+        [],
+        "With speculative or specdec among the strategies: time it with each of these drafters (draft_model, "
+        "cmlm), one contender each. Empty: strategy.<name>.drafter alone.",
+    )
     transformers: list[str] = option(
         ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
     )
@@ -122,7 +144,8 @@ class Bench:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = resolve_dtype(config.dtype, self.device)
         uses = set(config.strategies)
-        needs = set().union(*(registry.needs_models(name) for name in uses))
+        variants = [v for n in uses for v in self._variants(n, dataclasses.replace(config.strategy, name=n)).values()]
+        needs = set().union(*(registry.needs_models(v.name, v) for v in variants))
         needs_draft = "draft" in needs or "assisted" in config.transformers
         needs_heads = "heads" in needs and config.heads
         needs_exits = "exits" in needs and config.exits
@@ -133,6 +156,7 @@ class Bench:
             draft_url=config.draft if needs_draft else None,
             heads_url=config.heads if needs_heads else None,
             exits_url=config.exits if needs_exits else None,
+            cmlm_url=config.cmlm if "cmlm" in needs and config.cmlm else None,
         )
         self.model, self.tokenizer, self.draft_model, self.models = (
             loaded.target,
@@ -203,8 +227,31 @@ class Bench:
             found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=config.strategy.num_speculative_tokens)
         for name in config.strategies:
             options = dataclasses.replace(config.strategy, name=name)
-            found[name] = lambda b, o=options: self.ours(self._fresh(o, batch_size), b)
+            for label, variant in self._variants(name, options).items():
+                found[label] = lambda b, o=variant: self.ours(self._fresh(o, batch_size), b)
         return found
+
+    def _variants(self, name: str, options: StrategyOptions) -> dict[str, StrategyOptions]:
+        """The contenders strategy `name` stands for: one per swept setting (passes T, drafters), or itself."""
+        config = self.config
+        if name == registry.MASK_PREDICT and config.mask_predict_iterations:
+            return {
+                f"{name} T={t}": dataclasses.replace(
+                    options, mask_predict=dataclasses.replace(options.mask_predict, iterations=t)
+                )
+                for t in config.mask_predict_iterations
+            }
+        if name in ("speculative", "specdec") and config.drafters:
+            section = getattr(options, name)
+            return {
+                f"{name} drafter={d}": dataclasses.replace(options, **{name: dataclasses.replace(section, drafter=d)})
+                for d in config.drafters
+            }
+        return {name: options}
+
+    def greedy(self, batches: list[list[list[int]]]) -> list[list[int]]:
+        """The target's greedy tokens for `batches` (not timed): what agreement is measured against."""
+        return self.ours(AutoregressiveStrategy(self.models.target), batches).tokens
 
     def run(self, on_rows: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
         """All batch sizes' rows; `on_rows` gets each batch size's as it completes (a long run that is
@@ -224,12 +271,12 @@ class Bench:
                     gc.collect()
                     runs[name].append(fn(batches))
                 order.reverse()  # rounds alternate their order: a contender is not always first or last
-            done = self._rows(batch_size, runs)
+            done = self._rows(batch_size, runs, self.greedy(batches))
             on_rows(done)
             rows.extend(done)
         return rows
 
-    def _rows(self, batch_size: int, runs: dict[str, list[Run]]) -> list[dict]:
+    def _rows(self, batch_size: int, runs: dict[str, list[Run]], greedy: list[list[int]]) -> list[dict]:
         walls = {name: statistics.median(r.wall_s for r in rs) for name, rs in runs.items()}
         times = {name: [r.wall_s for r in rs] for name, rs in runs.items()}
 
@@ -237,6 +284,7 @@ class Bench:
             return round(paired_speedup(times[reference], times[name]), 3) if reference in times else None
 
         reference = runs[HF_GENERATE][-1].tokens if HF_GENERATE in runs else None
+        greedy_texts = self.tokenizer.batch_decode(greedy)
         rows = []
         for name, rs in runs.items():
             last = rs[-1]
@@ -258,6 +306,8 @@ class Bench:
                     else None
                 ),
                 "repetition_rate": round(statistics.mean(repetition_rate(t) for t in last.tokens), 3),
+                # Against the target's greedy output: 1 / 1 / 100 for every lossless strategy.
+                "agreement": agreement(last.tokens, greedy, self.tokenizer.batch_decode(last.tokens), greedy_texts),
             }
             rows.append(row)
         return rows
@@ -280,7 +330,7 @@ def paired_speedup(reference: list[float], contender: list[float]) -> float:
 def print_header() -> None:
     print(
         f"{'batch':>5}  {'contender':<28} {'wall_s':>8} {'tokens/s':>9} {'x gen':>6} {'x AR':>6} "
-        f"{'tau':>5} {'same':>5} {'rep':>5}  acceptance by position",
+        f"{'tau':>5} {'same':>5} {'rep':>5} {'tokacc':>6} {'chrF':>5}  acceptance by position",
         flush=True,
     )
 
@@ -294,7 +344,8 @@ def print_rows(rows: list[dict]) -> None:
             f"{r['batch_size']:>5}  {r['contender']:<28} {r['median_wall_s']:>8.3f} {r['tokens_per_s']:>9.1f} "
             f"{fmt(r['x_generate'], '.2f'):>6} {fmt(r['x_autoregressive'], '.2f'):>6} "
             f"{fmt(r['tau'], '.2f'):>5} {fmt(r['rows_equal_to_generate'], '.0%'):>5} "
-            f"{r['repetition_rate']:>5.2f}  {' '.join(f'{a:.2f}' for a in r.get('acceptance_by_position') or [])}"
+            f"{r['repetition_rate']:>5.2f} {r['agreement']['token_accuracy']:>6.3f} {r['agreement']['chrf']:>5.1f}  "
+            f"{' '.join(f'{a:.2f}' for a in r.get('acceptance_by_position') or [])}"
             f"{'' if not r.get('jacobi') else '  jacobi ' + json.dumps(r['jacobi'])}",
             flush=True,
         )
@@ -304,6 +355,7 @@ def print_legend() -> None:
     print("x gen / x AR: speed-up over transformers.generate / our autoregressive (median of per-round ratios);")
     print("tau: tokens per verify step (accepted draft tokens + the target's own), plain steps left out;")
     print("same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion;")
+    print("tokacc / chrF: token accuracy and character n-gram F-score (0-100) against the target's greedy output;")
     print("acceptance by position: share of verify steps reaching draft depth d+1 that accepted it (per head)")
 
 
@@ -316,6 +368,8 @@ def main(args: list[str]) -> int:
     unknown = sorted(set(config.strategies) - set(registry.available()))
     if unknown:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
+    if set(config.drafters) - set(DRAFTERS):
+        raise JobError(f"drafters: unknown {sorted(set(config.drafters) - set(DRAFTERS))}; use {', '.join(DRAFTERS)}")
     bench = Bench(config)
     print_header()
     rows = bench.run(on_rows=print_rows)

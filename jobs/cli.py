@@ -22,6 +22,7 @@ SHIPPED_TARGET = ASSETS / "models" / "target"
 SHIPPED_DRAFT = ASSETS / "models" / "draft"
 SHIPPED_HEADS = ASSETS / "models" / "heads"
 SHIPPED_EXITS = ASSETS / "models" / "exits"
+SHIPPED_CMLM = ASSETS / "models" / "cmlm"
 SAMPLE_PROMPTS = ASSETS / "prompts" / "sample.parquet"
 
 USAGE = """usage: accelgen <command> [args]
@@ -40,7 +41,8 @@ def default_job_config() -> JobConfig:
     draft = str(SHIPPED_DRAFT) if (SHIPPED_DRAFT / "config.json").is_file() else None
     heads = str(SHIPPED_HEADS) if (SHIPPED_HEADS / "heads.json").is_file() else None
     exits = str(SHIPPED_EXITS) if (SHIPPED_EXITS / "exits.json").is_file() else None
-    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads, exits=exits))
+    cmlm = str(SHIPPED_CMLM) if (SHIPPED_CMLM / "cmlm.json").is_file() else None
+    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads, exits=exits, cmlm=cmlm))
 
 
 def print_keys(title: str, config: object) -> None:

@@ -41,6 +41,11 @@ class InputConfig:
     strategy_column: str | None = option(
         None, "Optional column naming a strategy per row (empty values: strategy.name); unknown: an error row."
     )
+    params_columns: dict[str, str] = option(
+        {},
+        "Per-row settings: {setting: column} for settings among max_new_tokens, temperature, top_p, stop, seed; "
+        "a row's non-null value overrides generation.<setting>, a bad one makes an error row.",
+    )
     storage_options: dict[str, Any] = option({}, "fsspec storage options for the input (endpoint, credentials).")
     rows_per_unit: int = option(
         4096, "Shards with more rows are split into work units of whole row groups up to about this size."
@@ -51,6 +56,13 @@ class InputConfig:
 class OutputConfig:
     url: str = option(MISSING, "Output folder; any fsspec URL. Parts, manifest, _SUCCESS and _logs/ go here.")
     storage_options: dict[str, Any] = option({}, "fsspec storage options for the output.")
+    logprobs: bool = option(
+        False,
+        "Add `logprobs`: each generated token's log-probability under the target (raw log-softmax of its "
+        "logits, before temperature and top-k/top-p).",
+    )
+    top_logprobs: int = option(0, "Add `top_logprobs`: per generated token, the target's k most likely tokens.")
+    token_ids: bool = option(False, "Add `token_ids`: the generated token ids.")
 
 
 @dataclass
@@ -64,6 +76,11 @@ class ModelConfig:
         None,
         "Exit heads at intermediate layers of the target (`accelgen train exits`) for self_speculative and calm: "
         "folder or URL.",
+    )
+    cmlm: str | None = option(
+        None,
+        "Conditional masked LM distilled from the target (`accelgen train cmlm`) for mask_predict, and for "
+        "speculative/specdec with drafter=cmlm: folder or URL.",
     )
     dtype: str = option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
     trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
@@ -79,6 +96,11 @@ class GenerationConfig:
     stop: list[str] = option([], "Stop strings: end the row (finish_reason=stop); not part of the completion.")
     seed: int = option(0, "Sampling seed; a row's draws are keyed by (seed, row_id, position).")
     ignore_eos: bool = option(False, "Keep generating past EOS (fixed-length runs, benchmarks).")
+    n: int = option(
+        1,
+        "Completions per input row: n output rows, sample_index 0..n-1, each drawn with its own key "
+        "(seed, row_id, sample_index, position). n > 1 needs temperature > 0.",
+    )
 
 
 @dataclass

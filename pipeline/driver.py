@@ -32,6 +32,7 @@ from strategies import registry
 from workers import faults
 from workers.generator import Generator, UnitInputError
 from workers.model_loading import (
+    CMLM_CONFIG,
     EXITS_CONFIG,
     HEADS_CONFIG,
     check_trained_for_target,
@@ -39,6 +40,7 @@ from workers.model_loading import (
     model_weights_hash,
     resolve_model_dir,
 )
+from workers.row_settings import SETTINGS as ROW_SETTINGS
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
@@ -119,10 +121,24 @@ def validate(config: JobConfig) -> None:
         problems.append(f"generation.top_p must be in (0, 1], got {g.top_p}")
     if g.top_k < 0:
         problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
+    if g.n < 1:
+        problems.append(f"generation.n must be >= 1, got {g.n}")
+    elif g.n > 1 and g.temperature == 0:
+        problems.append(
+            f"generation.n={g.n} samples at generation.temperature=0 would be {g.n} copies of one greedy "
+            "completion: set generation.temperature > 0 to sample, or generation.n=1"
+        )
+    unknown = sorted(set(config.input.params_columns) - set(ROW_SETTINGS))
+    if unknown:
+        problems.append(f"input.params_columns: {unknown} cannot be set per row; use any of {', '.join(ROW_SETTINGS)}")
+    if config.output.top_logprobs < 0:
+        problems.append(f"output.top_logprobs must be >= 0, got {config.output.top_logprobs}")
     if config.model.dtype not in DTYPES:
         problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
+    scores = config.output.logprobs or config.output.top_logprobs > 0
+    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
     models = {m for m in registry.OPTIONAL_MODELS if getattr(config.model, m)}
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, models=models))
+    problems.extend(registry.missing_models(config.strategy, models))
     if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
         problems.append("workers.max_batch_tokens and workers.unit_timeout_s must be > 0")
     if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:
@@ -142,7 +158,7 @@ def run_job(config: JobConfig) -> JobOutcome:
     job_record = _job_record(config, shards)
     job_id = job_record["fingerprint"]
     output = OutputFolder(config.output.url, config.output.storage_options)
-    total_rows = sum(u.num_rows for u in units)
+    total_rows = sum(u.num_rows for u in units) * config.generation.n  # output rows
     if output.claim(job_id, job_record):
         print(f"job {job_id[:12]} already complete in {config.output.url}: nothing to do")
         return JobOutcome("already_complete", {"rows": total_rows})
@@ -231,6 +247,7 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         config.input.id_column,
         list(config.input.keep_columns),
         config.input.strategy_column,
+        dict(config.input.params_columns),
     )
     if config.input.id_column:
         check_ids(shards, config.input.id_column, config.input.storage_options)
@@ -242,11 +259,11 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
 
 
 def _optional_models(config: JobConfig) -> list[str]:
-    """The optional models (`draft`, `heads`, `exits`) set and possibly used: loaded, and part of the
+    """The optional models (`draft`, `heads`, `exits`, `cmlm`) set and possibly used: loaded, and part of the
     job's identity, only then."""
     # A strategy column may name any strategy, as `auto` may use any drafter.
     name = registry.AUTO if config.input.strategy_column else config.strategy.name
-    wanted = registry.needs_models(name)
+    wanted = registry.needs_models(name, config.strategy)
     return sorted(m for m in wanted if getattr(config.model, m))
 
 
@@ -260,7 +277,9 @@ def _lossy(config: JobConfig) -> dict[str, str]:
 
 def _model_hash(url: str, key: str) -> str:
     try:
-        marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG}.get(key, "config.json")
+        marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG, "model.cmlm": CMLM_CONFIG}.get(
+            key, "config.json"
+        )
         return model_weights_hash(url, marker=marker)
     except FileNotFoundError as exc:
         raise JobError(f"{key}: {exc}") from None
@@ -286,6 +305,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         model_draft=config.model.draft if "draft" in _optional_models(config) else None,
         model_heads=config.model.heads if "heads" in _optional_models(config) else None,
         model_exits=config.model.exits if "exits" in _optional_models(config) else None,
+        model_cmlm=config.model.cmlm if "cmlm" in _optional_models(config) else None,
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         cache_dir=config.model.cache_dir,
@@ -306,6 +326,11 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         torch_threads=config.workers.torch_threads,
         input_storage_options=dict(config.input.storage_options),
         output_storage_options=dict(config.output.storage_options),
+        logprobs=config.output.logprobs,
+        top_logprobs=config.output.top_logprobs,
+        token_ids=config.output.token_ids,
+        params_columns=dict(config.input.params_columns),
+        n=g.n,
     )
 
 

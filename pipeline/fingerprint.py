@@ -1,7 +1,8 @@
 """A job's identity: a hash of everything that decides its output rows, and nothing else.
 
 In: the input listing (names, sizes, modification stamps), the columns read, the model (path and
-weights hash; draft and heads too), the dtype, and the generation and strategy settings. Out: credentials and
+weights hash; draft and heads too), the dtype, the generation and strategy settings, and the columns
+asked for (token ids, log-probabilities). Out: credentials and
 storage options, actor counts, batch sizes, the Ray address — changing those must resume a job,
 not start a different one.
 """
@@ -29,6 +30,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "id": config.input.id_column,
             "keep": list(config.input.keep_columns),
             "strategy": config.input.strategy_column,
+            "params": dict(sorted(config.input.params_columns.items())),
         },
         "model": {
             "target": config.model.target,
@@ -39,6 +41,11 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "weights_sha256": model_hashes,
         },
         "generation": dataclasses.asdict(config.generation),
+        "scores": {
+            "logprobs": config.output.logprobs,
+            "top_logprobs": config.output.top_logprobs,
+            "token_ids": config.output.token_ids,
+        },
         "strategy": dataclasses.asdict(config.strategy),
     }
 

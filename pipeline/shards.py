@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from pipeline.errors import JobError
-from workers.contract import OUTPUT_SCHEMA, unit_id
+from workers.contract import OUTPUT_SCHEMA, SCORE_COLUMNS, unit_id
 from workers.spec import WorkUnit
 from workers.storage import filesystem, protocol_prefix
 
@@ -176,6 +176,7 @@ def check_columns(
     id_column: str | None,
     keep_columns: list[str],
     strategy_column: str | None = None,
+    params_columns: dict[str, str] | None = None,
 ) -> None:
     """Fail the job unless every shard has the same schema and the configured columns are usable."""
     first = shards[0]
@@ -191,6 +192,8 @@ def check_columns(
         wanted["input.id_column"] = [id_column]
     if strategy_column:
         wanted["input.strategy_column"] = [strategy_column]
+    for setting, column in (params_columns or {}).items():
+        wanted[f"input.params_columns.{setting}"] = [column]
     for key, columns in wanted.items():
         for column in columns:
             if column not in names:
@@ -198,7 +201,7 @@ def check_columns(
     prompt_type = first.schema.field(prompt_column).type
     if not (pa.types.is_string(prompt_type) or pa.types.is_large_string(prompt_type) or _is_binary(prompt_type)):
         raise JobError(f"input.prompt_column {prompt_column!r} of {first.url} is {prompt_type}, not text")
-    clashing = sorted(set(keep_columns) & set(OUTPUT_SCHEMA.names))
+    clashing = sorted(set(keep_columns) & {*OUTPUT_SCHEMA.names, *SCORE_COLUMNS.names})
     if clashing:
         raise JobError(f"input.keep_columns {clashing} clash with output columns; rename them in the input")
 

@@ -2,8 +2,9 @@
 
 All must hold: the job finished (`_SUCCESS` and `_manifest.json`); every part in the manifest
 exists with its recorded size, sha256 and row count; no data file sits outside the manifest
-(`_logs/` and the job's own bookkeeping aside); every `row_id` appears exactly once; and, given the
-input, the output's row ids are exactly the input's.
+(`_logs/` and the job's own bookkeeping aside); every `row_id` appears exactly `generation.n` times,
+once with each `sample_index` in 0..n-1 (n = 1: exactly once); and, given the input, the output's
+row ids are exactly the input's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from workers.storage import filesystem, join
 _BOOKKEEPING = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE)
 _BOOKKEEPING_DIRS = ("_logs/", "_commits/")
 _THREADS = 16  # parts read at once: each is a whole object, so fewer at a time than footers
+_NO_ROWS = pa.table({"row_id": pa.array([], pa.string()), "sample_index": pa.array([], pa.int64())})
 
 
 @dataclass
@@ -62,12 +64,10 @@ def verify(output_url: str, input_url: str | None, storage_options: dict[str, An
         report.problems.append(f"{name} is in the manifest but missing")
     checked = parallel_map(lambda n: _check_part(fs, join(root, n), listed[n]), sorted(set(listed) & present), _THREADS)
     report.problems.extend(problem for problem, _ in checked if problem)
-    ids = pa.chunked_array([c for _, part_ids in checked for c in part_ids.chunks], type=pa.string())
+    rows = pa.concat_tables([part_rows for _, part_rows in checked if part_rows is not None] or [_NO_ROWS])
+    ids = rows.column("row_id")
     report.parts, report.rows = sum(not problem for problem, _ in checked), len(ids)
-    counts = pc.value_counts(ids)
-    duplicated = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
-    if len(duplicated):
-        report.problems.append(f"{len(duplicated)} row ids appear more than once, e.g. {duplicated[:3].to_pylist()}")
+    report.problems.extend(_sample_problems(rows, manifest["config"]["generation"].get("n", 1)))
     if input_url is not None:
         expected = input_row_ids(input_url, manifest, storage_options, exclude=output_url)
         missing = expected.filter(pc.invert(pc.is_in(expected, value_set=ids)))
@@ -79,16 +79,45 @@ def verify(output_url: str, input_url: str | None, storage_options: dict[str, An
     return report
 
 
-def _check_part(fs: AbstractFileSystem, path: str, part: dict[str, Any]) -> tuple[str | None, pa.ChunkedArray]:
-    """A part against its manifest entry: (the problem or None, its row ids; none when the bytes differ)."""
+def _sample_problems(rows: pa.Table, n: int) -> list[str]:
+    """Each row id once per sample: n times, with sample indices 0..n-1 (unique pairs, all in range)."""
+    ids, samples = rows.column("row_id"), rows.column("sample_index")
+    counts = pc.value_counts(ids)
+    if n == 1:
+        wrong = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+        return [f"{len(wrong)} row ids appear more than once, e.g. {wrong[:3].to_pylist()}"] if len(wrong) else []
+    problems = []
+    wrong = counts.filter(pc.not_equal(counts.field("counts"), n)).field("values")
+    if len(wrong):
+        problems.append(f"{len(wrong)} row ids do not have generation.n={n} output rows, e.g. {wrong[:3].to_pylist()}")
+    outside = pc.sum(pc.or_(pc.less(samples, 0), pc.greater_equal(samples, n))).as_py() or 0
+    if outside:
+        problems.append(f"{outside} rows have a sample_index outside 0..{n - 1}")
+    pairs = pc.value_counts(pc.binary_join_element_wise(ids, pc.cast(samples, pa.string()), "\x00"))
+    repeated = pairs.filter(pc.greater(pairs.field("counts"), 1)).field("values")
+    if len(repeated):
+        example = [p.replace("\x00", " sample ") for p in repeated[:3].to_pylist()]
+        problems.append(f"{len(repeated)} (row_id, sample_index) pairs appear more than once, e.g. {example}")
+    return problems
+
+
+def _check_part(fs: AbstractFileSystem, path: str, part: dict[str, Any]) -> tuple[str | None, pa.Table | None]:
+    """A part against its manifest entry: (the problem or None, its row ids and sample indices; None when
+    the bytes differ). Parts written before `sample_index` existed hold sample 0 of each row."""
     name = part["part"]
     data = fs.cat_file(path)
     if len(data) != part["bytes"] or hashlib.sha256(data).hexdigest() != part["sha256"]:
-        return f"{name}: checksum differs from the manifest", pa.chunked_array([], type=pa.string())
-    ids = pq.read_table(pa.BufferReader(data), columns=["row_id"]).column("row_id")
-    if len(ids) != part["rows"]:
-        return f"{name}: {len(ids)} rows, the manifest says {part['rows']}", ids
-    return None, ids
+        return f"{name}: checksum differs from the manifest", None
+    file = pq.ParquetFile(pa.BufferReader(data))
+    if "sample_index" in file.schema_arrow.names:
+        rows = file.read(columns=["row_id", "sample_index"])
+    else:
+        ids = file.read(columns=["row_id"]).column("row_id")
+        rows = pa.table({"row_id": ids, "sample_index": pa.array([0] * len(ids), pa.int64())})
+    rows = rows.cast(_NO_ROWS.schema)
+    if rows.num_rows != part["rows"]:
+        return f"{name}: {rows.num_rows} rows, the manifest says {part['rows']}", rows
+    return None, rows
 
 
 def _first(ids: pa.ChunkedArray) -> list[str]:

@@ -22,5 +22,8 @@ class AutoregressiveStrategy:
             run = decode_plainly(self.runner, batch)
             forwards += run.steps
             batch.keep(run.still)
-        rows = [RowOutput(tokens=o, finish_reason=r) for o, r in zip(batch.outputs, batch.reasons, strict=True)]
+        rows = [
+            RowOutput(tokens=o, finish_reason=r, logprobs=batch.row_scores(i))
+            for i, (o, r) in enumerate(zip(batch.outputs, batch.reasons, strict=True))
+        ]
         return BatchOutput(rows=rows, strategy=self.name, target_forwards=forwards)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from strategies.logprobs import TokenLogprob
 from strategies.sampling import SamplingParams
 
 FINISH_STOP = "stop"
@@ -18,6 +19,9 @@ class GenerationParams:
     sampling: SamplingParams
     eos_token_ids: frozenset[int]
     ignore_eos: bool = False
+    # None: no scores; k >= 0: each emitted token's log-probability under the target and its k best
+    # alternatives (`strategies.logprobs`).
+    logprobs: int | None = None
 
 
 @dataclass
@@ -34,6 +38,9 @@ class RowOutput:
     finish_reason: str  # FINISH_STOP | FINISH_LENGTH
     strategy: str | None = None  # what decoded the row when it differs from the batch's strategy
     mean_exit_layer: float | None = None  # early exit (calm): layers its tokens went through, on average
+    iterations: int | None = None  # mask_predict: CMLM passes over the row's blocks, all blocks together
+    block_lengths: list[int] | None = None  # mask_predict: the length chosen for each of the row's blocks
+    logprobs: list[TokenLogprob] | None = None  # one per token, when `GenerationParams.logprobs` asks
 
 
 @dataclass

@@ -49,6 +49,11 @@ from strategies.runner import LayerPass, ModelRunner
 from strategies.sampling import SamplingParams, choose_tokens
 
 DECAY_FLOOR = 0.9  # λ_t never falls below this share of λ
+LOGPROBS_REFUSAL = (
+    "strategy calm chooses tokens at intermediate layers and never runs the target's full forward for "
+    "them, so it has no target log-probabilities to report: use a lossless strategy, or drop "
+    "output.logprobs and output.top_logprobs"
+)
 
 
 def threshold_at(threshold: float, tau: float, index: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -79,6 +84,8 @@ class CalmStrategy:
         self.layers = [layer for layer in exits.layers if layer >= options.min_layer]
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
+        if params.logprobs is not None:
+            raise ValueError(LOGPROBS_REFUSAL)
         runner_layers = self.runner.num_layers
         batch = start_batch(self.runner, requests, params)
         depth_sum = [float(runner_layers)] * len(requests)  # the prefill's token: full depth

@@ -181,6 +181,14 @@ class RaggedKV:
         self.valid = self.valid & ~slots
         self.next_pos -= dropped.sum(dim=1)
 
+    def truncate(self, num_slots: int) -> None:
+        """Drop every slot from `num_slots` on: a forward that was only read (a masked LM's block pass)."""
+        self.drop_provisional()
+        for layer in self.layers:
+            layer.length = num_slots
+        self.next_pos -= self.valid[:, num_slots:].sum(dim=1)
+        self.valid = self.valid[:, :num_slots]
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` [B'] (indices, in order) and drop slot columns no kept row uses."""
         self.drop_provisional()

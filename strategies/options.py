@@ -9,9 +9,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+DRAFTERS = ("draft_model", "cmlm")  # what the speculative and specdec strategies draft with
+
+
+@dataclass
+class SpeculativeOptions:
+    drafter: str = field(
+        default="draft_model",
+        metadata={
+            "help": f"One of {DRAFTERS}. draft_model: model.draft drafts k tokens, one forward each; cmlm: "
+            "model.cmlm fills k masked tokens in one forward (verified exactly)."
+        },
+    )
+
 
 @dataclass
 class SpecDecOptions:
+    drafter: str = field(
+        default="draft_model",
+        metadata={
+            "help": f"One of {DRAFTERS}. cmlm: SpecDec's own non-autoregressive drafter (model.cmlm), k tokens in "
+            "one forward; draft_model: model.draft, one forward per token."
+        },
+    )
     top_beta: int = field(
         default=3, metadata={"help": "SpecDec β: a draft token is acceptable if among the target's top-β tokens…"}
     )
@@ -111,6 +131,31 @@ class SelfSpeculativeOptions:
     )
 
 
+@dataclass
+class MaskPredictOptions:
+    iterations: int = field(
+        default=10,
+        metadata={
+            "help": "T: passes of the CMLM per block. Pass t >= 1 re-masks the N·(T−t)/T least confident tokens and "
+            "predicts them again."
+        },
+    )
+    length_beam: int = field(
+        default=1,
+        metadata={
+            "help": "l: the l most likely block lengths are each decoded; the one of highest mean log-probability "
+            "is kept (costs l times the compute)."
+        },
+    )
+    max_length: int = field(
+        default=0,
+        metadata={
+            "help": "Longest block, in tokens (0: the CMLM's own, cmlm.json max_length). Longer outputs are decoded "
+            "block after block, each conditioned on the ones before."
+        },
+    )
+
+
 CALM_MEASURES = ("softmax", "gap", "state", "classifier")
 CALM_BATCH_EXITS = ("row", "batch")
 
@@ -161,6 +206,7 @@ class StrategyOptions:
         default_factory=list,
         metadata={"help": "Drafting strategies `auto` chooses among. Empty: every lossless one whose models exist."},
     )
+    speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)
     specdec: SpecDecOptions = field(default_factory=SpecDecOptions)
     prompt_lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
     lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)
@@ -169,3 +215,4 @@ class StrategyOptions:
     jacobi: JacobiOptions = field(default_factory=JacobiOptions)
     self_speculative: SelfSpeculativeOptions = field(default_factory=SelfSpeculativeOptions)
     calm: CalmOptions = field(default_factory=CalmOptions)
+    mask_predict: MaskPredictOptions = field(default_factory=MaskPredictOptions)

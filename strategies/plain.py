@@ -16,6 +16,7 @@ import torch
 
 from strategies.base import GenerationParams, RowRequest, finish_reason
 from strategies.kv_cache import RaggedKV
+from strategies.logprobs import TokenLogprob, score_tokens
 from strategies.proposer import TargetStates
 from strategies.runner import ModelRunner
 from strategies.sampling import choose_tokens
@@ -36,13 +37,27 @@ class Batch:
     # The target's states from its latest forward (prefill, verify or a run of plain steps), kept
     # only when a drafter reads them (`Proposer.wants_states`).
     states: TargetStates | None = None
+    # Per request: each generated token's score, when `params.logprobs` asks for them.
+    scores: list[list[TokenLogprob]] | None = None
 
-    def emit(self, request: int, token: int) -> bool:
-        """Append `token` to a row's output; True when the row has finished with it."""
+    def emit(self, request: int, token: int, score: TokenLogprob | None = None) -> bool:
+        """Append `token` (with its `score` when the batch keeps scores) to a row's output; True when
+        the row has finished with it."""
         output = self.outputs[request]
         output.append(token)
+        if self.scores is not None:
+            self.scores[request].append(score)
         self.reasons[request] = finish_reason(self.requests[request], output, self.params, self.max_context)
         return self.reasons[request] is not None
+
+    def score(self, logits: torch.Tensor, tokens: torch.Tensor) -> list[TokenLogprob | None]:
+        """Scores of `tokens` [N] chosen from `logits` [N, V], or Nones when the batch keeps none."""
+        if self.scores is None:
+            return [None] * len(tokens)
+        return score_tokens(logits, tokens, self.params.logprobs)
+
+    def row_scores(self, request: int) -> list[TokenLogprob] | None:
+        return None if self.scores is None else self.scores[request]
 
     def keep(self, still: list[int]) -> None:
         """Only batch rows `still` (in order) go on: the cache and keys follow."""
@@ -59,17 +74,30 @@ class Batch:
 def start_batch(
     runner: ModelRunner, requests: list[RowRequest], params: GenerationParams, want_states: bool = False
 ) -> Batch:
-    """Prefill the prompts and choose every row's first token; rows that end on it leave the batch."""
-    kv = runner.new_kv(len(requests))
-    out = runner.prefill(kv, [r.prompt for r in requests], want_hidden=want_states)
+    """Prefill the prompts and choose every row's first token; rows that end on it leave the batch.
+
+    Identical prompts (the samples of one input row) are prefilled once and their cache rows copied.
+    """
+    distinct: dict[tuple[int, ...], int] = {}
+    source = [distinct.setdefault(tuple(r.prompt), len(distinct)) for r in requests]  # request -> prompt
+    kv = runner.new_kv(len(distinct))
+    out = runner.prefill(kv, [list(p) for p in distinct], want_hidden=want_states)
+    last, hidden = out.logits[:, -1], out.hidden  # [P, V], [P, L, H] per distinct prompt
+    if len(distinct) < len(requests):
+        index = torch.tensor(source, dtype=torch.long, device=kv.valid.device)
+        kv.select_rows(index)
+        last, hidden = last[index], hidden[index] if want_states else None
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
-    first = choose_tokens(out.logits[:, -1], params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
+    first = choose_tokens(last, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     n = len(requests)
     batch = Batch(requests, params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context)
+    if params.logprobs is not None:
+        batch.scores = [[] for _ in range(n)]
     if want_states:
-        width = out.hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
-        batch.states = TargetStates(out.hidden, [list(range(width - len(r.prompt), width)) for r in requests])
-    batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token)])
+        width = hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
+        batch.states = TargetStates(hidden, [list(range(width - len(r.prompt), width)) for r in requests])
+    scores = batch.score(last, first)
+    batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token, scores[row])])
     return batch
 
 
@@ -108,10 +136,11 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
         # Generation index of each row's next token: keys a sampled draw (greedy needs none).
         positions = None if params.sampling.greedy else torch.tensor([len(batch.outputs[i]) for i in active])
         pending = choose_tokens(out.logits[:, -1], params.sampling, batch.keys, positions)  # [B]
+        scores = batch.score(out.logits[:, -1], pending)
         finished = False
         for row, (i, token) in enumerate(zip(active, pending.tolist(), strict=True)):
             run.emitted[row].append(token)
-            finished |= batch.emit(i, token)
+            finished |= batch.emit(i, token, scores[row])
         run.rows.append(len(active))
         run.seconds.append(time.perf_counter() - began)
         if finished:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from strategies.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import Strategy
-from strategies.calm import CalmStrategy
+from strategies.calm import LOGPROBS_REFUSAL, CalmStrategy
+from strategies.cmlm import CMLM
+from strategies.cmlm_proposer import CMLMProposer
 from strategies.control import AUTOREGRESSIVE, Controller
 from strategies.draft_model import DraftModelProposer
 from strategies.exits import ExitHeads
@@ -23,37 +25,55 @@ from strategies.heads import DraftHeads
 from strategies.jacobi import INITS, JacobiProposer
 from strategies.jacobi import MODES as JACOBI_MODES
 from strategies.lookahead import MODES, LookaheadProposer
+from strategies.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
+from strategies.mask_predict import MaskPredictStrategy
 from strategies.medusa import HeadsProposer, chain_choices, check_choices
-from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, MEDUSA_ACCEPTANCE, StrategyOptions
+from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, DRAFTERS, MEDUSA_ACCEPTANCE, StrategyOptions
 from strategies.prompt_lookup import PromptLookupProposer
+from strategies.proposer import Proposer
 from strategies.runner import ModelRunner
 from strategies.self_speculative import SelfSpeculativeProposer
 from strategies.speculative import Drafter, SpeculativeStrategy
 
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
+MASK_PREDICT = "mask_predict"  # not a drafter either: the CMLM alone, lossy, never among `auto`'s candidates
 
 
 @dataclass
 class Models:
-    """What strategies draft and verify with: the target, and the optional draft model, heads and exits."""
+    """What strategies draft and verify with: the target, and the optional draft model, heads, exits and CMLM."""
 
     target: ModelRunner
     draft: ModelRunner | None = None
     heads: DraftHeads | None = None
     exits: ExitHeads | None = None
+    cmlm: CMLM | None = None
+
+
+def _drafter_of(name: str, options: StrategyOptions) -> str:
+    """The model the speculative or specdec strategy drafts with (`strategy.<name>.drafter`)."""
+    return options.speculative.drafter if name == "speculative" else options.specdec.drafter
+
+
+def _chain_proposer(name: str, options: StrategyOptions, models: Models) -> Proposer:
+    if _drafter_of(name, options) == "cmlm":
+        return CMLMProposer(_need_cmlm(models, name), models.target.vocab_size)
+    return DraftModelProposer(_need_draft(models, name), models.target.vocab_size)
 
 
 def _speculative(options: StrategyOptions, models: Models) -> Drafter:
     k = options.num_speculative_tokens
-    proposer = DraftModelProposer(_need_draft(models, "speculative"), models.target.vocab_size)
-    return Drafter("speculative", proposer, k, k, RejectionSampling())
+    proposer = _chain_proposer("speculative", options, models)
+    # The CMLM drafts argmax tokens, without probabilities: exact matching keeps it lossless.
+    rule = ExactMatch() if proposer.name == "cmlm" else RejectionSampling()
+    return Drafter("speculative", proposer, k, k, rule)
 
 
 def _specdec(options: StrategyOptions, models: Models) -> Drafter:
     k = options.num_speculative_tokens
     rule = Relaxed(options.specdec.top_beta, options.specdec.tolerance)
-    return Drafter("specdec", DraftModelProposer(_need_draft(models, "specdec"), models.target.vocab_size), k, k, rule)
+    return Drafter("specdec", _chain_proposer("specdec", options, models), k, k, rule)
 
 
 def _prompt_lookup(options: StrategyOptions, models: Models) -> Drafter:
@@ -110,6 +130,12 @@ def _need_draft(models: Models, name: str) -> ModelRunner:
     return models.draft
 
 
+def _need_cmlm(models: Models, name: str) -> CMLM:
+    if models.cmlm is None:
+        raise ValueError(_missing_model(name, "cmlm"))
+    return models.cmlm
+
+
 def _need_heads(models: Models, name: str) -> DraftHeads:
     if models.heads is None:
         raise ValueError(_missing_model(name, "heads"))
@@ -136,19 +162,19 @@ _DRAFTERS: dict[str, Callable[[StrategyOptions, Models], Drafter]] = {
     "jacobi": _jacobi,
     "self_speculative": _self_speculative,
 }
-NEEDS_DRAFT = frozenset({"speculative", "specdec"})
 NEEDS_HEADS = frozenset({"medusa", "blockwise"})
 NEEDS_EXITS = frozenset({"self_speculative", CALM})
-OPTIONAL_MODELS = ("draft", "heads", "exits")
+OPTIONAL_MODELS = ("draft", "heads", "exits", "cmlm")
 _MODEL_ROLES = {
     "draft": "a draft model",
     "heads": "heads trained on the target",
     "exits": "exit heads trained on the target",
+    "cmlm": "a conditional masked LM (accelgen train cmlm)",
 }
 
 
 def available() -> list[str]:
-    return sorted([AUTOREGRESSIVE, AUTO, CALM, *_DRAFTERS])
+    return sorted([AUTOREGRESSIVE, AUTO, CALM, MASK_PREDICT, *_DRAFTERS])
 
 
 def drafting() -> list[str]:
@@ -169,14 +195,23 @@ def lossy_reason(name: str, options: StrategyOptions) -> str | None:
             "CALM's early exit (strategy.calm): a token may be an intermediate layer's guess, chosen where its "
             f"{options.calm.measure} confidence reached {options.calm.threshold}"
         )
+    if name == MASK_PREDICT:
+        return (
+            "Mask-Predict (strategy.mask_predict): the conditional masked LM's parallel guesses, never checked "
+            "against the target"
+        )
     return None
 
 
-def needs_models(name: str) -> set[str]:
-    """Which optional models (`draft`, `heads`, `exits`) strategy `name` drafts with; `auto` may use any."""
+def needs_models(name: str, options: StrategyOptions) -> set[str]:
+    """Which optional models (`draft`, `heads`, `exits`, `cmlm`) strategy `name` uses; `auto` may use any."""
     if name == AUTO:
         return set(OPTIONAL_MODELS)
-    needs = {"draft": NEEDS_DRAFT, "heads": NEEDS_HEADS, "exits": NEEDS_EXITS}
+    if name in ("speculative", "specdec"):
+        return {"cmlm" if _drafter_of(name, options) == "cmlm" else "draft"}
+    if name == MASK_PREDICT:
+        return {"cmlm"}
+    needs = {"heads": NEEDS_HEADS, "exits": NEEDS_EXITS}
     return {model for model, names in needs.items() if name in names}
 
 
@@ -184,15 +219,25 @@ def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
     """`strategy.candidates`, or every lossless drafting strategy whose models (`has`) are available."""
     if options.candidates:
         return list(options.candidates)
-    return [n for n in drafting() if lossy_reason(n, options) is None and needs_models(n) <= has]
+    return [n for n in drafting() if lossy_reason(n, options) is None and needs_models(n, options) <= has]
 
 
-def problems(options: StrategyOptions, greedy: bool, models: set[str]) -> list[str]:
-    """What is wrong with the strategy options for a job with these optional `models` set, each
-    naming its key (empty: nothing). `auto` uses what is there, so it misses no model."""
+def missing_models(options: StrategyOptions, models: set[str]) -> list[str]:
+    """The optional models strategy `options.name` needs that are not among `models` (those the job
+    sets), each naming its key; `auto` uses what is there, so it misses none."""
+    if options.name == AUTO:
+        return []
+    return [_missing_model(options.name, m) for m in sorted(needs_models(options.name, options) - models)]
+
+
+def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> list[str]:
+    """What is wrong with the strategy options for this job (`logprobs`: it reports the target's
+    log-probabilities), each naming its key (empty: nothing)."""
     found = []
-    if options.name != AUTO:
-        found.extend(_missing_model(options.name, m) for m in sorted(needs_models(options.name) - models))
+    if logprobs and options.name == CALM:
+        found.append(LOGPROBS_REFUSAL)
+    if logprobs and options.name == MASK_PREDICT:
+        found.append(MASK_PREDICT_LOGPROBS_REFUSAL)
     if options.name not in available():
         found.append(f"strategy.name {options.name!r} is unknown; available: {', '.join(available())}")
     if options.name == AUTO and not options.adaptive:
@@ -229,6 +274,17 @@ def problems(options: StrategyOptions, greedy: bool, models: set[str]) -> list[s
         )
     if cm.threshold <= 0 or cm.decay_tau < 0 or cm.min_layer < 1:
         found.append("strategy.calm: threshold must be > 0, decay_tau >= 0 and min_layer >= 1")
+    for key, drafter in (("speculative", options.speculative.drafter), ("specdec", options.specdec.drafter)):
+        if drafter not in DRAFTERS:
+            found.append(f"strategy.{key}.drafter={drafter!r}: use one of {', '.join(DRAFTERS)}")
+    mp = options.mask_predict
+    if mp.iterations < 1 or mp.length_beam < 1 or mp.max_length < 0:
+        found.append("strategy.mask_predict: iterations and length_beam must be >= 1, max_length >= 0 (0: the CMLM's)")
+    if options.name == MASK_PREDICT and not greedy:
+        found.append(
+            "strategy.name=mask_predict fills blocks with the CMLM's most likely tokens and has no sampling "
+            "variant: use temperature 0"
+        )
     relaxed = options.name == "specdec" or (options.name == "blockwise" and options.blockwise.top_k > 1)
     if relaxed and not greedy:
         reason = lossy_reason(options.name, options)
@@ -243,6 +299,8 @@ def create(options: StrategyOptions, models: Models, controller: Controller | No
         return AutoregressiveStrategy(models.target)
     if name == CALM:
         return CalmStrategy(models.target, _need_exits(models, CALM), options.calm)
+    if name == MASK_PREDICT:
+        return MaskPredictStrategy(_need_cmlm(models, MASK_PREDICT), options.mask_predict)
     if name == AUTO:
         if controller is None:
             raise ValueError("strategy 'auto' chooses per step: it needs the controller (strategy.adaptive=true)")

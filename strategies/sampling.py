@@ -42,10 +42,21 @@ def _splitmix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def row_key(row_id: str) -> int:
-    """A stable signed 64-bit key for a row id (same on every machine and Python run)."""
-    digest = hashlib.blake2b(row_id.encode("utf-8"), digest_size=8).digest()
+def row_key(row_id: str, sample_index: int = 0) -> int:
+    """A stable signed 64-bit key for sample `sample_index` of a row (same on every machine and Python
+    run). Each sample has its own key, so a sample depends neither on how many are drawn nor on
+    which share its batch; sample 0's is the row's key (BLAKE2's salt defaults to zeros), so one sample
+    per row draws what it always drew."""
+    salt = sample_index.to_bytes(16, "little")
+    digest = hashlib.blake2b(row_id.encode("utf-8"), digest_size=8, salt=salt).digest()
     return int.from_bytes(digest, "little", signed=True)
+
+
+def seeded_key(key: int, seed: int, batch_seed: int) -> int:
+    """The key whose draws under `batch_seed` are `key`'s under `seed`. `keyed_uniform` mixes seed and
+    key only as `seed ^ key`, so a row with a seed of its own shares a batch (and its one seed)
+    exactly: its samples are those of a job run with its seed."""
+    return key ^ seed ^ batch_seed
 
 
 def keyed_uniform(seed: int, keys: torch.Tensor, positions: torch.Tensor, stream: int = STREAM_TARGET) -> torch.Tensor:

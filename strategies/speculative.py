@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from strategies.acceptance import AcceptanceRule, ExactMatch, Verdict
+from strategies.acceptance import AcceptanceRule, ExactMatch
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
 from strategies.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
 from strategies.drafts import Draft, draft_problem
@@ -30,7 +30,7 @@ from strategies.metrics import SpecStats
 from strategies.plain import Batch, decode_plainly, start_batch
 from strategies.proposer import ProposalContext, Proposer
 from strategies.runner import ModelRunner
-from strategies.verify import verify
+from strategies.verify import Verification, verify
 
 
 @dataclass
@@ -132,19 +132,19 @@ class SpeculativeStrategy:
         if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
             self._plain(run, 1, billed_to=drafter.name, overhead_s=time.perf_counter() - began)
             return
-        verdicts = self._speculate(run, drafter, drafts, context)
-        if verdicts is None:  # the verify forward raised; the cache is as before the step
+        checked = self._speculate(run, drafter, drafts, context)
+        if checked is None:  # the verify forward raised; the cache is as before the step
             self._plain(run, 1)
             return
-        self._drafted(run, drafter.name, drafts, verdicts, began)
+        self._drafted(run, drafter.name, drafts, checked, began)
 
     def _output(self, run: _Decoding) -> BatchOutput:
         batch = run.batch
         # A fixed strategy whose drafter could not run at all (greedy-only, sampling) decoded plainly.
         fixed = self.name if run.live or run.started else AUTOREGRESSIVE
         rows = [
-            RowOutput(tokens=o, finish_reason=r, strategy=self._row_strategy(counts, fixed))
-            for o, r, counts in zip(batch.outputs, batch.reasons, run.emitted_by, strict=True)
+            RowOutput(o, r, strategy=self._row_strategy(counts, fixed), logprobs=batch.row_scores(i))
+            for i, (o, r, counts) in enumerate(zip(batch.outputs, batch.reasons, run.emitted_by, strict=True))
         ]
         extra: dict = {}
         for d in run.running():
@@ -164,7 +164,7 @@ class SpeculativeStrategy:
 
     def _speculate(
         self, run: _Decoding, drafter: Drafter, drafts: list[Draft], context: ProposalContext
-    ) -> list[Verdict] | None:
+    ) -> Verification | None:
         """Verify the drafts in one target forward (`verify.verify`); None when it raised (a CUDA
         out-of-memory error, say): the cache is as before the step and the drafter is off for the batch."""
         batch = run.batch
@@ -190,21 +190,23 @@ class SpeculativeStrategy:
             return None
         if checked.states is not None:
             batch.states = checked.states
-        return checked.verdicts
+        return checked
 
-    def _drafted(
-        self, run: _Decoding, drafter: str, drafts: list[Draft], verdicts: list[Verdict], began: float
-    ) -> None:
-        """Emit a drafted step's tokens through the finish checks, one at a time, and report the step."""
-        batch, stats = run.batch, run.stats
+    def _drafted(self, run: _Decoding, drafter: str, drafts: list[Draft], checked: Verification, began: float) -> None:
+        """Emit a drafted step's tokens through the finish checks, one at a time, and report the step.
+        Their scores come from the verify forward's logits at the slots that chose them."""
+        batch, stats, verdicts = run.batch, run.stats, checked.verdicts
         stats.count_forwards(drafter, 1)
-        still = []
+        emitted = [t for v in verdicts for t in v.tokens]
+        scores = batch.score(checked.emitting_logits(), torch.tensor(emitted)) if batch.scores is not None else None
+        still, first = [], 0
         for row, (i, draft, verdict) in enumerate(zip(batch.active, drafts, verdicts, strict=True)):
             stats.record(drafter, draft, verdict)
-            for token in verdict.tokens:
+            for j, token in enumerate(verdict.tokens):
                 run.emitted_by[i][drafter] += 1
-                if batch.emit(i, token):
+                if batch.emit(i, token, scores[first + j] if scores is not None else None):
                     break
+            first += len(verdict.tokens)
             if batch.reasons[i] is None:
                 still.append(row)
         drafted, accepted = [len(d) for d in drafts], [len(v.path) for v in verdicts]

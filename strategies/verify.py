@@ -42,6 +42,13 @@ class Verification:
     states: TargetStates | None  # the target's states at [pending, nodes…], kept: [0, *path]; when asked
     logits: torch.Tensor  # [B, W, V] the target's logits at every slot
 
+    def emitting_logits(self) -> torch.Tensor:
+        """[M, V]: the logits at the slot that chose each emitted token, row after row. Token j of a
+        row's verdict was chosen at slot j of [0, *path]: the pending token's, then each accepted node's."""
+        rows = [row for row, v in enumerate(self.verdicts) for _ in v.tokens]
+        slots = [slot for v in self.verdicts for slot in [0, *v.path]]
+        return self.logits[rows, slots]
+
 
 def verify_inputs(pending: list[int], drafts: list[Draft], next_pos: torch.Tensor) -> VerifyInputs:
     """The verify forward's inputs on `next_pos`'s device. Built as Python lists and turned into tensors

@@ -21,6 +21,11 @@ def save_weights_folder(directory: Path, kind: str, config: Any, module: torch.n
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().float().cpu().contiguous() for name, t in module.state_dict().items()}
     save_file(tensors, str(directory / f"{kind}.safetensors"))
+    write_weights_config(directory, kind, config)
+
+
+def write_weights_config(directory: Path, kind: str, config: Any) -> None:
+    """Write `<kind>.json`: the dataclass `config` under its format name and version."""
     record = {"format": f"accelgen-{kind}", "format_version": FORMAT_VERSION, **asdict(config)}
     (directory / f"{kind}.json").write_text(json.dumps(record, indent=2) + "\n")
 

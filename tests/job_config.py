@@ -9,12 +9,13 @@ from pipeline.config import JobConfig, load_config
 
 
 def job_config(tmp_path: Path, model: Path, *overrides: str) -> JobConfig:
-    # The shipped heads and exits were trained for the shipped target: a test's own target decodes without them.
+    # The shipped heads, exits and CMLM belong to the shipped target: a test's own target decodes without them.
     base = [
         f"input.url={tmp_path / 'in'}",
         f"output.url={tmp_path / 'out'}",
         f"model.target={model}",
         "model.heads=null",
         "model.exits=null",
+        "model.cmlm=null",
     ]
     return load_config(default_job_config(), None, [*base, *overrides])

@@ -34,9 +34,9 @@ def test_row_ids_are_the_id_columns_text_or_the_shard_path_and_row_index():
     assert row_ids_of_id_column(pa.chunked_array([["k1"]], pa.large_string())).to_pylist() == ["k1"]
 
 
-def test_a_parts_schema_is_the_contract_then_the_kept_columns():
-    schema = output_schema([pa.field("lang", pa.string())])
-    assert schema.names == [*OUTPUT_SCHEMA.names, "lang"]
+def test_a_parts_schema_is_the_contract_then_the_scores_asked_for_then_the_kept_columns():
+    schema = output_schema(["logprobs"], [pa.field("lang", pa.string())])
+    assert schema.names == [*OUTPUT_SCHEMA.names, "logprobs", "lang"]
 
 
 def test_the_design_document_names_every_output_column():

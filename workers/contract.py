@@ -17,6 +17,7 @@ FINISH_ERROR = "error"  # a row that was not decoded; `error` says why (the othe
 OUTPUT_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
+        ("sample_index", pa.int64()),  # 0 .. generation.n - 1
         ("completion", pa.string()),
         ("finish_reason", pa.string()),
         ("error", pa.string()),
@@ -24,15 +25,27 @@ OUTPUT_SCHEMA = pa.schema(
         ("num_generated_tokens", pa.int64()),
         ("strategy", pa.string()),
         ("mean_exit_layer", pa.float64()),  # early exit (calm): the row's mean exit layer; else null
+        ("iterations", pa.int64()),  # mask_predict: the CMLM passes the row took; else null
+        ("block_lengths", pa.list_(pa.int64())),  # mask_predict: the length chosen for each block; else null
+    ]
+)
+# Columns added on request (output.token_ids, output.logprobs, output.top_logprobs): one entry per
+# generated token, the same tokens `num_generated_tokens` counts.
+SCORE_COLUMNS = pa.schema(
+    [
+        ("token_ids", pa.list_(pa.int64())),
+        ("logprobs", pa.list_(pa.float64())),
+        ("top_logprobs", pa.list_(pa.list_(pa.struct([("token_id", pa.int64()), ("logprob", pa.float64())])))),
     ]
 )
 
 _UNIT_DIGITS = 5  # zero-padded, so that names sort as the input listing does
 
 
-def output_schema(keep_fields: list[pa.Field]) -> pa.Schema:
-    """The schema of a part: the contract's columns, then the input's `keep_columns` as they are."""
-    return pa.schema(list(OUTPUT_SCHEMA) + keep_fields)
+def output_schema(scores: list[str], keep_fields: list[pa.Field]) -> pa.Schema:
+    """The schema of a part: the contract's columns, the `SCORE_COLUMNS` asked for, then the input's
+    `keep_columns` as they are."""
+    return pa.schema(list(OUTPUT_SCHEMA) + [SCORE_COLUMNS.field(name) for name in scores] + keep_fields)
 
 
 def derived_row_id(shard_name: str, index: int) -> str:

@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,18 +23,20 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from strategies import registry
-from strategies.base import FINISH_LENGTH, GenerationParams, RowRequest, Strategy
-from strategies.sampling import SamplingParams, row_key
+from strategies.base import FINISH_LENGTH, GenerationParams, RowOutput, RowRequest, Strategy
+from strategies.sampling import SamplingParams, row_key, seeded_key
 from workers import faults
 from workers.contract import (
     FINISH_ERROR,
     OUTPUT_SCHEMA,
+    SCORE_COLUMNS,
     derived_row_id,
     output_schema,
     row_ids_of_id_column,
 )
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
+from workers.row_settings import RowSettings, row_settings
 from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
@@ -42,6 +44,16 @@ from workers.storage import filesystem, write_bytes
 
 class UnitInputError(Exception):
     """The unit's input data cannot be read: retrying will not help until the file is fixed."""
+
+
+class _Rows(NamedTuple):
+    """A unit's rows while they decode: ids, token ids and settings of the decodable ones, by input row,
+    and the output columns being filled."""
+
+    row_ids: list[str]
+    token_ids: dict[int, list[int]]
+    settings: dict[int, RowSettings]
+    columns: dict[str, list]
 
 
 class Generator:
@@ -62,6 +74,7 @@ class Generator:
             draft_url=spec.model_draft,
             heads_url=spec.model_heads,
             exits_url=spec.model_exits,
+            cmlm_url=spec.model_cmlm,
             cache_dir=spec.cache_dir,
             trust_remote_code=spec.trust_remote_code,
         )
@@ -75,8 +88,10 @@ class Generator:
             sampling=SamplingParams(spec.temperature, spec.top_k, spec.top_p, spec.seed),
             eos_token_ids=frozenset(_eos_ids(loaded.target, self.tokenizer)),
             ignore_eos=spec.ignore_eos,
+            logprobs=spec.scores,
         )
-        self.stop_strings = StopStrings(self.tokenizer, list(spec.stop))
+        self.job_settings = RowSettings(spec.max_new_tokens, spec.temperature, spec.top_p, tuple(spec.stop), spec.seed)
+        self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.faults = faults.plan()
         self._lock = threading.Lock()
         self._rows_done = 0
@@ -110,7 +125,8 @@ class Generator:
         started = time.perf_counter()
         table = self._read_unit(unit)
         columns, records = self.decode_table(table, unit, attempt, error_rows)
-        out = pa.table(columns, schema=output_schema([table.schema.field(name) for name in self.spec.keep_columns]))
+        keep = [table.schema.field(name) for name in self.spec.keep_columns]
+        out = pa.table(columns, schema=output_schema(score_columns(self.spec), keep))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
         data = buffer.getvalue()
@@ -151,6 +167,7 @@ class Generator:
             spec.prompt_column,
             *([spec.id_column] if spec.id_column else []),
             *([spec.strategy_column] if spec.strategy_column else []),
+            *spec.params_columns.values(),
             *spec.keep_columns,
         ]
         try:
@@ -172,20 +189,34 @@ class Generator:
     def decode_table(
         self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]
     ) -> tuple[dict[str, list], list[dict]]:
-        """Output columns for every input row (input order), and one throughput record per batch."""
-        n = table.num_rows
-        columns: dict[str, list] = {name: [None] * n for name in OUTPUT_SCHEMA.names}
-        columns["row_id"], columns["finish_reason"] = self._row_ids(table, unit), [FINISH_ERROR] * n
-        for name in self.spec.keep_columns:
-            columns[name] = table.column(name).to_pylist()
-        token_ids = self._tokenize(table.column(self.spec.prompt_column).to_pylist(), error_rows, columns)
-        by_strategy = self._strategy_per_row(table, token_ids, columns)
+        """Output columns, `generation.n` rows per input row (input order, then sample index), and one
+        throughput record per batch."""
+        spec = self.spec
+        n, samples = table.num_rows, spec.n
+        row_ids = self._row_ids(table, unit)
+        errors = dict(error_rows)  # input row -> why it is not decoded
+        token_ids, prompt_tokens = self._tokenize(table.column(spec.prompt_column).to_pylist(), errors)
+        settings = self._row_settings(table, row_ids, token_ids, errors)
+        groups = self._groups(table, token_ids, settings, errors)
+
+        def each(values: list) -> list:  # an input row's value on each of its samples
+            return [v for v in values for _ in range(samples)]
+
+        columns: dict[str, list] = {name: [None] * (n * samples) for name in OUTPUT_SCHEMA.names}
+        columns["row_id"], columns["sample_index"] = each(row_ids), list(range(samples)) * n
+        columns["finish_reason"] = [FINISH_ERROR] * (n * samples)
+        columns["error"] = each([errors.get(i) for i in range(n)])
+        columns["num_prompt_tokens"] = each([prompt_tokens.get(i) for i in range(n)])
+        for name in score_columns(spec):
+            columns[name] = [None] * (n * samples)
+        for name in spec.keep_columns:
+            columns[name] = each(table.column(name).to_pylist())
         records = [
-            self._decode_batch(name, batch, token_ids, columns, unit, attempt)
-            for name, batch in self._batches(by_strategy, token_ids)
+            self._decode_batch(name, key, batch, _Rows(row_ids, token_ids, settings, columns), unit, attempt)
+            for (name, key), batch in self._batches(groups, token_ids)
         ]
         with self._lock:
-            self._rows_done += n - len(token_ids)
+            self._rows_done += len(errors) * samples
         return columns, records
 
     def _row_ids(self, table: pa.Table, unit: WorkUnit) -> list[str]:
@@ -193,55 +224,68 @@ class Generator:
             return row_ids_of_id_column(table.column(self.spec.id_column)).to_pylist()
         return [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(table.num_rows)]
 
-    def _tokenize(self, prompts: list, error_rows: dict[int, str], columns: dict[str, list]) -> dict[int, list[int]]:
-        """Token ids of the rows to decode, by row index; the others get their error (`error_rows`,
-        a bad prompt, one too long for the model) in `columns`."""
-        decodable: list[int] = []
+    def _tokenize(self, prompts: list, errors: dict[int, str]) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Token ids of the rows to decode, and every tokenized row's prompt length, by row index; a bad
+        prompt, or one too long for the model, goes into `errors`."""
         for i, prompt in enumerate(prompts):
-            problem = error_rows.get(i) or prompt_problem(prompt)
+            problem = errors.get(i) or prompt_problem(prompt)
             if problem:
-                columns["error"][i] = problem
-            else:
-                decodable.append(i)
+                errors[i] = problem
+        decodable = [i for i in range(len(prompts)) if i not in errors]
         encoded = self.tokenizer([as_text(prompts[i]) for i in decodable])["input_ids"] if decodable else []
+        prompt_tokens: dict[int, int] = {}
         token_ids: dict[int, list[int]] = {}
         for i, ids in zip(decodable, encoded, strict=True):
-            columns["num_prompt_tokens"][i] = len(ids)
+            prompt_tokens[i] = len(ids)
             if len(ids) >= self.runner.max_context:
-                columns["error"][i] = too_long_message(len(ids), self.runner.max_context)
+                errors[i] = too_long_message(len(ids), self.runner.max_context)
             else:
                 token_ids[i] = ids
-        return token_ids
+        return token_ids, prompt_tokens
 
     def _decode_batch(
         self,
         name: str,
-        batch: list[int],
-        token_ids: dict[int, list[int]],
-        columns: dict[str, list],
+        key: tuple,
+        batch: list[tuple[int, int]],
+        unit_rows: _Rows,
         unit: WorkUnit,
         attempt: int,
     ) -> dict[str, Any]:
-        """Decode rows `batch` with strategy `name` into `columns`; returns the batch's throughput record."""
-        row_ids = columns["row_id"]
-        requests = [RowRequest(token_ids[i], row_key(row_ids[i]), self.stop_strings.for_row()) for i in batch]
-        faults.before_batch(self.faults, unit.unit_id, attempt, batch, [row_ids[i] for i in batch])
+        """Decode `batch`'s (row, sample index) pairs with strategy `name` and the settings they share
+        (`key`) into the unit's columns; returns the batch's throughput record."""
+        spec, samples = self.spec, self.spec.n
+        row_ids, token_ids, settings, columns = unit_rows
+        requests = [
+            RowRequest(
+                token_ids[i],
+                seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.seed),
+                self._stop_strings(settings[i].stop).for_row(),
+            )
+            for i, sample in batch
+        ]
+        rows = [i for i, _ in batch]
+        faults.before_batch(self.faults, unit.unit_id, attempt, rows, [row_ids[i] for i in rows])
         began = time.perf_counter()
-        result = self._strategy(name).generate(requests, self.params)
+        result = self._strategy(name).generate(requests, self._batch_params(key))
         wall_s = time.perf_counter() - began
         generated = 0
-        for i, row in zip(batch, result.rows, strict=True):
-            columns["completion"][i] = completion_text(self.tokenizer, row.tokens, list(self.spec.stop))
-            columns["finish_reason"][i] = row.finish_reason
-            columns["num_generated_tokens"][i] = len(row.tokens)
-            columns["strategy"][i] = row.strategy or result.strategy
-            columns["mean_exit_layer"][i] = row.mean_exit_layer
+        for (i, sample), row in zip(batch, result.rows, strict=True):
+            o = i * samples + sample
+            columns["completion"][o] = completion_text(self.tokenizer, row.tokens, list(settings[i].stop))
+            columns["finish_reason"][o] = row.finish_reason
+            columns["num_generated_tokens"][o] = len(row.tokens)
+            columns["strategy"][o] = row.strategy or result.strategy
+            columns["mean_exit_layer"][o] = row.mean_exit_layer
+            columns["iterations"][o] = row.iterations
+            columns["block_lengths"][o] = row.block_lengths
+            _fill_scores(columns, o, row)
             generated += len(row.tokens)
         with self._lock:
             self._rows_done += len(batch)
             self._generated += generated
         return {
-            "job_id": self.spec.job_id,
+            "job_id": spec.job_id,
             "unit_id": unit.unit_id,
             "attempt": attempt,
             "actor": self.actor,
@@ -260,43 +304,109 @@ class Generator:
             "switches": self.controller.drain_events() if self.controller is not None else [],
         }
 
-    def _strategy_per_row(
-        self, table: pa.Table, token_ids: dict[int, list[int]], columns: dict[str, list]
-    ) -> dict[str, list[int]]:
-        """Rows to decode, grouped by strategy: `input.strategy_column` where given, else the job's.
+    def _row_settings(
+        self, table: pa.Table, row_ids: list[str], token_ids: dict[int, list[int]], errors: dict[int, str]
+    ) -> dict[int, RowSettings]:
+        """Each decodable row's settings: the job's, overridden by `input.params_columns`. A row with a
+        value that cannot be used, or at temperature 0 when it is to be sampled several times, becomes
+        an error row (in `errors`, out of `token_ids`)."""
+        named, samples = self.spec.params_columns, self.spec.n
+        values = {setting: table.column(column).to_pylist() for setting, column in named.items()}
+        settings = {}
+        for i in list(token_ids):
+            found = row_settings(self.job_settings, {k: v[i] for k, v in values.items()}, named, row_ids[i])
+            if not isinstance(found, str) and samples > 1 and found.temperature == 0:
+                column = named.get("temperature")
+                found = (
+                    f"row {row_ids[i]}: generation.n={samples} samples at temperature 0 would be {samples} "
+                    "copies of one greedy completion: give the row a temperature > 0"
+                    + (f" in input column {column!r}" if column else "")
+                )
+            if isinstance(found, str):
+                errors[i] = found
+                del token_ids[i]
+            else:
+                settings[i] = found
+        return settings
 
-        A row naming an unknown strategy (or one whose model is missing) becomes an error row.
+    def _groups(
+        self,
+        table: pa.Table,
+        token_ids: dict[int, list[int]],
+        settings: dict[int, RowSettings],
+        errors: dict[int, str],
+    ) -> dict[tuple[str, tuple], list[tuple[int, int]]]:
+        """(row, sample index) pairs to decode, grouped by strategy (`input.strategy_column` where given,
+        else the job's) and by the settings a batch shares (`RowSettings.batch_key`).
+
+        A row naming an unknown strategy, one whose model is missing, or one that cannot decode with the
+        row's settings becomes an error row.
         """
         default = self.spec.strategy.name
         wanted = table.column(self.spec.strategy_column).to_pylist() if self.spec.strategy_column else None
-        groups: dict[str, list[int]] = {}
+        groups: dict[tuple[str, tuple], list[tuple[int, int]]] = {}
         for i in list(token_ids):
             name = (wanted[i] if wanted else None) or default
             try:
                 self._strategy(name)
+                problem = self._refusal(name, greedy=settings[i].temperature == 0)
             except (KeyError, ValueError) as exc:
-                columns["error"][i] = f"{self.spec.strategy_column}: {exc.args[0]}"
+                problem = exc.args[0]
+            if problem:
+                errors[i] = f"{self.spec.strategy_column}: {problem}" if wanted else problem
                 del token_ids[i]
                 continue
-            groups.setdefault(name, []).append(i)
+            groups.setdefault((name, settings[i].batch_key()), []).extend((i, s) for s in range(self.spec.n))
         return groups
 
-    def _batches(self, groups: dict[str, list[int]], token_ids: dict[int, list[int]]):
-        """(strategy, rows) batches: rows of similar prompt length together, at most `batch_size` rows
-        and `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
+    def _refusal(self, name: str, greedy: bool) -> str | None:
+        """Why strategy `name` cannot decode a row at these settings (a strategy column or a row's own
+        temperature may ask for what the job's checks did not see), or None."""
+        options = dataclasses.replace(self.spec.strategy, name=name)
+        return "; ".join(registry.problems(options, greedy, self.params.logprobs is not None)) or None
+
+    def _batch_params(self, key: tuple[int, float, float]) -> GenerationParams:
+        """The parameters of a batch of rows sharing `key` (`RowSettings.batch_key`)."""
+        max_new_tokens, temperature, top_p = key
+        sampling = SamplingParams(temperature, self.spec.top_k, top_p, self.spec.seed)
+        return dataclasses.replace(self.params, max_new_tokens=max_new_tokens, sampling=sampling)
+
+    def _stop_strings(self, stops: tuple[str, ...]) -> StopStrings:
+        if stops not in self._stops:
+            self._stops[stops] = StopStrings(self.tokenizer, list(stops))
+        return self._stops[stops]
+
+    def _batches(self, groups: dict[tuple[str, tuple], list[tuple[int, int]]], token_ids: dict[int, list[int]]):
+        """(group, samples) batches: rows of similar prompt length together, a row's samples next to each
+        other (they share its prefill, `plain.start_batch`), at most `batch_size` samples and
+        `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
         spec = self.spec
-        for name, rows in groups.items():
-            batch: list[int] = []
+        for group, rows in groups.items():
+            max_new_tokens = group[1][0]
+            batch: list[tuple[int, int]] = []
             tokens = 0
-            for i in sorted(rows, key=lambda i: len(token_ids[i])):
-                cost = len(token_ids[i]) + spec.max_new_tokens
+            for item in sorted(rows, key=lambda item: len(token_ids[item[0]])):  # stable: samples stay together
+                cost = len(token_ids[item[0]]) + max_new_tokens
                 if batch and (len(batch) >= spec.batch_size or tokens + cost > spec.max_batch_tokens):
-                    yield name, batch
+                    yield group, batch
                     batch, tokens = [], 0
-                batch.append(i)
+                batch.append(item)
                 tokens += cost
             if batch:
-                yield name, batch
+                yield group, batch
+
+
+def _fill_scores(columns: dict[str, list], i: int, row: RowOutput) -> None:
+    """Row `i`'s token ids and log-probabilities, in those of `SCORE_COLUMNS` the job asked for."""
+    if "token_ids" in columns:
+        columns["token_ids"][i] = list(row.tokens)
+    if "logprobs" in columns:
+        columns["logprobs"][i] = [s.logprob for s in row.logprobs]
+    if "top_logprobs" in columns:
+        columns["top_logprobs"][i] = [
+            [{"token_id": t, "logprob": v} for t, v in zip(s.top_ids, s.top_logprobs, strict=True)]
+            for s in row.logprobs
+        ]
 
 
 def _write(url: str, data: bytes, storage_options: dict[str, Any]) -> None:
@@ -313,3 +423,9 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
         elif isinstance(value, list | tuple):
             ids.update(v for v in value if isinstance(v, int))
     return ids
+
+
+def score_columns(spec: WorkerSpec) -> list[str]:
+    """The columns of `SCORE_COLUMNS` the job asked for."""
+    asked = {"token_ids": spec.token_ids, "logprobs": spec.logprobs, "top_logprobs": spec.top_logprobs > 0}
+    return [name for name in SCORE_COLUMNS.names if asked[name]]

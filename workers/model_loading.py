@@ -19,6 +19,9 @@ import fsspec
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from strategies.cmlm import CMLM
+from strategies.cmlm import CONFIG_FILE as CMLM_CONFIG
+from strategies.cmlm import read_config as read_cmlm_config
 from strategies.exits import CONFIG_FILE as EXITS_CONFIG
 from strategies.exits import load_exits
 from strategies.exits import read_config as read_exits_config
@@ -54,9 +57,11 @@ def resolve_model_dir(url: str, cache_dir: str = "", marker: str = "config.json"
     if is_local(url):
         path = Path(url.removeprefix("file://")).expanduser()
         if not (path / marker).is_file():
-            what = {HEADS_CONFIG: "a folder `accelgen train heads` wrote", EXITS_CONFIG: "a `train exits` folder"}.get(
-                marker, "a Hugging Face model"
-            )
+            what = {
+                HEADS_CONFIG: "a folder `accelgen train heads` wrote",
+                EXITS_CONFIG: "a `train exits` folder",
+                CMLM_CONFIG: "a `train cmlm` folder",
+            }.get(marker, "a Hugging Face model")
             raise FileNotFoundError(f"folder {path} has no {marker}: point it at {what}")
         return path
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -160,6 +165,20 @@ def load_model(
     return model.to(device).eval(), tokenizer
 
 
+def check_extends_vocabulary(
+    tokenizer: PreTrainedTokenizerBase, target: PreTrainedTokenizerBase, what: str, target_what: str
+) -> None:
+    """A ValueError naming both unless every token of `target` has the same id in `tokenizer` (which may
+    add tokens of its own after them: a CMLM's mask and length tokens)."""
+    vocab = tokenizer.get_vocab()
+    differ = [token for token, i in target.get_vocab().items() if vocab.get(token) != i]
+    if differ:
+        raise ValueError(
+            f"{what} does not extend the tokenizer of {target_what} ({len(differ)} tokens differ, e.g. "
+            f"{differ[0]!r}): distill a CMLM for this target (accelgen train cmlm target=…)"
+        )
+
+
 @dataclass
 class LoadedModels:
     """A job's (or bench's) models, loaded: the Hugging Face modules and the runners strategies use."""
@@ -179,9 +198,10 @@ def load_models(
     cache_dir: str = "",
     trust_remote_code: bool = False,
     exits_url: str | None = None,
+    cmlm_url: str | None = None,
 ) -> LoadedModels:
-    """The target, and the draft, heads and exits when given, each checked against the target: a draft
-    must share its vocabulary, heads and exits must have been trained for its weights."""
+    """The target, and the draft, heads, exits and CMLM when given, each checked against the target: a
+    draft must share its vocabulary, a CMLM extend it, heads and exits must have been trained for its weights."""
     target_dir = resolve_model_dir(target_url, cache_dir)
     target, tokenizer = load_model(target_dir, dtype, device, trust_remote_code)
     draft = None
@@ -204,5 +224,11 @@ def load_models(
         check_trained_for_target("exits", exits_dir, target_dir, exits_url, target_url)
         exits = load_exits(exits_dir, dtype, device)
         exits.use_lm_head(target.get_output_embeddings().weight)
-    runners = Models(ModelRunner(target), ModelRunner(draft) if draft is not None else None, heads, exits)
+    cmlm = None
+    if cmlm_url:
+        cmlm_dir = resolve_model_dir(cmlm_url, cache_dir, marker=CMLM_CONFIG)
+        cmlm_model, cmlm_tokenizer = load_model(cmlm_dir, dtype, device, trust_remote_code)
+        check_extends_vocabulary(cmlm_tokenizer, tokenizer, f"model.cmlm {cmlm_url}", f"model.target {target_url}")
+        cmlm = CMLM(ModelRunner(cmlm_model), read_cmlm_config(cmlm_dir))
+    runners = Models(ModelRunner(target), ModelRunner(draft) if draft is not None else None, heads, exits, cmlm)
     return LoadedModels(tokenizer, target, draft, runners)

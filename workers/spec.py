@@ -49,6 +49,17 @@ class WorkerSpec:
     input_storage_options: dict[str, Any] = field(default_factory=dict)
     output_storage_options: dict[str, Any] = field(default_factory=dict)
     model_exits: str | None = None
+    model_cmlm: str | None = None
+    logprobs: bool = False  # output.logprobs
+    top_logprobs: int = 0  # output.top_logprobs
+    token_ids: bool = False  # output.token_ids
+    params_columns: dict[str, str] = field(default_factory=dict)  # input.params_columns: setting -> column
+    n: int = 1  # generation.n: samples per input row
+
+    @property
+    def scores(self) -> int | None:
+        """What the strategies score (`GenerationParams.logprobs`): None unless a log-probability column is asked."""
+        return self.top_logprobs if self.logprobs or self.top_logprobs else None
 
 
 @dataclass

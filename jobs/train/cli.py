@@ -1,4 +1,4 @@
-"""`accelgen train tokenizer|lm|draft|cllm|heads|eval|heads-eval CONFIG.yaml key=value…`: build, measure the family.
+"""`accelgen train COMMAND CONFIG.yaml key=value…`: build and measure the shipped model family.
 
 The shipped family is rebuilt, in order, by:
 
@@ -6,12 +6,13 @@ The shipped family is rebuilt, in order, by:
     accelgen train lm jobs/configs/train_target.yaml
     accelgen train draft jobs/configs/train_draft.yaml
     accelgen train cllm jobs/configs/train_cllm.yaml
+    accelgen train cmlm jobs/configs/train_cmlm.yaml
     accelgen train heads jobs/configs/train_heads.yaml
     accelgen train exits jobs/configs/train_exits.yaml
     accelgen train eval model=jobs/assets/models/target draft=jobs/assets/models/draft report=out/train/eval.json
 
-Re-running an interrupted `lm`, `draft`, `cllm` or `heads` command resumes from its checkpoint. `heads` measures
-its heads on held-out text as it ends; `heads-eval` measures saved heads again.
+Re-running an interrupted `lm`, `draft`, `cllm`, `cmlm`, `heads` or `exits` command resumes from its
+checkpoint. `heads` measures its heads on held-out text as it ends; `heads-eval` measures saved heads again.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from jobs.train.config import (
     CLLMJobConfig,
+    CMLMJobConfig,
     DraftJobConfig,
     EvalJobConfig,
     ExitsJobConfig,
@@ -55,6 +57,9 @@ COMMANDS = {
         HeadsEvalJobConfig, "jobs.train.heads:evaluate_heads", "per-head top-1/top-5 accuracy on held-out text"
     ),
     "cllm": Command(CLLMJobConfig, "jobs.train.cllm:train_cllm", "fine-tune a consistency model for Jacobi decoding"),
+    "cmlm": Command(
+        CMLMJobConfig, "jobs.train.cmlm:train_cmlm", "distill a conditional masked LM (Mask-Predict) from the target"
+    ),
     "exits": Command(
         ExitsJobConfig, "jobs.train.exits:train_exits", "train exit heads at the frozen target's inner layers"
     ),

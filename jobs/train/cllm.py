@@ -29,7 +29,6 @@ and kept through an iteration while a wrong token stood before them), per block.
 from __future__ import annotations
 
 import inspect
-import platform
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -38,7 +37,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import transformers
 from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
@@ -46,8 +44,9 @@ from jobs.train import checkpoint
 from jobs.train.config import CLLMJobConfig, CLLMLossConfig, TrainConfig, check_cllm
 from jobs.train.corpus import Corpus, load_corpus
 from jobs.train.evaluate import heldout_windows, score
-from jobs.train.loop import Objective, pick_device, single_phase, train
+from jobs.train.loop import Objective, pick_device, single_phase, train, versions
 from jobs.train.model import count_parameters, load_float32, save_model_dir
+from jobs.train.sequences import draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
 from workers.model_loading import weights_sha256
@@ -123,7 +122,7 @@ def train_cllm(config: CLLMJobConfig) -> Path:
         **asdict(summary),
         "heldout": {"target": before, "cllm": after},
         "run_wall_s": round(time.perf_counter() - started, 1),  # this run, start to end (measurements included)
-        **_versions(),
+        **versions(),
     }
     # Cast before saving: the tied embeddings stay one tensor (a cast of each key would write two).
     save_model_dir(model.cpu().to(save_dtype), tokenizer, out, config.train.save_dtype, record)
@@ -173,14 +172,6 @@ def data_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
         for key, value in fingerprint.items()
         if key.startswith(("target", "corpus.", "data.")) or key == "train.seed"
     }
-
-
-def draw_prompts(tokens: torch.Tensor, count: int, length: int, seed: int) -> torch.Tensor:
-    """`count` windows of `length` tokens at random offsets of the stream `tokens` [M]: [count, length] int64."""
-    if len(tokens) < length:
-        raise JobError(f"the corpus split holds {len(tokens)} tokens, fewer than one prompt of {length}")
-    starts = np.random.default_rng(seed).integers(0, len(tokens) - length + 1, size=count)
-    return torch.stack([tokens[s : s + length] for s in starts.tolist()]).long()
 
 
 def initial_guesses(prompts: torch.Tensor, first_row: int, block_size: int, blocks: int, seed: int) -> torch.Tensor:
@@ -482,7 +473,3 @@ def _eos(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
 def _cache_arg(model: torch.nn.Module) -> str:
     """transformers renamed `past_key_values` to `cache` during 5.x: the name this version takes."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}

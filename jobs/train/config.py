@@ -433,3 +433,115 @@ class ExitsJobConfig:
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=2e-3, warmup_steps=20, weight_decay=0.0, grad_clip=1.0)
     )
+
+
+@dataclass
+class CMLMShape:
+    layers: int = option(
+        4,
+        "Transformer blocks of the CMLM, initialised from the target's first ones (with its embeddings and final "
+        "norm); fewer than the target's make each refinement pass cheaper.",
+    )
+    max_length: int = option(64, "L: the longest block the CMLM fills, and its number of length tokens <len_1…L>.")
+
+
+@dataclass
+class CMLMDataConfig:
+    prompts: int = option(
+        2000,
+        "Distillation prompts: windows of the corpus' training split, each continued greedily by the target. "
+        "The continuations are collected once and cached in the checkpoint directory.",
+    )
+    prompt_tokens: int = option(192, "Tokens of each prompt window (the longest context an example sees).")
+    min_context: int = option(16, "Shortest context of an example; each takes a uniform length up to prompt_tokens.")
+    continuation: int = option(
+        128,
+        "Greedy tokens the target adds to each prompt (stopping early at EOS). An example is the L tokens after a "
+        "random split point of the continuation, so one continuation gives many blocks.",
+    )
+    batch_size: int = option(32, "Prompts continued together while collecting.")
+    short_block_share: float = option(
+        0.5,
+        "Share of examples whose block is cut to a uniform 1…length tokens (a drafter fills short blocks); the "
+        "length token still names the block's true length.",
+    )
+
+
+@dataclass
+class CMLMEvalConfig:
+    prompts: int = option(
+        48,
+        "Held-out prompts (windows of the held-out split) decoded with Mask-Predict before and after training: "
+        "token agreement with the target's greedy continuation. 0: skip.",
+    )
+    iterations: list[int] = option([1, 4, 10], "Mask-Predict passes T measured on the held-out prompts.")
+
+
+@dataclass
+class CMLMTrainConfig:
+    steps: int = option(1500, "Optimizer steps.")
+    batch_size: int = option(16, "Examples per step: (context, block) pairs, the block uniformly masked.")
+    length_weight: float = option(0.1, "Weight of the length cross-entropy beside the masked tokens' cross-entropy.")
+    seed: int = option(0, "Seed of prompt sampling, example choice and masking.")
+    precision: str = option(
+        "float32",
+        f"One of {PRECISIONS}: autocast dtype of forward/backward. bfloat16 only pays on GPUs (or CPUs with "
+        "bfloat16 matmuls).",
+    )
+    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
+    threads: int = option(0, "torch intra-op threads (collection and training). 0: torch's default (all cores).")
+    checkpoint_every: int = option(100, "Save the resumable training state every this many steps.")
+    checkpoint_dir: str = option(
+        "",
+        "Where the resumable state and the collected continuations go; re-running the same command resumes from "
+        "them. Empty: <output_dir>/checkpoint.",
+    )
+    save_dtype: str = option("float16", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
+
+
+@dataclass
+class CMLMJobConfig:
+    target: str = option(MISSING, "Target model directory: its greedy continuations are the CMLM's outputs.")
+    output_dir: str = option(MISSING, "Directory receiving the CMLM (model, tokenizer with its tokens, cmlm.json).")
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    shape: CMLMShape = field(default_factory=CMLMShape)
+    data: CMLMDataConfig = field(default_factory=CMLMDataConfig)
+    eval: CMLMEvalConfig = field(default_factory=CMLMEvalConfig)
+    train: CMLMTrainConfig = field(default_factory=CMLMTrainConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-3, min_lr_ratio=0.1, warmup_steps=50, weight_decay=0.0)
+    )
+
+
+def check_cmlm(config: CMLMJobConfig, layers: int, context: int) -> None:
+    """Value checks of `train cmlm` against its target's `layers` and `context`, before anything is collected."""
+    shape, data = config.shape, config.data
+    if not 1 <= shape.layers <= layers:
+        raise JobError(f"shape.layers={shape.layers}: use 1 to the target's {layers}")
+    if shape.max_length < 1:
+        raise JobError(f"shape.max_length={shape.max_length}: use a value >= 1")
+    for key in ("prompts", "prompt_tokens", "min_context", "continuation", "batch_size"):
+        if getattr(data, key) < 1:
+            raise JobError(f"data.{key}={getattr(data, key)}: use a value >= 1")
+    if data.min_context > data.prompt_tokens:
+        raise JobError(f"data.min_context={data.min_context} exceeds data.prompt_tokens={data.prompt_tokens}")
+    if data.continuation < shape.max_length:
+        raise JobError(f"data.continuation={data.continuation} is shorter than one block (shape.max_length)")
+    if data.prompt_tokens + data.continuation + 2 > context:
+        raise JobError(
+            f"data.prompt_tokens + data.continuation + 2 = {data.prompt_tokens + data.continuation + 2} exceeds the "
+            f"target's context of {context} tokens"
+        )
+    if not 0.0 <= data.short_block_share <= 1.0:
+        raise JobError(f"data.short_block_share={data.short_block_share}: use a value in [0, 1]")
+    if config.eval.prompts < 0 or any(t < 1 for t in config.eval.iterations):
+        raise JobError("eval.prompts must be >= 0 and every eval.iterations value >= 1")
+    train = config.train
+    if train.precision not in PRECISIONS:
+        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
+    if train.save_dtype not in SAVE_DTYPES:
+        raise JobError(f"train.save_dtype={train.save_dtype!r}: use one of {SAVE_DTYPES}")
+    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
+        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
+    if train.length_weight < 0:
+        raise JobError(f"train.length_weight={train.length_weight}: use a value >= 0")

@@ -17,19 +17,17 @@ are printed and recorded in exits.json.
 
 from __future__ import annotations
 
-import platform
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import transformers
 
 from jobs.train import checkpoint
 from jobs.train.config import ExitsJobConfig
 from jobs.train.corpus import load_corpus
-from jobs.train.loop import Objective, pick_device, single_phase, train
+from jobs.train.loop import Objective, pick_device, single_phase, train, versions
 from jobs.train.model import load_float32
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from jobs.train.windows import WindowSampler
@@ -87,9 +85,7 @@ def train_exits(config: ExitsJobConfig) -> Path:
         "heldout_windows": len(windows),
         "heldout_tokens": int(windows.numel()),
         "heldout_agreement": report,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        **versions(),
     }
     exits.save(out)
     print(f"exits: {summary.steps} steps in {summary.wall_s:.0f} s; loss {summary.train_loss:.3f}; saved to {out}")

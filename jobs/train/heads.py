@@ -19,9 +19,6 @@ positions whose label (the target's greedy token) is the head's top-1 guess, or 
 from __future__ import annotations
 
 import json
-import platform
-import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,8 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import transformers
-from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from jobs.train import checkpoint
@@ -42,15 +37,12 @@ from jobs.train.config import (
     check_sequences,
 )
 from jobs.train.corpus import Corpus, Document, load_corpus
-from jobs.train.loop import Objective, pick_device, single_phase, train
+from jobs.train.loop import Objective, pick_device, single_phase, train, versions
 from jobs.train.model import load_float32
+from jobs.train.sequences import cached_sequences, continue_greedily, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
-from strategies.autoregressive import AutoregressiveStrategy
-from strategies.base import GenerationParams, RowRequest
 from strategies.heads import DraftHeads, HeadsConfig, load_heads
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
 from workers.model_loading import weights_sha256
 
 IGNORE = -100  # label of a position whose token t+2+i is not a generated one (cross_entropy's ignore_index)
@@ -123,7 +115,7 @@ def train_heads(config: HeadsJobConfig) -> Path:
         **asdict(summary),
         "heldout_sequences": data.eval_sequences,
         "heldout_accuracy": accuracy,
-        **_versions(),
+        **versions(),
     }
     heads.save(out)
     print(
@@ -209,50 +201,6 @@ def training_sequences(
         return continue_greedily(target, prompts, data.continuation_tokens, data.batch_size, "generate")
 
     return cached_sequences(checkpoint_dir / DATA_SUBDIR, data_fingerprint(fingerprint), generate)
-
-
-def draw_prompts(tokens: torch.Tensor, count: int, length: int, seed: int) -> torch.Tensor:
-    """`count` windows of `length` tokens at random offsets of the stream `tokens` [N]: [count, length] int64."""
-    if len(tokens) < length:
-        raise JobError(f"the corpus split holds {len(tokens)} tokens, fewer than one prompt of {length}")
-    starts = np.random.default_rng(seed).integers(0, len(tokens) - length + 1, size=count)
-    return torch.stack([tokens[s : s + length] for s in starts.tolist()]).long()
-
-
-def continue_greedily(
-    target: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, batch_size: int, desc: str
-) -> torch.Tensor:
-    """Each prompt of `prompts` [N, P] followed by the target's `new_tokens` greedy tokens: [N, P+C] int32.
-
-    EOS does not end a row: every sequence has the same length, so no position is padding.
-    """
-    strategy = AutoregressiveStrategy(ModelRunner(target))
-    params = GenerationParams(new_tokens, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
-    rows = []
-    with tqdm(total=len(prompts), desc=desc, unit="seq", dynamic_ncols=True, mininterval=1.0) as bar:
-        for chunk in prompts.split(batch_size):
-            requests = [RowRequest(prompt=p, key=0) for p in chunk.tolist()]
-            rows += [r.tokens for r in strategy.generate(requests, params).rows]
-            bar.update(len(chunk))
-    return torch.cat([prompts, torch.tensor(rows, dtype=torch.long)], dim=1).int()
-
-
-def cached_sequences(
-    directory: Path, fingerprint: dict[str, Any], generate: Callable[[], torch.Tensor]
-) -> tuple[torch.Tensor, float]:
-    """The sequences saved in `directory` by a run of the same config, else `generate()`'s, saved atomically.
-
-    Returns the sequences [N, L] and the seconds their generation took (in whichever run made them).
-    """
-    state = checkpoint.load_checkpoint(directory, fingerprint)
-    if state is not None:
-        print(f"reusing the {len(state['sequences'])} generated sequences in {directory}")
-        return state["sequences"], state["wall_s"]
-    start = time.perf_counter()
-    sequences = generate()  # [N, L]
-    wall_s = round(time.perf_counter() - start, 1)
-    checkpoint.save_checkpoint(directory, {"sequences": sequences, "wall_s": wall_s, "fingerprint": fingerprint})
-    return sequences, wall_s
 
 
 def data_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -369,7 +317,3 @@ def heads_accuracy(
 
 def _parameters(heads: DraftHeads) -> int:
     return sum(p.numel() for p in heads.parameters())
-
-
-def _versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}

@@ -179,9 +179,7 @@ def train_and_export(
         "corpus_train_tokens": len(tokens),
         "parameters": count_parameters(model),
         **asdict(summary),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        **versions(),
     }
     save_model_dir(model.cpu(), tokenizer, out, config.train.save_dtype, record)
     print(
@@ -189,6 +187,11 @@ def train_and_export(
         f"training loss {summary.train_loss:.3f}; saved to {out}"
     )
     return out
+
+
+def versions() -> dict[str, str]:
+    """The library versions a training record names."""
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def _adamw(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
