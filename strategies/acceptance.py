@@ -42,7 +42,7 @@ from strategies.sampling import (
 
 @dataclass
 class Verdict:
-    path: list[int]  # accepted nodes as slots of the verify forward (node i is slot i+1), root to leaf
+    accepted_slots: list[int]  # accepted nodes as slots of the verify forward (node i is slot i+1), root to leaf
     tokens: list[int]  # accepted draft tokens, then the target's token
 
 
@@ -53,7 +53,7 @@ def walk(draft: Draft, chosen: list[int]) -> Verdict:
     while (child := children[slot].get(chosen[slot])) is not None:
         path.append(child)
         slot = child
-    return Verdict(path=path, tokens=[draft.tokens[s - 1] for s in path] + [chosen[slot]])
+    return Verdict(accepted_slots=path, tokens=[draft.tokens[s - 1] for s in path] + [chosen[slot]])
 
 
 def relaxed_walk(draft: Draft, logits: torch.Tensor, top_beta: int, tolerance: float) -> Verdict:
@@ -76,7 +76,7 @@ def relaxed_walk(draft: Draft, logits: torch.Tensor, top_beta: int, tolerance: f
             break
         path.append(child)
         slot = child
-    return Verdict(path=path, tokens=[draft.tokens[s - 1] for s in path] + [ids[slot][0]])
+    return Verdict(accepted_slots=path, tokens=[draft.tokens[s - 1] for s in path] + [ids[slot][0]])
 
 
 def rejection_chain(
@@ -102,9 +102,9 @@ def rejection_chain(
             if float(residual.sum()) <= 0:  # p == q: any draw from p is exact
                 residual = p[i]
             token = int(sample_from((residual / residual.sum())[None], residual_u[i : i + 1])[0])
-            return Verdict(path=list(range(1, i + 1)), tokens=[*draft.tokens[:i], token])
+            return Verdict(accepted_slots=list(range(1, i + 1)), tokens=[*draft.tokens[:i], token])
     token = int(sample_from(p[n : n + 1], torch.tensor([bonus_u]))[0])
-    return Verdict(path=list(range(1, n + 1)), tokens=[*draft.tokens, token])
+    return Verdict(accepted_slots=list(range(1, n + 1)), tokens=[*draft.tokens, token])
 
 
 def typical_walk(draft: Draft, probs: torch.Tensor, chosen: list[int], epsilon: float, delta: float) -> Verdict:
@@ -132,7 +132,7 @@ def typical_walk(draft: Draft, probs: torch.Tensor, chosen: list[int], epsilon: 
         path.append(best)
         best = draft.parents[best - 1] + 1
     path.reverse()
-    return Verdict(path=path, tokens=[draft.tokens[s - 1] for s in path] + [chosen[path[-1] if path else 0]])
+    return Verdict(accepted_slots=path, tokens=[draft.tokens[s - 1] for s in path] + [chosen[path[-1] if path else 0]])
 
 
 @dataclass(frozen=True)

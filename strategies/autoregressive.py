@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
-from strategies.plain import decode_plainly, start_batch
+from strategies.batch import decode_plainly, start_batch
 from strategies.runner import ModelRunner
 
 

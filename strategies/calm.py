@@ -42,9 +42,9 @@ import torch.nn.functional as F
 
 from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Strategy
+from strategies.batch import Batch, start_batch
 from strategies.exits import ExitHeads
 from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, CalmOptions
-from strategies.plain import Batch, start_batch
 from strategies.runner import LayerPass, ModelRunner
 from strategies.sampling import SamplingParams, choose_tokens
 

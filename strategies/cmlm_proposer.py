@@ -59,7 +59,7 @@ class CMLMProposer:
             drafts.append(Draft.chain(chain))
         return drafts
 
-    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         for ctx, tokens in zip(self.contexts, emitted, strict=True):
             ctx.extend(tokens)
 

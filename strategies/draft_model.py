@@ -64,7 +64,7 @@ class DraftModelProposer:
         probs: list[list[torch.Tensor]] = [[] for _ in range(b)]
         drafting = [budget > 0 for budget in context.budgets]
         self.fed_slots = [[] for _ in range(b)]
-        generated = torch.tensor(context.generated, dtype=torch.long)
+        generated = torch.tensor(context.num_generated, dtype=torch.long)
         eos = self.params.eos_token_ids if not self.params.ignore_eos else frozenset()
         for i in range(steps):
             if sampling.greedy:
@@ -92,7 +92,7 @@ class DraftModelProposer:
             logits = self._logits(out.logits[:, -1])
         return [Draft.chain(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
 
-    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         if not any(self.fed_slots):  # a step that did not draft: only the contexts grow
             for ctx, tokens in zip(self.contexts, emitted, strict=True):
                 ctx.extend(tokens)

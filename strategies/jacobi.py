@@ -96,7 +96,7 @@ class JacobiProposer:
             drafts.append(Draft.chain(row.guess[:n]))
         return drafts
 
-    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         verified = states is not None and states.logits is not None and any(r.drafted for r in self.rows)
         choices = states.logits.argmax(dim=-1).tolist() if verified else None  # [B][W]
         for b, (row, tokens) in enumerate(zip(self.rows, emitted, strict=True)):

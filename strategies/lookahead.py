@@ -226,7 +226,7 @@ class LookaheadProposer:
                 return gather_tree(node, row, self.own_prompt_weight, nodes, depth, self.mode)
         return Draft.empty()
 
-    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         for ctx, tokens in zip(self.contexts, emitted, strict=True):
             ctx.extend(tokens)
 

@@ -90,7 +90,7 @@ class HeadsProposer:
             drafts.append(Draft(tokens, list(parents)))
         return drafts
 
-    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         self.hidden = states.last()
 
     def keep_rows(self, rows: list[int]) -> None:

@@ -50,10 +50,10 @@ class SpecStats:
         self.verify_emitted[drafter] = self.verify_emitted.get(drafter, 0) + len(verdict.tokens)
         self.drafts += bool(len(draft))
         self.draft_tokens += len(draft)
-        self.accepted_tokens += len(verdict.path)
+        self.accepted_tokens += len(verdict.accepted_slots)
         for d in range(max(tree_depths(draft.parents))):
             _bump(self.reached_depth, d)
-        for d in range(len(verdict.path)):
+        for d in range(len(verdict.accepted_slots)):
             _bump(self.accepted_at, d)
 
     def record_plain(self, row_steps: int) -> None:

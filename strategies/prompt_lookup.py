@@ -58,7 +58,7 @@ class PromptLookupProposer:
             for index, budget in zip(self.rows, context.budgets, strict=True)
         ]
 
-    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         # Indexed as tokens arrive (a run of plain steps reports its tokens at once), not at the next
         # proposal: a probe after a long run would carry the run's indexing and look dearer than it is.
         for index, tokens in zip(self.rows, emitted, strict=True):

@@ -53,14 +53,14 @@ class TargetStates:
 
 @dataclass
 class ProposalContext:
-    generated: list[int]  # per row: tokens generated so far, the pending one included
+    num_generated: list[int]  # per row: how many tokens it has generated so far, the pending one included
     budgets: list[int]  # per row: deepest useful draft path (0: no draft for this row)
     max_nodes: int  # most draft nodes per row (trees)
 
 
 class Proposer(Protocol):
     name: str
-    wants_states: bool  # True: `start` and `accepted` receive the target's states, else None
+    wants_states: bool  # True: `start` and `emitted` receive the target's states, else None
 
     def start(
         self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
@@ -74,7 +74,7 @@ class Proposer(Protocol):
     def propose(self, context: ProposalContext) -> list[Draft]:
         """One draft per row below its pending token. Not called on steps that do not speculate."""
 
-    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         """Per row, the tokens emitted this step (every step, drafted or not); the last one is the
         row's new pending token. `states`: the target's states at the positions the step(s) fed and
         kept (the previous pending token, then the accepted draft tokens), one run of plain steps

@@ -71,7 +71,7 @@ class SelfSpeculativeProposer:
         probs: list[list[torch.Tensor]] = [[] for _ in range(b)]
         drafting = [budget > 0 for budget in context.budgets]
         eos = self.params.eos_token_ids if not self.params.ignore_eos else frozenset()
-        generated = torch.tensor(context.generated, dtype=torch.long)
+        generated = torch.tensor(context.num_generated, dtype=torch.long)
         column = list(self.pending)  # [B] the tokens of column 0
         for i in range(max(context.budgets)):
             fed = torch.tensor([i == 0 or len(t) >= i for t in tokens], dtype=torch.bool, device=device)
@@ -101,7 +101,7 @@ class SelfSpeculativeProposer:
             column = [t[i] if len(t) > i else 0 for t in tokens]
         return [Draft.chain(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
 
-    def accepted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         self.pending = [tokens[-1] for tokens in emitted]
 
     def keep_rows(self, rows: list[int]) -> None:

@@ -9,7 +9,7 @@ same finish checks as autoregressive decoding, one at a time, so EOS, stop strin
 
 With a controller (`control.Controller`), each step may use any of several drafters or none, and
 rows whose drafts keep failing step plainly. Steps without drafts are the autoregressive strategy's
-own (`plain.decode_plainly`), run for as many steps as the controller's plan allows. Faults are
+own (`batch.decode_plainly`), run for as many steps as the controller's plan allows. Faults are
 fallbacks: a proposer that raises is off for the rest of the batch; a verify forward that raises (a
 CUDA out-of-memory error, say) leaves every row's cache as it was, and the step is redone plainly.
 """
@@ -24,10 +24,10 @@ import torch
 
 from strategies.acceptance import AcceptanceRule, ExactMatch
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
+from strategies.batch import Batch, decode_plainly, start_batch
 from strategies.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
 from strategies.drafts import Draft, draft_problem
 from strategies.metrics import SpecStats
-from strategies.plain import Batch, decode_plainly, start_batch
 from strategies.proposer import ProposalContext, Proposer
 from strategies.runner import ModelRunner
 from strategies.verify import Verification, verify
@@ -119,7 +119,7 @@ class SpeculativeStrategy:
             return
         began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
         context = ProposalContext(
-            generated=[len(batch.outputs[i]) for i in batch.active],
+            num_generated=[len(batch.outputs[i]) for i in batch.active],
             budgets=[
                 0 if row in plan.rows_off else self._room(batch, i, plan.depth) for row, i in enumerate(batch.active)
             ],
@@ -178,7 +178,7 @@ class SpeculativeStrategy:
                 drafter.rule,
                 batch.params.sampling,
                 batch.keys,
-                context.generated,
+                context.num_generated,
                 want_states=self.want_states,
             )
         except Exception as exc:
@@ -209,14 +209,14 @@ class SpeculativeStrategy:
             first += len(verdict.tokens)
             if batch.reasons[i] is None:
                 still.append(row)
-        drafted, accepted = [len(d) for d in drafts], [len(v.path) for v in verdicts]
+        drafted, accepted = [len(d) for d in drafts], [len(v.accepted_slots) for v in verdicts]
         record = StepRecord(drafter, len(batch.active), time.perf_counter() - began, drafted, accepted)
         self._after_step(run, [v.tokens for v in verdicts], still, [record])
 
     def _plain(
         self, run: _Decoding, max_steps: int | None, billed_to: str | None = None, overhead_s: float = 0.0
     ) -> None:
-        """Plain steps, the autoregressive strategy's own (`plain.decode_plainly`). The controller sees
+        """Plain steps, the autoregressive strategy's own (`batch.decode_plainly`). The controller sees
         each as a plain step, or, after a drafter that found nothing to draft (`billed_to`), as that
         drafter's step, its drafting time (`overhead_s`) included: steps where it finds nothing are
         part of what the drafter is worth."""
@@ -242,7 +242,7 @@ class SpeculativeStrategy:
         told = time.perf_counter()
         for d in run.running():
             states = run.batch.states if d.proposer.wants_states else None
-            self._call(run, d.name, d.proposer.accepted, emitted, states)
+            self._call(run, d.name, d.proposer.emitted, emitted, states)
         share = (time.perf_counter() - told) / len(records)
         for record in records:
             record.wall_s += share

@@ -39,14 +39,14 @@ class Verification:
     """What one verify forward decided, per row."""
 
     verdicts: list[Verdict]
-    states: TargetStates | None  # the target's states at [pending, nodes…], kept: [0, *path]; when asked
+    states: TargetStates | None  # the target's states at [pending, nodes…], kept: [0, *accepted_slots]; when asked
     logits: torch.Tensor  # [B, W, V] the target's logits at every slot
 
     def emitting_logits(self) -> torch.Tensor:
         """[M, V]: the logits at the slot that chose each emitted token, row after row. Token j of a
-        row's verdict was chosen at slot j of [0, *path]: the pending token's, then each accepted node's."""
+        row's verdict was chosen at slot j of [0, *accepted_slots]: the pending token's, then each accepted node's."""
         rows = [row for row, v in enumerate(self.verdicts) for _ in v.tokens]
-        slots = [slot for v in self.verdicts for slot in [0, *v.path]]
+        slots = [slot for v in self.verdicts for slot in [0, *v.accepted_slots]]
         return self.logits[rows, slots]
 
 
@@ -100,7 +100,7 @@ def verify(
     except BaseException:
         kv.invalidate(new_slots.expand_as(kv.valid))
         raise
-    kept = [[0, *v.path] for v in verdicts]
+    kept = [[0, *v.accepted_slots] for v in verdicts]
     keep = torch.zeros_like(kv.valid)  # slots off each row's accepted path leave the cache
     for row, slots_kept in enumerate(kept):
         keep[row, [first_slot + s for s in slots_kept]] = True

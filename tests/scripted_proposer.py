@@ -28,12 +28,12 @@ class ScriptedProposer:
         if self.calls == self.fail_at:
             raise RuntimeError("proposer broke")
         drafts = []
-        for row, g, budget in zip(self.rows, context.generated, context.budgets, strict=True):
+        for row, g, budget in zip(self.rows, context.num_generated, context.budgets, strict=True):
             truth = self.reference[row][g : g + budget]
             drafts.append(Draft.chain(truth if self.right else [(t + 1) % self.vocab_size for t in truth]))
         return drafts
 
-    def accepted(self, emitted: list[list[int]], states) -> None:
+    def emitted(self, emitted: list[list[int]], states) -> None:
         pass
 
     def keep_rows(self, rows: list[int]) -> None:

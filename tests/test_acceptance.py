@@ -40,7 +40,7 @@ def test_walk_follows_the_targets_choices():
     draft = Draft(tokens=[10, 11, 12, 13], parents=[-1, -1, 1, 2])  # two branches below the pending token
     # Target picks 11 at the root, then 12, then something off the tree.
     verdict = walk(draft, chosen=[11, 99, 12, 13, 42])
-    assert verdict.path == [2, 3, 4] and verdict.tokens == [11, 12, 13, 42]
+    assert verdict.accepted_slots == [2, 3, 4] and verdict.tokens == [11, 12, 13, 42]
     assert walk(draft, chosen=[7, 0, 0, 0, 0]).tokens == [7]  # nothing accepted: the correction only
     chain = Draft.chain([5, 6, 7])
     assert walk(chain, chosen=[5, 6, 7, 8]).tokens == [5, 6, 7, 8]  # all accepted, plus the bonus
@@ -60,10 +60,10 @@ def test_rejection_chain_on_literal_numbers():
     draft = Draft.chain([1], probs=q)
     # p/q for token 1 = 2/3: accepted when u < 2/3, then the bonus is drawn from p[1].
     accepted = rejection_chain(draft, p, torch.tensor([0.5]), torch.tensor([0.0]), bonus_u=0.95)
-    assert accepted.tokens == [1, 2] and accepted.path == [1]
+    assert accepted.tokens == [1, 2] and accepted.accepted_slots == [1]
     # Rejected: the residual max(0, p - q) = [0.25, 0, 0] puts all mass on token 0.
     rejected = rejection_chain(draft, p, torch.tensor([0.9]), torch.tensor([0.99]), bonus_u=0.0)
-    assert rejected.tokens == [0] and rejected.path == []
+    assert rejected.tokens == [0] and rejected.accepted_slots == []
 
 
 def test_speculative_sampling_preserves_the_target_distribution_along_the_whole_chain():
@@ -117,13 +117,13 @@ def test_typical_walk_on_literal_distributions():
     chosen = [0, 2, 0, 0]
     # ε = 0.3, δ = 0.8: slot 0's threshold is min(0.3, 0.2) = 0.2 < 0.25: a and b pass; a's child too.
     verdict = typical_walk(draft, probs, chosen, epsilon=0.3, delta=0.8)
-    assert verdict.path == [1, 3] and verdict.tokens == [1, 2, 0]
+    assert verdict.accepted_slots == [1, 3] and verdict.tokens == [1, 2, 0]
     # δ = 1.2: threshold min(0.3, 0.3) = 0.3 > 0.25: nothing passes at slot 0; the target's own token.
     assert typical_walk(draft, probs, chosen, epsilon=0.3, delta=1.2).tokens == [0]
     # Two passing leaves at one depth: the one with the higher Σ log p.
     siblings = Draft(tokens=[1, 2], parents=[-1, -1])
     skewed = torch.tensor([[0.1, 0.3, 0.6, 0.0], flat, flat], dtype=torch.float64)
-    assert typical_walk(siblings, skewed, [2, 0, 0], epsilon=0.05, delta=0.1).path == [2]
+    assert typical_walk(siblings, skewed, [2, 0, 0], epsilon=0.05, delta=0.1).accepted_slots == [2]
     assert typical_walk(Draft.empty(), skewed, [2], epsilon=0.05, delta=0.1).tokens == [2]
 
 

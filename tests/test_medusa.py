@@ -84,7 +84,7 @@ class ScriptedHeads(HeadsProposer):
         ranked = []
         for i in range(heads):
             per_row = []
-            for row, g in zip(self.rows, context.generated, strict=True):
+            for row, g in zip(self.rows, context.num_generated, strict=True):
                 truth = self.reference[row][g + i] if g + i < len(self.reference[row]) else 0
                 others = [(truth + 1 + r) % self.vocab_size for r in range(self.max_rank)]
                 if self.right:
@@ -184,11 +184,11 @@ class RecordingProposer:
     def propose(self, context):
         self.calls += 1
         drafts = []
-        for row, g, budget in zip(self.rows, context.generated, context.budgets, strict=True):
+        for row, g, budget in zip(self.rows, context.num_generated, context.budgets, strict=True):
             drafts.append(Draft.chain([] if self.calls % 3 == 0 else self.reference[row][g : g + budget]))
         return drafts
 
-    def accepted(self, emitted, states):
+    def emitted(self, emitted, states):
         for context, tokens in zip(self.contexts, emitted, strict=True):
             context.extend(tokens)
         self._record(states)

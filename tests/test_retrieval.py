@@ -68,10 +68,10 @@ def test_lookahead_retrieves_the_longest_suffix_first():
     proposer.start([context], torch.zeros(1, dtype=torch.long), None, None)
     # The context ends 5, 2, 3: [5, 2, 3] is unknown; [2, 3] was followed by 4 (once) — taken over
     # the bare [3], which was followed by 5 twice.
-    draft = proposer.propose(ProposalContext(generated=[1], budgets=[2], max_nodes=1))[0]
+    draft = proposer.propose(ProposalContext(num_generated=[1], budgets=[2], max_nodes=1))[0]
     assert draft.tokens == [4]
-    proposer.accepted([[4, 6]], None)  # context now ends ... 3, 4, 6: [6] is unknown, nothing to draft
-    assert proposer.propose(ProposalContext(generated=[3], budgets=[2], max_nodes=1))[0].tokens == []
+    proposer.emitted([[4, 6]], None)  # context now ends ... 3, 4, 6: [6] is unknown, nothing to draft
+    assert proposer.propose(ProposalContext(num_generated=[3], budgets=[2], max_nodes=1))[0].tokens == []
 
 
 PROMPTS = [

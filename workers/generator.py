@@ -378,7 +378,7 @@ class Generator:
 
     def _batches(self, groups: dict[tuple[str, tuple], list[tuple[int, int]]], token_ids: dict[int, list[int]]):
         """(group, samples) batches: rows of similar prompt length together, a row's samples next to each
-        other (they share its prefill, `plain.start_batch`), at most `batch_size` samples and
+        other (they share its prefill, `batch.start_batch`), at most `batch_size` samples and
         `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
         spec = self.spec
         for group, rows in groups.items():
