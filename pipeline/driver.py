@@ -129,9 +129,9 @@ def run_job(config: JobConfig) -> JobOutcome:
     validate(config)
     shards = _checked_shards(config)
     units = plan_units(shards, config.input.rows_per_unit)
-    hashes = {"target": _model_hash(config.model.target, "model.target")}
+    hashes = {"target": _model_hash(config, config.model.target, "model.target")}
     for model in _optional_models(config):
-        hashes[model] = _model_hash(getattr(config.model, model), f"model.{model}")
+        hashes[model] = _model_hash(config, getattr(config.model, model), f"model.{model}")
     for kind in ("heads", "exits"):
         if kind in hashes:
             _check_trained_for_target(config, kind)
@@ -232,10 +232,10 @@ def _lossy(config: JobConfig) -> dict[str, str]:
     return {n: r for n, r in reasons.items() if r is not None}
 
 
-def _model_hash(url: str, key: str) -> str:
+def _model_hash(config: JobConfig, url: str, key: str) -> str:
     try:
         marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG}.get(key, "config.json")
-        return model_weights_hash(url, marker=marker)
+        return model_weights_hash(url, dict(config.model.storage_options), marker=marker)
     except FileNotFoundError as exc:
         raise JobError(f"{key}: {exc}") from None
 
@@ -280,6 +280,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         torch_threads=config.workers.torch_threads,
         input_storage_options=dict(config.input.storage_options),
         output_storage_options=dict(config.output.storage_options),
+        model_storage_options=dict(config.model.storage_options),
     )
 
 

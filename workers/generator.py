@@ -77,6 +77,7 @@ class Generator:
             exits_url=spec.model_exits,
             cache_dir=spec.cache_dir,
             trust_remote_code=spec.trust_remote_code,
+            storage_options=spec.model_storage_options,
         )
         self.tokenizer, self.models = loaded.tokenizer, loaded.models
         self.runner = self.models.target

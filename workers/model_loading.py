@@ -182,14 +182,17 @@ def load_models(
     cache_dir: str = "",
     trust_remote_code: bool = False,
     exits_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> LoadedModels:
-    """The target, and the draft, heads and exits when given, each checked against the target: a draft
-    must share its vocabulary, heads and exits must have been trained for its weights."""
-    target_dir = resolve_model_dir(target_url, cache_dir)
+    """The target, and the draft, heads and exits when given (`storage_options` reach every one at a
+    URL), each checked against the target: a draft must share its vocabulary, heads and exits must have
+    been trained for its weights."""
+    target_dir = resolve_model_dir(target_url, cache_dir, storage_options)
     target, tokenizer = load_model(target_dir, dtype, device, trust_remote_code)
     draft = None
     if draft_url:
-        draft, draft_tokenizer = load_model(resolve_model_dir(draft_url, cache_dir), dtype, device, trust_remote_code)
+        draft_dir = resolve_model_dir(draft_url, cache_dir, storage_options)
+        draft, draft_tokenizer = load_model(draft_dir, dtype, device, trust_remote_code)
         if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
             raise ValueError(
                 f"model.draft {draft_url} has a different tokenizer than model.target {target_url}: "
@@ -197,13 +200,13 @@ def load_models(
             )
     heads = None
     if heads_url:
-        heads_dir = resolve_model_dir(heads_url, cache_dir, marker=HEADS_CONFIG)
+        heads_dir = resolve_model_dir(heads_url, cache_dir, storage_options, marker=HEADS_CONFIG)
         check_trained_for_target("heads", heads_dir, target_dir, heads_url, target_url)
         heads = load_heads(heads_dir, dtype, device)
         heads.use_lm_head(target.get_output_embeddings().weight)
     exits = None
     if exits_url:
-        exits_dir = resolve_model_dir(exits_url, cache_dir, marker=EXITS_CONFIG)
+        exits_dir = resolve_model_dir(exits_url, cache_dir, storage_options, marker=EXITS_CONFIG)
         check_trained_for_target("exits", exits_dir, target_dir, exits_url, target_url)
         exits = load_exits(exits_dir, dtype, device)
         exits.use_lm_head(target.get_output_embeddings().weight)

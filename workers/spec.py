@@ -48,6 +48,7 @@ class WorkerSpec:
     torch_threads: int
     input_storage_options: dict[str, Any] = field(default_factory=dict)
     output_storage_options: dict[str, Any] = field(default_factory=dict)
+    model_storage_options: dict[str, Any] = field(default_factory=dict)
     model_exits: str | None = None
 
 
