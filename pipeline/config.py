@@ -37,6 +37,11 @@ class InputConfig:
     id_column: str | None = option(
         None, "Column holding a unique row id. Empty: ids are derived from shard path and row index."
     )
+    messages_column: str | None = option(
+        None,
+        "Column of chat messages (a list of {role, content} structs, or JSON text of one), rendered through "
+        "the tokenizer's chat template with the generation prompt. Set: input.prompt_column is not read.",
+    )
     keep_columns: list[str] = option([], "Input columns copied unchanged into the output.")
     strategy_column: str | None = option(
         None, "Optional column naming a strategy per row (empty values: strategy.name); unknown: an error row."

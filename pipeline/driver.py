@@ -35,6 +35,7 @@ from workers.model_loading import (
     EXITS_CONFIG,
     HEADS_CONFIG,
     check_trained_for_target,
+    has_chat_template,
     is_local,
     model_weights_hash,
     resolve_model_dir,
@@ -200,7 +201,10 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         config.input.id_column,
         list(config.input.keep_columns),
         config.input.strategy_column,
+        config.input.messages_column,
     )
+    if config.input.messages_column:
+        _check_chat_template(config)
     if config.input.id_column:
         check_ids(shards, config.input.id_column, config.input.storage_options)
     print(
@@ -208,6 +212,16 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         f"checked in {time.perf_counter() - started:.1f}s"
     )
     return shards
+
+
+def _check_chat_template(config: JobConfig) -> None:
+    """Chat rows need the target tokenizer's chat template: without one the job fails before any write."""
+    if not has_chat_template(config.model.target, dict(config.model.storage_options)):
+        raise JobError(
+            f"input.messages_column is set but the tokenizer of model.target {config.model.target} has no chat "
+            "template (chat_template.jinja, or chat_template in tokenizer_config.json): add one to the model "
+            "folder, or give plain prompts through input.prompt_column"
+        )
 
 
 def _strategies_named(config: JobConfig) -> list[str]:
@@ -272,6 +286,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         seed=g.seed,
         ignore_eos=g.ignore_eos,
         prompt_column=config.input.prompt_column,
+        messages_column=config.input.messages_column,
         id_column=config.input.id_column,
         keep_columns=tuple(config.input.keep_columns),
         strategy_column=config.input.strategy_column,

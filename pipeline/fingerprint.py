@@ -29,6 +29,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "id": config.input.id_column,
             "keep": list(config.input.keep_columns),
             "strategy": config.input.strategy_column,
+            **({"messages": config.input.messages_column} if config.input.messages_column else {}),
         },
         "model": {
             "target": config.model.target,

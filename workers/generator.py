@@ -28,7 +28,15 @@ from strategies.sampling import SamplingParams, row_key
 from workers import faults
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
-from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
+from workers.rows import (
+    StopStrings,
+    as_text,
+    chat_prompts,
+    completion_text,
+    prompt_problem,
+    repetition_rate,
+    too_long_message,
+)
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
 
@@ -80,6 +88,10 @@ class Generator:
             storage_options=spec.model_storage_options,
         )
         self.tokenizer, self.models = loaded.tokenizer, loaded.models
+        if spec.messages_column and not self.tokenizer.chat_template:
+            raise ValueError(
+                f"input.messages_column is set but the tokenizer of {spec.model_target} has no chat template"
+            )
         self.runner = self.models.target
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         self._strategies: dict[str, Strategy] = {}
@@ -162,7 +174,7 @@ class Generator:
     def _read_unit(self, unit: WorkUnit) -> pa.Table:
         spec = self.spec
         wanted = [
-            spec.prompt_column,
+            spec.messages_column or spec.prompt_column,
             *([spec.id_column] if spec.id_column else []),
             *([spec.strategy_column] if spec.strategy_column else []),
             *spec.keep_columns,
@@ -189,7 +201,11 @@ class Generator:
         """Output columns for every input row (input order), and one throughput record per batch."""
         spec = self.spec
         n = table.num_rows
-        prompts = table.column(spec.prompt_column).to_pylist()
+        if spec.messages_column:
+            prompts, problems = chat_prompts(self.tokenizer, table.column(spec.messages_column).to_pylist())
+        else:
+            prompts = table.column(spec.prompt_column).to_pylist()
+            problems = [prompt_problem(p) for p in prompts]
         if spec.id_column:
             row_ids = [str(v) for v in table.column(spec.id_column).to_pylist()]
         else:
@@ -208,13 +224,15 @@ class Generator:
             columns[name] = table.column(name).to_pylist()
 
         decodable: list[int] = []
-        for i, prompt in enumerate(prompts):
-            problem = error_rows.get(i) or prompt_problem(prompt)
+        for i in range(n):
+            problem = error_rows.get(i) or problems[i]
             if problem:
                 columns["error"][i] = problem
             else:
                 decodable.append(i)
-        encoded = self.tokenizer([as_text(prompts[i]) for i in decodable])["input_ids"] if decodable else []
+        texts = [as_text(prompts[i]) for i in decodable]
+        # A chat template writes its own special tokens.
+        encoded = self.tokenizer(texts, add_special_tokens=not spec.messages_column)["input_ids"] if texts else []
         token_ids: dict[int, list[int]] = {}
         for i, ids in zip(decodable, encoded, strict=True):
             columns["num_prompt_tokens"][i] = len(ids)

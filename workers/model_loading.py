@@ -96,6 +96,17 @@ def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None, 
     return _files_sha256(sorted(p for p in path.iterdir() if p.is_file()))
 
 
+def has_chat_template(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether the tokenizer of the model folder at `url` has a chat template, from its files alone (no
+    download): `chat_template.jinja` (what transformers 5 saves), `chat_template.json`, or a
+    `chat_template` entry of `tokenizer_config.json`."""
+    fs, root = fsspec.core.url_to_fs(url.removeprefix("file://"), **(storage_options or {}))
+    if any(fs.exists(f"{root}/{name}") for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    config = f"{root}/tokenizer_config.json"
+    return fs.exists(config) and bool(json.loads(fs.cat_file(config)).get("chat_template"))
+
+
 def weights_sha256(model_dir: Path) -> str:
     """sha256 over a local model folder's `*.safetensors` files (names and contents): the weights'
     identity wherever the folder was copied, which heads record as the target they were trained for."""

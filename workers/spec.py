@@ -50,6 +50,7 @@ class WorkerSpec:
     output_storage_options: dict[str, Any] = field(default_factory=dict)
     model_storage_options: dict[str, Any] = field(default_factory=dict)
     model_exits: str | None = None
+    messages_column: str | None = None  # set: prompts are chat messages rendered by the chat template
 
 
 @dataclass
