@@ -159,7 +159,7 @@ def run_job(config: JobConfig) -> JobOutcome:
     results: list[UnitResult] = []
     started = time.perf_counter()
     if todo:
-        pool = ActorPool(config, _worker_spec(config, job_id))
+        pool = ActorPool(config, worker_spec(config, job_id))
         try:
             results, failures = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
         except JobInterrupted as exc:
@@ -266,7 +266,8 @@ def _check_trained_for_target(config: JobConfig, kind: str) -> None:
             raise JobError(str(exc)) from None
 
 
-def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
+def worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
+    """What every generator needs of the job's config (the CLI's actors and the Ray Data step alike)."""
     g = config.generation
     return WorkerSpec(
         job_id=job_id,

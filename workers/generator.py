@@ -136,7 +136,7 @@ class Generator:
         started = time.perf_counter()
         table = self._read_unit(unit)
         columns, records = self.decode_table(table, unit, attempt, error_rows or {})
-        out = pa.table(columns, schema=_output_schema(table, self.spec.keep_columns))
+        out = pa.table(columns, schema=output_schema(table, self.spec.keep_columns))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
         data = buffer.getvalue()
@@ -340,5 +340,6 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _output_schema(table: pa.Table, keep_columns: tuple[str, ...]) -> pa.Schema:
+def output_schema(table: pa.Table, keep_columns: tuple[str, ...]) -> pa.Schema:
+    """The output columns of `table`'s rows: the job's own, then the kept input columns."""
     return pa.schema(list(OUTPUT_SCHEMA) + [table.schema.field(name) for name in keep_columns])
