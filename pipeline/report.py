@@ -55,9 +55,12 @@ def read_job(url: str, storage_options: dict[str, Any]) -> JobRecords:
             "run the job to completion first"
         ) from None
     columns = ["strategy", "num_generated_tokens", "finish_reason", "error"]
-    parts = parallel_map(
-        lambda p: pq.read_table(fs.open(join(root, p["part"]), "rb"), columns=columns), manifest["parts"], READ_THREADS
-    )
+
+    def read_part(part: dict[str, Any]) -> pa.Table:
+        with fs.open(join(root, part["part"]), "rb") as f:
+            return pq.read_table(f, columns=columns)
+
+    parts = parallel_map(read_part, manifest["parts"], READ_THREADS)
     logs = fs.find(join(root, "_logs", "batches")) if fs.exists(join(root, "_logs", "batches")) else []
     texts = parallel_map(lambda p: fs.cat_file(p).decode(), [p for p in logs if p.endswith(".jsonl")], READ_THREADS)
     batches = sorted((json.loads(line) for text in texts for line in text.splitlines() if line), key=_end)
