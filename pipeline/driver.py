@@ -36,6 +36,7 @@ from workers.model_loading import (
     EXITS_CONFIG,
     HEADS_CONFIG,
     check_trained_for_target,
+    has_chat_template,
     is_local,
     model_weights_hash,
     resolve_model_dir,
@@ -145,9 +146,9 @@ def run_job(config: JobConfig) -> JobOutcome:
     validate(config)
     shards = _checked_shards(config)
     units = plan_units(shards, config.input.rows_per_unit)
-    hashes = {"target": _model_hash(config.model.target, "model.target")}
+    hashes = {"target": _model_hash(config, config.model.target, "model.target")}
     for model in _optional_models(config):
-        hashes[model] = _model_hash(getattr(config.model, model), f"model.{model}")
+        hashes[model] = _model_hash(config, getattr(config.model, model), f"model.{model}")
     for kind in ("heads", "exits"):
         if kind in hashes:
             _check_trained_for_target(config, kind)
@@ -174,7 +175,7 @@ def run_job(config: JobConfig) -> JobOutcome:
     results: list[UnitResult] = []
     started = time.perf_counter()
     if todo:
-        pool = ActorPool(config, _worker_spec(config, job_id))
+        pool = ActorPool(config, worker_spec(config, job_id))
         try:
             results, failures = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
         except JobInterrupted as exc:
@@ -217,7 +218,10 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         list(config.input.keep_columns),
         config.input.strategy_column,
         dict(config.input.params_columns),
+        config.input.messages_column,
     )
+    if config.input.messages_column:
+        _check_chat_template(config)
     if config.input.id_column:
         check_ids(shards, config.input.id_column, config.input.storage_options)
     print(
@@ -225,6 +229,16 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         f"checked in {time.perf_counter() - started:.1f}s"
     )
     return shards
+
+
+def _check_chat_template(config: JobConfig) -> None:
+    """Chat rows need the target tokenizer's chat template: without one the job fails before any write."""
+    if not has_chat_template(config.model.target, dict(config.model.storage_options)):
+        raise JobError(
+            f"input.messages_column is set but the tokenizer of model.target {config.model.target} has no chat "
+            "template (chat_template.jinja, or chat_template in tokenizer_config.json): add one to the model "
+            "folder, or give plain prompts through input.prompt_column"
+        )
 
 
 def _strategies_named(config: JobConfig) -> list[str]:
@@ -249,12 +263,12 @@ def _lossy(config: JobConfig) -> dict[str, str]:
     return {n: r for n, r in reasons.items() if r is not None}
 
 
-def _model_hash(url: str, key: str) -> str:
+def _model_hash(config: JobConfig, url: str, key: str) -> str:
     try:
         marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG, "model.cmlm": CMLM_CONFIG}.get(
             key, "config.json"
         )
-        return model_weights_hash(url, marker=marker)
+        return model_weights_hash(url, dict(config.model.storage_options), marker=marker)
     except FileNotFoundError as exc:
         raise JobError(f"{key}: {exc}") from None
 
@@ -271,7 +285,8 @@ def _check_trained_for_target(config: JobConfig, kind: str) -> None:
             raise JobError(str(exc)) from None
 
 
-def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
+def worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
+    """What every generator needs of the job's config (the CLI's actors and the Ray Data step alike)."""
     g = config.generation
     return WorkerSpec(
         job_id=job_id,
@@ -292,6 +307,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         seed=g.seed,
         ignore_eos=g.ignore_eos,
         prompt_column=config.input.prompt_column,
+        messages_column=config.input.messages_column,
         id_column=config.input.id_column,
         keep_columns=tuple(config.input.keep_columns),
         strategy_column=config.input.strategy_column,
@@ -305,6 +321,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         token_ids=config.output.token_ids,
         params_columns=dict(config.input.params_columns),
         n=g.n,
+        model_storage_options=dict(config.model.storage_options),
     )
 
 

@@ -29,7 +29,15 @@ from workers import faults
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
 from workers.row_settings import RowSettings, row_settings
-from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
+from workers.rows import (
+    StopStrings,
+    as_text,
+    chat_prompts,
+    completion_text,
+    prompt_problem,
+    repetition_rate,
+    too_long_message,
+)
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
 
@@ -91,8 +99,13 @@ class Generator:
             cmlm_url=spec.model_cmlm,
             cache_dir=spec.cache_dir,
             trust_remote_code=spec.trust_remote_code,
+            storage_options=spec.model_storage_options,
         )
         self.tokenizer, self.models = loaded.tokenizer, loaded.models
+        if spec.messages_column and not self.tokenizer.chat_template:
+            raise ValueError(
+                f"input.messages_column is set but the tokenizer of {spec.model_target} has no chat template"
+            )
         self.runner = self.models.target
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         self._strategies: dict[str, Strategy] = {}
@@ -177,7 +190,7 @@ class Generator:
     def _read_unit(self, unit: WorkUnit) -> pa.Table:
         spec = self.spec
         wanted = [
-            spec.prompt_column,
+            spec.messages_column or spec.prompt_column,
             *([spec.id_column] if spec.id_column else []),
             *([spec.strategy_column] if spec.strategy_column else []),
             *spec.params_columns.values(),
@@ -206,19 +219,25 @@ class Generator:
         throughput record per batch."""
         spec = self.spec
         n, samples = table.num_rows, spec.n
-        prompts = table.column(spec.prompt_column).to_pylist()
+        if spec.messages_column:
+            prompts, problems = chat_prompts(self.tokenizer, table.column(spec.messages_column).to_pylist())
+        else:
+            prompts = table.column(spec.prompt_column).to_pylist()
+            problems = [prompt_problem(p) for p in prompts]
         if spec.id_column:
             row_ids = [str(v) for v in table.column(spec.id_column).to_pylist()]
         else:
             row_ids = [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(n)]
 
         errors: dict[int, str] = {}  # input row -> why it is not decoded
-        for i, prompt in enumerate(prompts):
-            problem = error_rows.get(i) or prompt_problem(prompt)
+        for i in range(n):
+            problem = error_rows.get(i) or problems[i]
             if problem:
                 errors[i] = problem
         decodable = [i for i in range(n) if i not in errors]
-        encoded = self.tokenizer([as_text(prompts[i]) for i in decodable])["input_ids"] if decodable else []
+        texts = [as_text(prompts[i]) for i in decodable]
+        # A chat template writes its own special tokens.
+        encoded = self.tokenizer(texts, add_special_tokens=not spec.messages_column)["input_ids"] if texts else []
         prompt_tokens: dict[int, int] = {}
         token_ids: dict[int, list[int]] = {}
         for i, ids in zip(decodable, encoded, strict=True):
@@ -434,5 +453,6 @@ def score_columns(spec: WorkerSpec) -> list[str]:
 
 
 def output_schema(spec: WorkerSpec, table: pa.Table) -> pa.Schema:
+    """The output columns of `table`'s rows: the job's own, the score columns asked for, the kept input columns."""
     scores = [SCORE_COLUMNS.field(name) for name in score_columns(spec)]
     return pa.schema(list(OUTPUT_SCHEMA) + scores + [table.schema.field(name) for name in spec.keep_columns])
