@@ -438,7 +438,7 @@ class ExitsJobConfig:
 @dataclass
 class CMLMShape:
     layers: int = option(
-        4,
+        3,
         "Transformer blocks of the CMLM, initialised from the target's first ones (with its embeddings and final "
         "norm); fewer than the target's make each refinement pass cheaper.",
     )
