@@ -54,8 +54,8 @@ def ray_data_config(yaml_path: str | None = None, overrides: list[str] | tuple[s
 
 class GenerateBatches:
     """A callable class for `Dataset.map_batches(..., batch_format="pyarrow")`: loads the models once per
-    actor, then turns each batch of prompt rows into the job's output rows (one per input row, bad rows as
-    error rows). Constructor: `config` (a YAML path, as `accelgen generate` takes) and `overrides`
+    actor, then turns each batch of prompt rows into the job's output rows (`generation.n` per input row,
+    bad rows as error rows). Constructor: `config` (a YAML path, as `accelgen generate` takes) and `overrides`
     (`key=value` strings, the CLI's keys). The batch records the CLI writes to `_logs/` are not kept."""
 
     def __init__(self, config: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> None:
@@ -65,6 +65,7 @@ class GenerateBatches:
             self.spec.messages_column or self.spec.prompt_column,
             self.spec.id_column,
             *([self.spec.strategy_column] if self.spec.strategy_column else []),
+            *self.spec.params_columns.values(),
             *self.spec.keep_columns,
         ]
 

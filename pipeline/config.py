@@ -91,7 +91,7 @@ class ModelConfig:
     trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
     cache_dir: str = option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")
     storage_options: dict[str, Any] = option(
-        {}, "fsspec storage options for models at URLs (target, draft, heads, exits): endpoint, credentials."
+        {}, "fsspec storage options for models at URLs (target, draft, heads, exits, cmlm): endpoint, credentials."
     )
 
 

@@ -80,3 +80,17 @@ def test_the_ray_data_step_needs_an_id_column(tiny_model_dir: Path):
         ray_data_config(None, [f"model.target={tiny_model_dir}"])
     with pytest.raises(JobError, match=r"generation\.temperature must be >= 0"):
         ray_data_config(None, [f"model.target={tiny_model_dir}", "input.id_column=id", "generation.temperature=-1"])
+
+
+def test_a_batch_missing_a_configured_column_is_refused_by_name(tiny_model_dir: Path):
+    step = GenerateBatches(
+        overrides=[
+            f"model.target={tiny_model_dir}",
+            "model.heads=null",
+            "model.exits=null",
+            "input.id_column=id",
+            "input.params_columns.temperature=temp",
+        ]
+    )
+    with pytest.raises(JobError, match=r"columns \['temp'\] are not in the Dataset \(its columns: id, prompt\)"):
+        step(pa.table({"id": ["a"], "prompt": ["x"]}))
