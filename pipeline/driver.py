@@ -552,7 +552,9 @@ def _init_ray(address: str) -> None:
         runtime_env = {"py_modules": [workers, strategies]}
         ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
     else:
-        ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
+        # "local": a cluster of this process's own, never another job's or session's that happens to run
+        # on the machine (a bare init would join the latest one it finds).
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING", log_to_driver=True)
 
 
 def _cause(exc: BaseException) -> str:

@@ -33,7 +33,7 @@ COMPARED = ["row_id", "completion", "finish_reason", "error", "num_prompt_tokens
 @pytest.fixture(scope="module", autouse=True)
 def embedded_ray():
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
 
