@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install run test lint bench soak clean
+.PHONY: install browser run test lint bench soak clean
 
 install: $(VENV)/.installed
 
@@ -20,7 +20,11 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/accelgen generate jobs/configs/default.yaml
 
-test: install
+# Headless Chromium for the report's browser test (skipped, with the reason, where it cannot be installed).
+browser:
+	.ci/install-browser
+
+test: install browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

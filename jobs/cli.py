@@ -4,6 +4,7 @@
     accelgen bench [key=value ...]                     time strategies against transformers' generate
     accelgen train {tokenizer,lm,draft,eval} ...       build the shipped model family
     accelgen verify OUTPUT_URL [--input INPUT_URL]     check a job's output against the output contract
+    accelgen report OUTPUT_URL [--out report.html]     one self-contained HTML page of a finished job
     accelgen calibrate calm [key=value ...]            pick CALM's threshold for an agreement target
 
 A `JobError` is printed as one message and exits with status 2; an incomplete job exits with 1.
@@ -32,6 +33,7 @@ commands:
   bench [key=value ...]                     benchmark strategies against transformers (accelgen bench --help)
   train <job> [CONFIG.yaml] [key=value ...] build the shipped model family (accelgen train --help)
   verify OUTPUT_URL [--input INPUT_URL]     check an output: one row per input row, manifest, checksums
+  report OUTPUT_URL [--out report.html]     a finished job's report: throughput, τ, switches, errors, totals
   calibrate calm [key=value ...]            CALM's speed/agreement curve and threshold (accelgen calibrate calm --help)
 """
 
@@ -91,6 +93,24 @@ def verify(args: list[str]) -> int:
     return 0 if report.ok else 1
 
 
+def report(args: list[str]) -> int:
+    import argparse
+    import json
+
+    from pipeline.report import write_report
+
+    parser = argparse.ArgumentParser(
+        prog="accelgen report", description="Write one self-contained HTML page about a finished job."
+    )
+    parser.add_argument("output_url")
+    parser.add_argument("--out", default="report.html", help="where to write the page (a local file)")
+    parser.add_argument("--storage-options", default="{}", help="fsspec storage options as JSON")
+    parsed = parser.parse_args(args)
+    path = write_report(parsed.output_url, json.loads(parsed.storage_options), parsed.out)
+    print(f"report of {parsed.output_url} written to {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -106,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             return bench_main(args)
         if command == "verify":
             return verify(args)
+        if command == "report":
+            return report(args)
         if command == "train":
             from jobs.train.cli import main as train_main
 

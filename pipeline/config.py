@@ -37,6 +37,11 @@ class InputConfig:
     id_column: str | None = option(
         None, "Column holding a unique row id. Empty: ids are derived from shard path and row index."
     )
+    messages_column: str | None = option(
+        None,
+        "Column of chat messages (a list of {role, content} structs, or JSON text of one), rendered through "
+        "the tokenizer's chat template with the generation prompt. Set: input.prompt_column is not read.",
+    )
     keep_columns: list[str] = option([], "Input columns copied unchanged into the output.")
     strategy_column: str | None = option(
         None, "Optional column naming a strategy per row (empty values: strategy.name); unknown: an error row."
@@ -85,6 +90,9 @@ class ModelConfig:
     dtype: str = option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
     trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
     cache_dir: str = option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")
+    storage_options: dict[str, Any] = option(
+        {}, "fsspec storage options for models at URLs (target, draft, heads, exits, cmlm): endpoint, credentials."
+    )
 
 
 @dataclass
@@ -257,7 +265,7 @@ def describe(config: Any, prefix: str = "") -> list[tuple[str, str, str]]:
 def to_plain_dict(config: Any) -> dict[str, Any]:
     """The config as plain JSON-able data, with every storage option's value redacted."""
     data = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
-    for section in ("input", "output"):
+    for section in ("input", "output", "model"):
         options = data.get(section, {}).get("storage_options")
         if options:
             data[section]["storage_options"] = {k: "<redacted>" for k in options}

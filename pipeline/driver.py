@@ -36,6 +36,7 @@ from workers.model_loading import (
     EXITS_CONFIG,
     HEADS_CONFIG,
     check_trained_for_target,
+    has_chat_template,
     is_local,
     model_weights_hash,
     resolve_model_dir,
@@ -186,9 +187,9 @@ def run_job(config: JobConfig) -> JobOutcome:
 def _job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
     """The job's identity and fingerprint (the hash of what decides its rows: input listing, models'
     weights, settings), its config, versions and lossy strategies: `_job.json`, and the manifest's head."""
-    hashes = {"target": _model_hash(config.model.target, "model.target")}
+    hashes = {"target": _model_hash(config, config.model.target, "model.target")}
     for model in _optional_models(config):
-        hashes[model] = _model_hash(getattr(config.model, model), f"model.{model}")
+        hashes[model] = _model_hash(config, getattr(config.model, model), f"model.{model}")
     for kind in ("heads", "exits"):
         if kind in hashes:
             _check_trained_for_target(config, kind)
@@ -213,7 +214,7 @@ def _run_units(
     """Decode and commit `todo` on a fresh actor pool, shut down after (results, failed units)."""
     if not todo:
         return [], {}
-    pool = ActorPool(config, _worker_spec(config, job_id))
+    pool = ActorPool(config, worker_spec(config, job_id))
     try:
         return pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
     finally:
@@ -248,7 +249,10 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         list(config.input.keep_columns),
         config.input.strategy_column,
         dict(config.input.params_columns),
+        config.input.messages_column,
     )
+    if config.input.messages_column:
+        _check_chat_template(config)
     if config.input.id_column:
         check_ids(shards, config.input.id_column, config.input.storage_options)
     print(
@@ -256,6 +260,16 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         f"checked in {time.perf_counter() - started:.1f}s"
     )
     return shards
+
+
+def _check_chat_template(config: JobConfig) -> None:
+    """Chat rows need the target tokenizer's chat template: without one the job fails before any write."""
+    if not has_chat_template(config.model.target, dict(config.model.storage_options)):
+        raise JobError(
+            f"input.messages_column is set but the tokenizer of model.target {config.model.target} has no chat "
+            "template (chat_template.jinja, or chat_template in tokenizer_config.json): add one to the model "
+            "folder, or give plain prompts through input.prompt_column"
+        )
 
 
 def _optional_models(config: JobConfig) -> list[str]:
@@ -275,12 +289,12 @@ def _lossy(config: JobConfig) -> dict[str, str]:
     return {n: r for n, r in reasons.items() if r is not None}
 
 
-def _model_hash(url: str, key: str) -> str:
+def _model_hash(config: JobConfig, url: str, key: str) -> str:
     try:
         marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG, "model.cmlm": CMLM_CONFIG}.get(
             key, "config.json"
         )
-        return model_weights_hash(url, marker=marker)
+        return model_weights_hash(url, dict(config.model.storage_options), marker=marker)
     except FileNotFoundError as exc:
         raise JobError(f"{key}: {exc}") from None
 
@@ -297,7 +311,8 @@ def _check_trained_for_target(config: JobConfig, kind: str) -> None:
             raise JobError(str(exc)) from None
 
 
-def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
+def worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
+    """What every generator needs of the job's config (the CLI's actors and the Ray Data step alike)."""
     g = config.generation
     return WorkerSpec(
         job_id=job_id,
@@ -318,6 +333,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         seed=g.seed,
         ignore_eos=g.ignore_eos,
         prompt_column=config.input.prompt_column,
+        messages_column=config.input.messages_column,
         id_column=config.input.id_column,
         keep_columns=tuple(config.input.keep_columns),
         strategy_column=config.input.strategy_column,
@@ -331,6 +347,7 @@ def _worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         token_ids=config.output.token_ids,
         params_columns=dict(config.input.params_columns),
         n=g.n,
+        model_storage_options=dict(config.model.storage_options),
     )
 
 
@@ -571,7 +588,9 @@ def _init_ray(address: str) -> None:
         runtime_env = {"py_modules": [workers, strategies]}
         ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
     else:
-        ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
+        # "local": a cluster of this process's own, never another job's or session's that happens to run
+        # on the machine (a bare init would join the latest one it finds).
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING", log_to_driver=True)
 
 
 def _cause(exc: BaseException) -> str:

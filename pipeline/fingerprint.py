@@ -31,6 +31,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "keep": list(config.input.keep_columns),
             "strategy": config.input.strategy_column,
             "params": dict(sorted(config.input.params_columns.items())),
+            **({"messages": config.input.messages_column} if config.input.messages_column else {}),
         },
         "model": {
             "target": config.model.target,

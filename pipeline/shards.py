@@ -177,8 +177,11 @@ def check_columns(
     keep_columns: list[str],
     strategy_column: str | None = None,
     params_columns: dict[str, str] | None = None,
+    messages_column: str | None = None,
 ) -> None:
-    """Fail the job unless every shard has the same schema and the configured columns are usable."""
+    """Fail the job unless every shard has the same schema and the configured columns are usable.
+
+    With `messages_column` the prompts are chat messages and `prompt_column` is not read."""
     first = shards[0]
     for shard in shards[1:]:
         if not shard.schema.remove_metadata().equals(first.schema.remove_metadata()):
@@ -187,7 +190,11 @@ def check_columns(
                 f"{_describe(first.schema)}\nmake every shard of the input share one schema"
             )
     names = first.schema.names
-    wanted = {"input.prompt_column": [prompt_column], "input.keep_columns": keep_columns}
+    wanted = {"input.keep_columns": keep_columns}
+    if messages_column:
+        wanted["input.messages_column"] = [messages_column]
+    else:
+        wanted["input.prompt_column"] = [prompt_column]
     if id_column:
         wanted["input.id_column"] = [id_column]
     if strategy_column:
@@ -198,12 +205,35 @@ def check_columns(
         for column in columns:
             if column not in names:
                 raise JobError(f"{key}: column {column!r} is not in {first.url} (columns: {', '.join(names)})")
-    prompt_type = first.schema.field(prompt_column).type
-    if not (pa.types.is_string(prompt_type) or pa.types.is_large_string(prompt_type) or _is_binary(prompt_type)):
-        raise JobError(f"input.prompt_column {prompt_column!r} of {first.url} is {prompt_type}, not text")
+    if messages_column:
+        _check_messages_type(first.schema.field(messages_column).type, messages_column, first.url)
+    else:
+        prompt_type = first.schema.field(prompt_column).type
+        if not (_is_text(prompt_type) or _is_binary(prompt_type)):
+            raise JobError(f"input.prompt_column {prompt_column!r} of {first.url} is {prompt_type}, not text")
     clashing = sorted(set(keep_columns) & {*OUTPUT_SCHEMA.names, *SCORE_COLUMNS.names})
     if clashing:
         raise JobError(f"input.keep_columns {clashing} clash with output columns; rename them in the input")
+
+
+def _check_messages_type(t: pa.DataType, column: str, url: str) -> None:
+    """Chat messages are text (JSON) or a list of structs with `role` and `content` fields."""
+    if _is_text(t):
+        return
+    fields = {t.value_type.field(i).name for i in range(t.value_type.num_fields)} if _is_struct_list(t) else None
+    if fields is None or not {"role", "content"} <= fields:
+        raise JobError(
+            f"input.messages_column {column!r} of {url} is {t}: it must hold a list of structs with fields "
+            "role and content (or JSON text of one), e.g. [{role: user, content: ...}]"
+        )
+
+
+def _is_struct_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def _is_binary(t: pa.DataType) -> bool:

@@ -116,3 +116,44 @@ def test_output_inside_the_input_folder_on_s3(s3, tiny_model_dir):
     assert run_job(config).status == "already_complete"
     report = verify("s3://nested/in/out", "s3://nested/in", options)
     assert report.ok and report.rows == len(PROMPTS), report.problems
+
+
+def test_model_read_from_s3_with_model_storage_options(s3, tiny_model_dir, tmp_path, capsys):
+    """`accelgen generate` loads model.target from the bucket with model.storage_options alone (input and
+    output stay local), and decodes exactly what the same model from its local folder decodes."""
+    options = _options(s3.endpoint)
+    fs = fsspec.filesystem("s3", **options)
+    fs.mkdir("models")
+    fs.put(str(tiny_model_dir), "models/tiny", recursive=True)
+    pq.write_table(pa.table({"prompt": PROMPTS[:4]}), tmp_path / "prompts.parquet")
+    base = [
+        f"input.url={tmp_path / 'prompts.parquet'}",
+        "model.heads=null",
+        "model.exits=null",
+        "model.dtype=float64",
+        "generation.max_new_tokens=6",
+    ]
+    local = [*base, f"output.url={tmp_path / 'local'}", f"model.target={tiny_model_dir}"]
+    remote = [
+        *base,
+        f"output.url={tmp_path / 'remote'}",
+        "model.target=s3://models/tiny",
+        f"model.cache_dir={tmp_path / 'cache'}",
+        f"model.storage_options.key={CREDENTIALS['key']}",
+        f"model.storage_options.secret={CREDENTIALS['secret']}",
+        f"model.storage_options.client_kwargs.endpoint_url={s3.endpoint}",
+    ]
+    assert cli(["generate", *local]) == 0
+    assert cli(["generate", *remote]) == 0
+    printed = capsys.readouterr()
+    assert CREDENTIALS["secret"] not in printed.out + printed.err
+    completions = {}
+    for name in ("local", "remote"):
+        manifest = json.loads((tmp_path / name / "_manifest.json").read_text())
+        parts = [pq.read_table(tmp_path / name / p["part"]) for p in manifest["parts"]]
+        completions[name] = pa.concat_tables(parts).sort_by("row_id").column("completion").to_pylist()
+    assert completions["remote"] == completions["local"] and any(completions["local"])
+    assert manifest["config"]["model"]["storage_options"]["secret"] == "<redacted>"
+    assert CREDENTIALS["secret"] not in (tmp_path / "remote" / "_manifest.json").read_text()
+    # The model came from the bucket: its files are in the download cache.
+    assert [p.name for p in (tmp_path / "cache").glob("*/model.safetensors")] == ["model.safetensors"]

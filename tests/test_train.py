@@ -18,6 +18,7 @@ from jobs.train.cli import COMMANDS, main
 from jobs.train.config import CorpusConfig, OptimConfig, TrainConfig
 from jobs.train.corpus import is_heldout, load_corpus
 from jobs.train.loop import lr_at
+from jobs.train.tokenizer import CHAT_TEMPLATE
 from jobs.train.windows import Phase, WindowSampler, phase_of
 from pipeline.config import describe
 from pipeline.errors import JobError
@@ -121,10 +122,12 @@ def test_tiny_lm_writes_a_plain_hugging_face_model_dir(target_dir: Path) -> None
         "generation_config.json",
         "tokenizer.json",
         "tokenizer_config.json",
+        "chat_template.jinja",
     ]:
         assert (target_dir / name).is_file(), name
     model = AutoModelForCausalLM.from_pretrained(target_dir)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    assert tokenizer.chat_template == CHAT_TEMPLATE  # the trained tokenizer's template survives `train lm`
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.max_position_embeddings >= 1024 and model.config.vocab_size == len(tokenizer)
     prompt = tokenizer("import os\n", return_tensors="pt")

@@ -25,19 +25,26 @@ from transformers.utils import logging as transformers_logging
 from strategies import registry
 from strategies.base import FINISH_LENGTH, GenerationParams, RowOutput, RowRequest, Strategy
 from strategies.sampling import SamplingParams, row_key, seeded_key
-from workers import faults
+from workers import contract, faults
 from workers.contract import (
     FINISH_ERROR,
     OUTPUT_SCHEMA,
     SCORE_COLUMNS,
     derived_row_id,
-    output_schema,
     row_ids_of_id_column,
 )
 from workers.controller import AdaptiveController
 from workers.model_loading import load_models, resolve_dtype
 from workers.row_settings import RowSettings, row_settings
-from workers.rows import StopStrings, as_text, completion_text, prompt_problem, repetition_rate, too_long_message
+from workers.rows import (
+    StopStrings,
+    as_text,
+    chat_prompts,
+    completion_text,
+    prompt_problem,
+    repetition_rate,
+    too_long_message,
+)
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 from workers.storage import filesystem, write_bytes
 
@@ -77,8 +84,13 @@ class Generator:
             cmlm_url=spec.model_cmlm,
             cache_dir=spec.cache_dir,
             trust_remote_code=spec.trust_remote_code,
+            storage_options=spec.model_storage_options,
         )
         self.tokenizer, self.models = loaded.tokenizer, loaded.models
+        if spec.messages_column and not self.tokenizer.chat_template:
+            raise ValueError(
+                f"input.messages_column is set but the tokenizer of {spec.model_target} has no chat template"
+            )
         self.runner = self.models.target
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         self._strategies: dict[str, Strategy] = {}
@@ -125,8 +137,7 @@ class Generator:
         started = time.perf_counter()
         table = self._read_unit(unit)
         columns, records = self.decode_table(table, unit, attempt, error_rows)
-        keep = [table.schema.field(name) for name in self.spec.keep_columns]
-        out = pa.table(columns, schema=output_schema(score_columns(self.spec), keep))
+        out = pa.table(columns, schema=output_schema(self.spec, table))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
         data = buffer.getvalue()
@@ -164,7 +175,7 @@ class Generator:
     def _read_unit(self, unit: WorkUnit) -> pa.Table:
         spec = self.spec
         wanted = [
-            spec.prompt_column,
+            spec.messages_column or spec.prompt_column,
             *([spec.id_column] if spec.id_column else []),
             *([spec.strategy_column] if spec.strategy_column else []),
             *spec.params_columns.values(),
@@ -195,7 +206,7 @@ class Generator:
         n, samples = table.num_rows, spec.n
         row_ids = self._row_ids(table, unit)
         errors = dict(error_rows)  # input row -> why it is not decoded
-        token_ids, prompt_tokens = self._tokenize(table.column(spec.prompt_column).to_pylist(), errors)
+        token_ids, prompt_tokens = self._tokenize(table, errors)
         settings = self._row_settings(table, row_ids, token_ids, errors)
         groups = self._groups(table, token_ids, settings, errors)
 
@@ -224,15 +235,23 @@ class Generator:
             return row_ids_of_id_column(table.column(self.spec.id_column)).to_pylist()
         return [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(table.num_rows)]
 
-    def _tokenize(self, prompts: list, errors: dict[int, str]) -> tuple[dict[int, list[int]], dict[int, int]]:
-        """Token ids of the rows to decode, and every tokenized row's prompt length, by row index; a bad
-        prompt, or one too long for the model, goes into `errors`."""
-        for i, prompt in enumerate(prompts):
-            problem = errors.get(i) or prompt_problem(prompt)
-            if problem:
+    def _tokenize(self, table: pa.Table, errors: dict[int, str]) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Token ids of the rows to decode, and every tokenized row's prompt length, by row index: plain
+        prompts, or chat messages rendered by the tokenizer's template. A bad prompt, or one too long
+        for the model, goes into `errors`."""
+        spec = self.spec
+        if spec.messages_column:
+            prompts, problems = chat_prompts(self.tokenizer, table.column(spec.messages_column).to_pylist())
+        else:
+            prompts = table.column(spec.prompt_column).to_pylist()
+            problems = [prompt_problem(p) for p in prompts]
+        for i, problem in enumerate(problems):
+            if problem and i not in errors:
                 errors[i] = problem
         decodable = [i for i in range(len(prompts)) if i not in errors]
-        encoded = self.tokenizer([as_text(prompts[i]) for i in decodable])["input_ids"] if decodable else []
+        texts = [as_text(prompts[i]) for i in decodable]
+        # A chat template writes its own special tokens.
+        encoded = self.tokenizer(texts, add_special_tokens=not spec.messages_column)["input_ids"] if texts else []
         prompt_tokens: dict[int, int] = {}
         token_ids: dict[int, list[int]] = {}
         for i, ids in zip(decodable, encoded, strict=True):
@@ -429,3 +448,8 @@ def score_columns(spec: WorkerSpec) -> list[str]:
     """The columns of `SCORE_COLUMNS` the job asked for."""
     asked = {"token_ids": spec.token_ids, "logprobs": spec.logprobs, "top_logprobs": spec.top_logprobs > 0}
     return [name for name in SCORE_COLUMNS.names if asked[name]]
+
+
+def output_schema(spec: WorkerSpec, table: pa.Table) -> pa.Schema:
+    """The output columns of `table`'s rows under this job's settings (`contract.output_schema`)."""
+    return contract.output_schema(score_columns(spec), [table.schema.field(name) for name in spec.keep_columns])

@@ -14,6 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import torch
@@ -51,7 +52,9 @@ def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
-def resolve_model_dir(url: str, cache_dir: str = "", marker: str = "config.json") -> Path:
+def resolve_model_dir(
+    url: str, cache_dir: str = "", storage_options: dict[str, Any] | None = None, marker: str = "config.json"
+) -> Path:
     """A local folder holding the model (or heads: `marker` heads.json; exits: exits.json) at `url`,
     downloading it into the cache when remote."""
     if is_local(url):
@@ -68,7 +71,7 @@ def resolve_model_dir(url: str, cache_dir: str = "", marker: str = "config.json"
     local = root / hashlib.sha256(url.encode()).hexdigest()[:24]
     if (local / marker).is_file():
         return local
-    fs, remote = fsspec.core.url_to_fs(url)
+    fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
     staging = root / f".{local.name}.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -85,10 +88,10 @@ def resolve_model_dir(url: str, cache_dir: str = "", marker: str = "config.json"
     return local
 
 
-def model_weights_hash(url: str, marker: str = "config.json") -> str:
+def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None, marker: str = "config.json") -> str:
     """sha256 over the model's files (names and contents); remote models hash their listing's checksums."""
     if not is_local(url):
-        fs, remote = fsspec.core.url_to_fs(url)
+        fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
         infos = sorted((info for info in fs.ls(remote, detail=True) if info["type"] == "file"), key=lambda i: i["name"])
         listing = [
             (Path(i["name"]).name, i.get("size"), str(i.get("ETag") or i.get("etag") or i.get("mtime"))) for i in infos
@@ -96,6 +99,17 @@ def model_weights_hash(url: str, marker: str = "config.json") -> str:
         return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
     path = resolve_model_dir(url, marker=marker)
     return _files_sha256(sorted(p for p in path.iterdir() if p.is_file()))
+
+
+def has_chat_template(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether the tokenizer of the model folder at `url` has a chat template, from its files alone (no
+    download): `chat_template.jinja` (what transformers 5 saves), `chat_template.json`, or a
+    `chat_template` entry of `tokenizer_config.json`."""
+    fs, root = fsspec.core.url_to_fs(url.removeprefix("file://"), **(storage_options or {}))
+    if any(fs.exists(f"{root}/{name}") for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    config = f"{root}/tokenizer_config.json"
+    return fs.exists(config) and bool(json.loads(fs.cat_file(config)).get("chat_template"))
 
 
 def weights_sha256(model_dir: Path) -> str:
@@ -199,14 +213,17 @@ def load_models(
     trust_remote_code: bool = False,
     exits_url: str | None = None,
     cmlm_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> LoadedModels:
-    """The target, and the draft, heads, exits and CMLM when given, each checked against the target: a
-    draft must share its vocabulary, a CMLM extend it, heads and exits must have been trained for its weights."""
-    target_dir = resolve_model_dir(target_url, cache_dir)
+    """The target, and the draft, heads, exits and CMLM when given (`storage_options` reach every one at
+    a URL), each checked against the target: a draft must share its vocabulary, a CMLM extend it, heads
+    and exits must have been trained for its weights."""
+    target_dir = resolve_model_dir(target_url, cache_dir, storage_options)
     target, tokenizer = load_model(target_dir, dtype, device, trust_remote_code)
     draft = None
     if draft_url:
-        draft, draft_tokenizer = load_model(resolve_model_dir(draft_url, cache_dir), dtype, device, trust_remote_code)
+        draft_dir = resolve_model_dir(draft_url, cache_dir, storage_options)
+        draft, draft_tokenizer = load_model(draft_dir, dtype, device, trust_remote_code)
         if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
             raise ValueError(
                 f"model.draft {draft_url} has a different tokenizer than model.target {target_url}: "
@@ -214,19 +231,19 @@ def load_models(
             )
     heads = None
     if heads_url:
-        heads_dir = resolve_model_dir(heads_url, cache_dir, marker=HEADS_CONFIG)
+        heads_dir = resolve_model_dir(heads_url, cache_dir, storage_options, marker=HEADS_CONFIG)
         check_trained_for_target("heads", heads_dir, target_dir, heads_url, target_url)
         heads = load_heads(heads_dir, dtype, device)
         heads.use_lm_head(target.get_output_embeddings().weight)
     exits = None
     if exits_url:
-        exits_dir = resolve_model_dir(exits_url, cache_dir, marker=EXITS_CONFIG)
+        exits_dir = resolve_model_dir(exits_url, cache_dir, storage_options, marker=EXITS_CONFIG)
         check_trained_for_target("exits", exits_dir, target_dir, exits_url, target_url)
         exits = load_exits(exits_dir, dtype, device)
         exits.use_lm_head(target.get_output_embeddings().weight)
     cmlm = None
     if cmlm_url:
-        cmlm_dir = resolve_model_dir(cmlm_url, cache_dir, marker=CMLM_CONFIG)
+        cmlm_dir = resolve_model_dir(cmlm_url, cache_dir, storage_options, marker=CMLM_CONFIG)
         cmlm_model, cmlm_tokenizer = load_model(cmlm_dir, dtype, device, trust_remote_code)
         check_extends_vocabulary(cmlm_tokenizer, tokenizer, f"model.cmlm {cmlm_url}", f"model.target {target_url}")
         cmlm = CMLM(ModelRunner(cmlm_model), read_cmlm_config(cmlm_dir))

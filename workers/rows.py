@@ -6,8 +6,10 @@ message saying what was wrong, so the job goes on and every input row still has 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 
@@ -25,6 +27,62 @@ def prompt_problem(prompt: object) -> str | None:
     if not prompt.strip():
         return "prompt is empty or whitespace only"
     return None
+
+
+def chat_messages(value: object) -> list[dict[str, str]]:
+    """One row's chat messages as `[{role, content}]`, from a list of structs or JSON text of one.
+
+    Raises ValueError naming what is wrong (and where: `messages[2].content`), which becomes the
+    row's error.
+    """
+    if value is None:
+        raise ValueError("messages are null")
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"messages are not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(value, list):
+        raise ValueError(f"messages must be a list of {{role, content}} objects, got {type(value).__name__}")
+    if not value:
+        raise ValueError("messages are an empty list")
+    messages = []
+    for k, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{k}] must be a {{role, content}} object, got {type(message).__name__}")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                got = "missing or null" if message.get(key) is None else type(message[key]).__name__
+                raise ValueError(f"messages[{k}].{key} must be text, got {got}")
+        if not message["role"].strip():
+            raise ValueError(f"messages[{k}].role is empty")
+        messages.append({"role": message["role"], "content": message["content"]})
+    return messages
+
+
+def chat_prompts(tokenizer: PreTrainedTokenizerBase, values: list[object]) -> tuple[list[str | None], list[str | None]]:
+    """Each row's prompt rendered through the tokenizer's chat template with the generation prompt added,
+    and, where a row cannot be rendered, why (its text is then None).
+
+    The template writes the special tokens it wants (e.g. BOS), so rendered prompts are tokenized
+    without adding any.
+    """
+    texts: list[str | None] = []
+    problems: list[str | None] = []
+    for value in values:
+        try:
+            messages = chat_messages(value)
+            texts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+            problems.append(None)
+        except ValueError as exc:
+            texts.append(None)
+            problems.append(str(exc))
+        except TemplateError as exc:  # the template itself refuses (e.g. roles out of order)
+            texts.append(None)
+            problems.append(f"the chat template refused the messages: {exc}")
+    return texts, problems
 
 
 def as_text(prompt: str | bytes) -> str:

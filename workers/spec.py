@@ -48,6 +48,7 @@ class WorkerSpec:
     torch_threads: int
     input_storage_options: dict[str, Any] = field(default_factory=dict)
     output_storage_options: dict[str, Any] = field(default_factory=dict)
+    model_storage_options: dict[str, Any] = field(default_factory=dict)
     model_exits: str | None = None
     model_cmlm: str | None = None
     logprobs: bool = False  # output.logprobs
@@ -60,6 +61,8 @@ class WorkerSpec:
     def scores(self) -> int | None:
         """What the strategies score (`GenerationParams.logprobs`): None unless a log-probability column is asked."""
         return self.top_logprobs if self.logprobs or self.top_logprobs else None
+
+    messages_column: str | None = None  # set: prompts are chat messages rendered by the chat template
 
 
 @dataclass

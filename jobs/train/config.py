@@ -327,10 +327,12 @@ class CLLMEvalConfig:
 
 
 @dataclass
-class CLLMTrainConfig:
+class FineTuneTrainConfig:
+    """The train section of a job that collects data with the target, then trains on it (cllm, cmlm)."""
+
     steps: int = option(1000, "Optimizer steps.")
-    batch_size: int = option(8, "Trajectory states per step: one random non-final state of a random block each.")
-    seed: int = option(0, "Seed of prompt sampling, initial guesses, block order and state choice.")
+    batch_size: int = option(8, "Examples per step.")
+    seed: int = option(0, "Seed of prompt sampling and of every random choice of the examples.")
     precision: str = option(
         "float32",
         f"One of {PRECISIONS}: autocast dtype of forward/backward. bfloat16 only pays on GPUs (or CPUs with "
@@ -341,10 +343,24 @@ class CLLMTrainConfig:
     checkpoint_every: int = option(100, "Save the resumable training state every this many steps.")
     checkpoint_dir: str = option(
         "",
-        "Where the resumable state and the collected trajectories go; re-running the same command resumes from "
-        "them. Empty: <output_dir>/checkpoint.",
+        "Where the resumable state and the collected data go; re-running the same command resumes from them. "
+        "Empty: <output_dir>/checkpoint.",
     )
     save_dtype: str = option("float32", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
+
+
+def check_fine_tune(train: FineTuneTrainConfig) -> None:
+    if train.precision not in PRECISIONS:
+        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
+    if train.save_dtype not in SAVE_DTYPES:
+        raise JobError(f"train.save_dtype={train.save_dtype!r}: use one of {SAVE_DTYPES}")
+    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
+        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
+
+
+@dataclass
+class CLLMTrainConfig(FineTuneTrainConfig):
+    batch_size: int = option(8, "Trajectory states per step: one random non-final state of a random block each.")
 
 
 @dataclass
@@ -384,13 +400,7 @@ def check_cllm(config: CLLMJobConfig, context: int) -> None:
         raise JobError("eval.prompts and eval.heldout_tokens must be >= 0, eval.seq_len and eval.batch_size >= 1")
     if config.eval.seq_len > context:
         raise JobError(f"eval.seq_len={config.eval.seq_len} exceeds the target's context of {context} tokens")
-    train = config.train
-    if train.precision not in PRECISIONS:
-        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
-    if train.save_dtype not in SAVE_DTYPES:
-        raise JobError(f"train.save_dtype={train.save_dtype!r}: use one of {SAVE_DTYPES}")
-    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
-        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
+    check_fine_tune(config.train)
 
 
 @dataclass
@@ -438,7 +448,7 @@ class ExitsJobConfig:
 @dataclass
 class CMLMShape:
     layers: int = option(
-        4,
+        3,
         "Transformer blocks of the CMLM, initialised from the target's first ones (with its embeddings and final "
         "norm); fewer than the target's make each refinement pass cheaper.",
     )
@@ -478,25 +488,11 @@ class CMLMEvalConfig:
 
 
 @dataclass
-class CMLMTrainConfig:
+class CMLMTrainConfig(FineTuneTrainConfig):
     steps: int = option(1500, "Optimizer steps.")
     batch_size: int = option(16, "Examples per step: (context, block) pairs, the block uniformly masked.")
-    length_weight: float = option(0.1, "Weight of the length cross-entropy beside the masked tokens' cross-entropy.")
-    seed: int = option(0, "Seed of prompt sampling, example choice and masking.")
-    precision: str = option(
-        "float32",
-        f"One of {PRECISIONS}: autocast dtype of forward/backward. bfloat16 only pays on GPUs (or CPUs with "
-        "bfloat16 matmuls).",
-    )
-    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
-    threads: int = option(0, "torch intra-op threads (collection and training). 0: torch's default (all cores).")
-    checkpoint_every: int = option(100, "Save the resumable training state every this many steps.")
-    checkpoint_dir: str = option(
-        "",
-        "Where the resumable state and the collected continuations go; re-running the same command resumes from "
-        "them. Empty: <output_dir>/checkpoint.",
-    )
     save_dtype: str = option("float16", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
+    length_weight: float = option(0.1, "Weight of the length cross-entropy beside the masked tokens' cross-entropy.")
 
 
 @dataclass
@@ -536,12 +532,6 @@ def check_cmlm(config: CMLMJobConfig, layers: int, context: int) -> None:
         raise JobError(f"data.short_block_share={data.short_block_share}: use a value in [0, 1]")
     if config.eval.prompts < 0 or any(t < 1 for t in config.eval.iterations):
         raise JobError("eval.prompts must be >= 0 and every eval.iterations value >= 1")
-    train = config.train
-    if train.precision not in PRECISIONS:
-        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
-    if train.save_dtype not in SAVE_DTYPES:
-        raise JobError(f"train.save_dtype={train.save_dtype!r}: use one of {SAVE_DTYPES}")
-    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
-        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
-    if train.length_weight < 0:
-        raise JobError(f"train.length_weight={train.length_weight}: use a value >= 0")
+    check_fine_tune(config.train)
+    if config.train.length_weight < 0:
+        raise JobError(f"train.length_weight={config.train.length_weight}: use a value >= 0")

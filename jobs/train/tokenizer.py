@@ -4,6 +4,11 @@ Byte-level: every byte string has an encoding, so no prompt is ever untokenizabl
 token, `<|endoftext|>`, both separates documents in training and starts every encoded text (as
 BOS): a prompt then looks exactly like the start of a training document. `<|pad|>` is separate,
 so padding can never be mistaken for an end of text.
+
+The tokenizer carries a small chat template (`CHAT_TEMPLATE`) so that chat-formatted prompts
+(`input.messages_column`) render: BOS, then each message as a `<|role|>` line followed by its
+content and a newline, then `<|assistant|>` and a newline as the generation prompt. The markers are
+plain text, not special tokens: the shipped models were trained on code, not on conversations.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from pipeline.errors import JobError
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def train_tokenizer(config: TokenizerJobConfig) -> Path:
@@ -44,6 +53,7 @@ def train_tokenizer(config: TokenizerJobConfig) -> Path:
         single=f"{EOS} $A", pair=f"{EOS} $A {EOS} $B", special_tokens=[(EOS, eos_id)]
     )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS, pad_token=PAD)
+    tokenizer.chat_template = CHAT_TEMPLATE
     out = Path(config.output_dir)
     tokenizer.save_pretrained(out)
     heldout_bytes = sum(len(d.text.encode()) for d in corpus.heldout)
