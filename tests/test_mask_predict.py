@@ -117,7 +117,7 @@ def cmlm_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     target = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer, config = cmlm_tokenizer_and_config(AutoTokenizer.from_pretrained(tiny_model_dir), BLOCK)
     torch.manual_seed(0)
-    model = cmlm_from_target(target, 1, len(tokenizer))
+    model = cmlm_from_target(target, 1, len(tokenizer), seed=0)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     write_config(out, config)

@@ -1,4 +1,10 @@
-"""`train cmlm`: the distilled CMLM is a plain model folder, and its refinement passes pay off."""
+"""`train cmlm`: the distilled CMLM is a plain model folder that learns the target's continuations.
+
+Whether more passes help (T=4 over T=1) is not asserted here: on the tiny random-weight target the
+difference is within the noise of the seed (at 300 steps, T=1 / T=4 agreement 0.127 / 0.125,
+0.174 / 0.199, 0.148 / 0.141 for seeds 0, 1, 2). The refinement loop itself is specified on literal
+probabilities in tests/test_mask_predict.py; the shipped CMLM's curve over T is in its model card.
+"""
 
 from __future__ import annotations
 
@@ -23,18 +29,18 @@ TINY_CMLM = [
     "data.min_context=4",
     "data.continuation=16",
     "data.batch_size=32",
-    "eval.prompts=16",
+    "eval.prompts=64",
     "eval.iterations=[1,4]",
-    "train.steps=150",
+    "train.steps=300",
     "train.batch_size=16",
-    "train.checkpoint_every=50",
+    "train.checkpoint_every=100",
     "train.threads=1",
-    "optim.lr=0.01",
+    "optim.lr=0.003",
     "optim.warmup_steps=10",
 ]
 
 
-def test_a_trained_cmlm_loads_with_plain_transformers_and_refining_beats_one_pass(tiny_model_dir: Path, tmp_path):
+def test_a_trained_cmlm_loads_with_plain_transformers_and_learned_the_targets_output(tiny_model_dir: Path, tmp_path):
     out = tmp_path / "cmlm"
     assert main(["cmlm", f"target={tiny_model_dir}", f"output_dir={out}", *TINY_CMLM]) == 0
     config = read_config(out)
@@ -50,9 +56,10 @@ def test_a_trained_cmlm_loads_with_plain_transformers_and_refining_beats_one_pas
     target = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert config.content_vocab_size == len(target) and config.max_length == 8
     record = json.loads((out / "training.json").read_text())
-    after = record["heldout_agreement"]["after"]
-    assert after["T=4"] > after["T=1"], record["heldout_agreement"]
-    assert after["T=1"] > record["heldout_agreement"]["before"]["T=1"]
+    before, after = record["heldout_agreement"]["before"], record["heldout_agreement"]["after"]
+    # Untrained, it agrees with the target nowhere; trained, on about an eighth of the held-out tokens.
+    assert before == {"T=1": 0.0, "T=4": 0.0}
+    assert min(after.values()) > 0.08, record["heldout_agreement"]
 
 
 def test_examples_are_blocks_of_the_continuation_after_their_context():

@@ -64,7 +64,7 @@ def train_cmlm(config: CMLMJobConfig) -> Path:
     corpus = load_corpus(config.corpus)
     data, collection_s = continuations(config, target, tokenizer, corpus.train, checkpoint_dir, fingerprint)
     cmlm_tokenizer, spec = cmlm_tokenizer_and_config(tokenizer, config.shape.max_length)
-    model = cmlm_from_target(target, config.shape.layers, len(cmlm_tokenizer))
+    model = cmlm_from_target(target, config.shape.layers, len(cmlm_tokenizer), config.train.seed)
     heldout = heldout_prompts(config, tokenizer, corpus.heldout, target)
     before = agreement(model, spec, heldout, config)
     print(
@@ -175,7 +175,7 @@ def cmlm_tokenizer_and_config(
     )
 
 
-def cmlm_from_target(target: torch.nn.Module, layers: int, vocab_size: int) -> LlamaForCausalLM:
+def cmlm_from_target(target: torch.nn.Module, layers: int, vocab_size: int, seed: int) -> LlamaForCausalLM:
     """A float32 Llama of the target's shape with its first `layers` blocks, embeddings (extended to
     `vocab_size`: the new rows start at the mean embedding) and final norm, copied."""
     shape = target.config.to_dict()
@@ -188,7 +188,10 @@ def cmlm_from_target(target: torch.nn.Module, layers: int, vocab_size: int) -> L
     state.pop("lm_head.weight", None)  # tied
     extended = embeddings.mean(dim=0, keepdim=True).repeat(vocab_size, 1)  # [V', H]
     extended[: len(embeddings)] = embeddings
-    extended[len(embeddings) :] += 0.02 * torch.randn(vocab_size - len(embeddings), embeddings.shape[1])
+    noise = torch.Generator().manual_seed(seed)  # not the global stream: the result may not depend on what ran before
+    extended[len(embeddings) :] += 0.02 * torch.randn(
+        vocab_size - len(embeddings), embeddings.shape[1], generator=noise
+    )
     state["model.embed_tokens.weight"] = extended
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
