@@ -83,6 +83,7 @@ def _generate(tmp_path: Path, column: list, model: Path, out: str) -> int:
             "model.draft=null",
             "model.heads=null",
             "model.exits=null",
+            "model.cmlm=null",
             "model.dtype=float64",
             "input.id_column=id",
             "input.messages_column=messages",

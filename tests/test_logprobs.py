@@ -155,6 +155,7 @@ def _job(tmp_path: Path, model_dir: Path, out: str, *extra: str) -> list[str]:
         f"model.target={model_dir}",
         "model.heads=null",
         "model.exits=null",
+        "model.cmlm=null",
         "model.dtype=float64",
         "generation.max_new_tokens=8",
         "generation.ignore_eos=true",

@@ -21,6 +21,7 @@ SETTINGS = [
     "model.dtype=float64",
     "model.heads=null",
     "model.exits=null",
+    "model.cmlm=null",
     "strategy.name=speculative",
     "input.id_column=id",
     "input.keep_columns=[n]",
@@ -88,6 +89,7 @@ def test_a_batch_missing_a_configured_column_is_refused_by_name(tiny_model_dir: 
             f"model.target={tiny_model_dir}",
             "model.heads=null",
             "model.exits=null",
+            "model.cmlm=null",
             "input.id_column=id",
             "input.params_columns.temperature=temp",
         ]

@@ -149,6 +149,7 @@ def test_a_real_jobs_report_renders_in_a_browser(tmp_path, tiny_model_dir, tiny_
         f"model.draft={tiny_draft_dir}",
         "model.heads=null",
         "model.exits=null",
+        "model.cmlm=null",
         "strategy.name=speculative",
         "input.rows_per_unit=4",
         "workers.batch_size=2",
