@@ -46,7 +46,7 @@ from jobs.train.corpus import Corpus, load_corpus
 from jobs.train.evaluate import heldout_windows, score
 from jobs.train.loop import Objective, pick_device, single_phase, train, versions
 from jobs.train.model import count_parameters, load_float32, save_model_dir
-from jobs.train.sequences import draw_prompts
+from jobs.train.sequences import data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
 from workers.model_loading import weights_sha256
@@ -160,18 +160,6 @@ def training_trajectories(
     wall_s = round(time.perf_counter() - start, 1)
     checkpoint.save_checkpoint(directory, {**vars(trajectories), "wall_s": wall_s, "fingerprint": wanted})
     return trajectories, wall_s
-
-
-def data_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """The keys of a job's fingerprint that determine its trajectories (not the loss, steps or evaluation).
-
-    A run changed only in how it trains then reuses the trajectories of an earlier one.
-    """
-    return {
-        key: value
-        for key, value in fingerprint.items()
-        if key.startswith(("target", "corpus.", "data.")) or key == "train.seed"
-    }
 
 
 def initial_guesses(prompts: torch.Tensor, first_row: int, block_size: int, blocks: int, seed: int) -> torch.Tensor:

@@ -36,7 +36,7 @@ from jobs.train.config import CMLMJobConfig, TrainConfig, check_cmlm
 from jobs.train.corpus import Document, load_corpus
 from jobs.train.loop import Objective, pick_device, single_phase, train, versions
 from jobs.train.model import count_parameters, load_float32, save_model_dir
-from jobs.train.sequences import cached_sequences, continue_greedily, draw_prompts
+from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
 from strategies.base import GenerationParams, RowRequest
@@ -150,8 +150,7 @@ def continuations(
         prompts = draw_prompts(tokens, data.prompts, data.prompt_tokens, config.train.seed)  # [N, P]
         return continue_greedily(target, prompts, data.continuation, data.batch_size, "collect")
 
-    wanted = {k: v for k, v in fingerprint.items() if k.startswith(("target", "corpus.", "data.")) or k == "train.seed"}
-    sequences, wall_s = cached_sequences(checkpoint_dir / DATA_SUBDIR, wanted, generate)
+    sequences, wall_s = cached_sequences(checkpoint_dir / DATA_SUBDIR, data_fingerprint(fingerprint), generate)
     return ends_at_eos(sequences, data.prompt_tokens, tokenizer.eos_token_id), wall_s
 
 

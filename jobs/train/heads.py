@@ -39,7 +39,7 @@ from jobs.train.config import (
 from jobs.train.corpus import Corpus, Document, load_corpus
 from jobs.train.loop import Objective, pick_device, single_phase, train, versions
 from jobs.train.model import load_float32
-from jobs.train.sequences import cached_sequences, continue_greedily, draw_prompts
+from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
 from strategies.heads import DraftHeads, HeadsConfig, load_heads
@@ -200,19 +200,9 @@ def training_sequences(
         prompts = draw_prompts(tokens, data.sequences, data.prompt_tokens, config.train.seed)  # [N, P]
         return continue_greedily(target, prompts, data.continuation_tokens, data.batch_size, "generate")
 
-    return cached_sequences(checkpoint_dir / DATA_SUBDIR, data_fingerprint(fingerprint), generate)
-
-
-def data_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """The keys of a job's fingerprint that determine its generated sequences (not the heads, loss or steps).
-
-    A run changed only in how it trains then reuses the sequences of an earlier one.
-    """
-    return {
-        key: value
-        for key, value in fingerprint.items()
-        if (key.startswith(("target", "corpus.", "data.")) and key != "data.eval_sequences") or key == "train.seed"
-    }
+    return cached_sequences(
+        checkpoint_dir / DATA_SUBDIR, data_fingerprint(fingerprint, ignore=("data.eval_sequences",)), generate
+    )
 
 
 def new_heads(config: HeadsJobConfig, target: torch.nn.Module) -> DraftHeads:

@@ -66,3 +66,16 @@ def cached_sequences(
     wall_s = round(time.perf_counter() - start, 1)
     checkpoint.save_checkpoint(directory, {"sequences": sequences, "wall_s": wall_s, "fingerprint": fingerprint})
     return sequences, wall_s
+
+
+def data_fingerprint(fingerprint: dict[str, Any], ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The keys of a job's fingerprint that determine its collected data (the target, corpus, data
+    settings and seed; not the model trained, its loss, steps or evaluation), less `ignore`.
+
+    A run changed only in how it trains then reuses the data of an earlier one.
+    """
+    return {
+        key: value
+        for key, value in fingerprint.items()
+        if (key.startswith(("target", "corpus.", "data.")) or key == "train.seed") and key not in ignore
+    }
