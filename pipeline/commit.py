@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import time
 import uuid
 from typing import Any
 
@@ -44,6 +45,7 @@ class OutputFolder:
         self.url = url.rstrip("/")
         self.fs, self.path = filesystem(self.url, storage_options)
         self.prefix = protocol_prefix(self.fs)
+        self.publish_s = 0.0  # time spent in `publish`: the job's commits phase
 
     def _p(self, *parts: str) -> str:
         return join(self.path, *parts)
@@ -54,6 +56,11 @@ class OutputFolder:
 
     def batch_log_url(self, unit_id: str, attempt: int) -> str:
         return self.prefix + self._p("_logs", "batches", unit_id, f"attempt-{attempt}-{uuid.uuid4().hex[:8]}.jsonl")
+
+    def batch_records(self, unit_id: str, attempt: int) -> list[dict[str, Any]]:
+        """The batch records an attempt of a unit logged (`batch_log_url`)."""
+        logs = self.fs.glob(self._p("_logs", "batches", unit_id, f"attempt-{attempt}-*.jsonl"))
+        return [json.loads(line) for log in logs for line in self.fs.cat_file(log).decode().splitlines() if line]
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         try:
@@ -118,6 +125,7 @@ class OutputFolder:
 
     def publish(self, result: UnitResult) -> dict[str, Any]:
         """Move a staged part to its final name, then record the commit. Returns the record."""
+        began = time.perf_counter()
         name = part_name(result.unit_id)
         staged = result.staged_url.removeprefix(self.prefix)
         if self.prefix:
@@ -136,6 +144,7 @@ class OutputFolder:
             "attempt": result.attempt,
         }
         self.write_json(commit_record_name(result.unit_id), record)
+        self.publish_s += time.perf_counter() - began
         return record
 
     def _abort_incomplete_uploads(self) -> None:

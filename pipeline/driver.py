@@ -27,6 +27,7 @@ from pipeline.commit import OutputFolder
 from pipeline.config import DTYPES, JobConfig, to_plain_dict
 from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
+from pipeline.phases import Phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
 from strategies import registry
 from workers import faults
@@ -153,6 +154,7 @@ def validate(config: JobConfig) -> None:
 def run_job(config: JobConfig) -> JobOutcome:
     """Check, plan and claim the output folder, decode the units not yet committed, then finish the
     job (manifest, `_SUCCESS`) or say what is left to resume."""
+    phases = Phases()
     validate(config)
     shards = _checked_shards(config)
     units = plan_units(shards, config.input.rows_per_unit)
@@ -167,15 +169,15 @@ def run_job(config: JobConfig) -> JobOutcome:
     todo = [u for u in units if u.unit_id not in committed]
     if committed:
         print(f"resuming job {job_id[:12]}: {len(units) - len(todo)} of {len(units)} units already committed")
-    started = time.perf_counter()
+    phases.lap("planning")
     try:
-        results, failures = _run_units(config, job_id, todo, output, total_rows, committed)
+        results, failures = _run_units(config, job_id, todo, output, total_rows, committed, phases)
     except JobInterrupted as exc:
         print(f"job {job_id[:12]} interrupted: {exc}; run the same command again to resume", file=sys.stderr)
         return JobOutcome("interrupted", {"rows": total_rows})
-    wall_s = time.perf_counter() - started
     committed = output.committed()
-    summary = _summary(results, committed, wall_s, total_rows)
+    phases.lap("other")
+    summary = _summary(results, committed, phases, total_rows)
     if failures or len(committed) != len(units):
         return _incomplete(job_id, summary, failures, len(units) - len(committed), len(units))
     parts = [committed[u.unit_id] for u in units]
@@ -210,15 +212,38 @@ def _run_units(
     output: OutputFolder,
     total_rows: int,
     committed: dict[str, dict[str, Any]],
+    phases: Phases,
 ) -> tuple[list[UnitResult], dict[str, str]]:
-    """Decode and commit `todo` on a fresh actor pool, shut down after (results, failed units)."""
+    """Decode and commit `todo` on a fresh actor pool, shut down after (results, failed units). The
+    phases get Ray start, actor start and model loading (`ActorPool`), then the run: first batch,
+    optional models loaded on first use, commits, and the rest as decoding."""
     if not todo:
         return [], {}
-    pool = ActorPool(config, worker_spec(config, job_id))
+    pool = ActorPool(config, worker_spec(config, job_id), phases)
     try:
-        return pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
+        run_began = time.time()
+        results, failures = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
+        phases.lap("decoding")
+        first_batch_end = _first_batch_end(output, results)
+        if first_batch_end is not None:
+            phases.take("decoding", "first_batch", first_batch_end - run_began)
+        for model, seconds in pool.loaded_since_ready().items():
+            phases.take("first_batch", f"load_{model}", seconds)
+        phases.take("decoding", "commits", output.publish_s)
+        return results, failures
     finally:
         pool.shutdown()
+        phases.lap("shutdown")
+
+
+def _first_batch_end(output: OutputFolder, results: list[UnitResult]) -> float | None:
+    """When the job's first batch ended (epoch seconds), from the batch records of each actor's first
+    unit (read back: a few small files, whatever the job's size)."""
+    firsts: dict[str, UnitResult] = {}
+    for result in results:
+        firsts.setdefault(result.actor, result)
+    ends = [r["time"] for result in firsts.values() for r in output.batch_records(result.unit_id, result.attempt)]
+    return min(ends, default=None)
 
 
 def _incomplete(job_id: str, summary: dict[str, Any], failures: dict[str, str], missing: int, units: int) -> JobOutcome:
@@ -275,9 +300,11 @@ def _check_chat_template(config: JobConfig) -> None:
 def _optional_models(config: JobConfig) -> list[str]:
     """The optional models (`draft`, `heads`, `exits`, `cmlm`) set and possibly used: loaded, and part of the
     job's identity, only then."""
-    # A strategy column may name any strategy, as `auto` may use any drafter.
-    name = registry.AUTO if config.input.strategy_column else config.strategy.name
-    wanted = registry.needs_models(name, config.strategy)
+    # A strategy column may name any strategy.
+    if config.input.strategy_column:
+        wanted = set(registry.OPTIONAL_MODELS)
+    else:
+        wanted = registry.needs_models(config.strategy.name, config.strategy)
     return sorted(m for m in wanted if getattr(config.model, m))
 
 
@@ -354,9 +381,14 @@ def worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
 class ActorPool:
     """Generator actors on Ray, sized so they never starve Ray's own tasks, fed one unit at a time."""
 
-    def __init__(self, config: JobConfig, spec: WorkerSpec) -> None:
+    def __init__(self, config: JobConfig, spec: WorkerSpec, phases: Phases | None = None) -> None:
+        """Start Ray and the actors, and wait until every actor has loaded its model. `phases` gets
+        Ray start, then actor start split by the slowest actor's own account (`Generator.ready`):
+        process start and imports, each model it loaded, and the rest of its constructor as other."""
+        phases = phases or Phases()
         self.config = config
         _init_ray(config.ray.address)
+        phases.lap("ray_start")
         resources = ray.cluster_resources()
         cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
         w = config.workers
@@ -382,20 +414,31 @@ class ActorPool:
         if self.faults:
             options["runtime_env"] = {"env_vars": {faults.FAULTS_ENV: os.environ[faults.FAULTS_ENV]}}
         remote = ray.remote(Generator).options(**options)
+        created_at = time.time()
         self.actors = [remote.remote(spec, f"actor-{i}") for i in range(n)]
         self.resources_per_actor = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
-        self._wait_ready(w.actor_start_timeout_s)
+        self.started = self._wait_ready(w.actor_start_timeout_s)
+        phases.lap("actor_start")
+        # The slowest actor is the one the job waited for: its imports stay actor start, its loads move out.
+        slowest = max(self.started, key=lambda info: info["init_began"] + sum(info["load_s"].values()))
+        started_s = phases.seconds["actor_start"]
+        phases.take("actor_start", "other", started_s - (slowest["init_began"] - created_at))
+        for model, seconds in slowest["load_s"].items():
+            phases.take("other", f"load_{model}", seconds)
 
-    def _wait_ready(self, timeout_s: float) -> None:
-        """Ray waits forever for an actor it cannot schedule; the job gives up after `timeout_s`."""
+    def _wait_ready(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Every actor's `ready()` once it has started. Ray waits forever for an actor it cannot schedule;
+        the job gives up after `timeout_s`."""
         refs = {actor.ready.remote(): i for i, actor in enumerate(self.actors)}
         done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        started: dict[int, dict[str, Any]] = {}
         for ref in done:
             try:
                 info = ray.get(ref)
             except (RayActorError, RayTaskError) as exc:
                 raise JobError(f"generator actor {refs[ref]} failed to start: {_cause(exc)}") from None
             print(f"actor {info['actor']} ready on {info['device']} ({info['dtype']}, {info['torch_threads']} threads)")
+            started[refs[ref]] = info
         if pending:
             raise JobError(
                 f"{len(pending)} of {len(refs)} generator actors were not running after "
@@ -404,6 +447,7 @@ class ActorPool:
                 "workers.num_gpus_per_actor / workers.num_actors, add nodes, or raise the time-out if the "
                 "model takes that long to load"
             )
+        return [started[i] for i in range(len(self.actors))]
 
     def run(
         self, units: list[WorkUnit], output: OutputFolder, total_rows: int, rows_before: int
@@ -563,6 +607,24 @@ class ActorPool:
                 snapshot.append((0, 0))
         return snapshot
 
+    def loaded_since_ready(self) -> dict[str, float]:
+        """Seconds each optional model took to load on first use after the actors started (the longest
+        over actors, who load in parallel); actors that no longer answer are left out."""
+        refs = [actor.ready.remote() for actor in self.actors]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=PROGRESS_POLL_S)
+        loaded: dict[str, float] = {}
+        for ref, before in zip(refs, self.started, strict=True):
+            if ref not in done:
+                continue
+            try:
+                now = ray.get(ref)["load_s"]
+            except (RayActorError, RayTaskError):
+                continue
+            for model, seconds in now.items():
+                if model not in before["load_s"]:
+                    loaded[model] = max(loaded.get(model, 0.0), seconds)
+        return loaded
+
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
@@ -616,8 +678,11 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _summary(results: list[UnitResult], committed: dict[str, Any], wall_s: float, total_rows: int) -> dict[str, Any]:
-    generated = sum(r.generated_tokens for r in results)
+def _summary(results: list[UnitResult], committed: dict[str, Any], phases: Phases, total_rows: int) -> dict[str, Any]:
+    """The job's counts, and its wall time (from the start of `run_job` to the manifest) with the phases
+    that add up to it (`pipeline/phases.py`)."""
+    generated, wall_s = sum(r.generated_tokens for r in results), phases.wall_s
+    decoding_s = phases.seconds.get("first_batch", 0.0) + phases.seconds.get("decoding", 0.0)
     by_strategy: dict[str, int] = {}
     for r in results:
         for name, n in r.tokens_by_strategy.items():
@@ -630,6 +695,8 @@ def _summary(results: list[UnitResult], committed: dict[str, Any], wall_s: float
         "generated_tokens_this_run": generated,
         "wall_s": round(wall_s, 3),
         "tokens_per_s": round(generated / wall_s, 2) if wall_s > 0 else None,
+        "decoding_tokens_per_s": round(generated / decoding_s, 2) if decoding_s > 0 else None,
+        "phases_s": phases.rounded(),
         "generated_tokens_by_strategy": by_strategy,
     }
 
@@ -642,3 +709,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
     for name, tokens in sorted(summary["generated_tokens_by_strategy"].items()):
         print(f"  {name}: {tokens} tokens")
+    phases = summary.get("phases_s", {})
+    if phases:
+        print(
+            f"wall time by phase ({summary['decoding_tokens_per_s'] or 0:.1f} tokens/s over first batch and decoding): "
+            + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in phases.items())
+        )

@@ -9,8 +9,10 @@ autoregressive steps. A new method of the field is one proposer file and one ent
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from strategies.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
 from strategies.autoregressive import AutoregressiveStrategy
@@ -42,13 +44,33 @@ MASK_PREDICT = "mask_predict"  # not a drafter either: the CMLM alone, lossy, ne
 
 @dataclass
 class Models:
-    """What strategies draft and verify with: the target, and the optional draft model, heads, exits and CMLM."""
+    """What strategies draft and verify with: the target, and the optional draft model, heads, exits and CMLM.
+
+    An optional model may be given as a loader instead (`loaders`, by name): it is loaded the first time
+    a strategy that uses it is created (`get`), so a job whose strategies never draft with the draft
+    model never reads it. `load_s` says how long each loader took, for the job's start-up phases.
+    """
 
     target: ModelRunner
     draft: ModelRunner | None = None
     heads: DraftHeads | None = None
     exits: ExitHeads | None = None
     cmlm: CMLM | None = None
+    loaders: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    load_s: dict[str, float] = field(default_factory=dict)
+
+    def available(self) -> set[str]:
+        """The optional models that are loaded or can be."""
+        return {m for m in OPTIONAL_MODELS if getattr(self, m) is not None or m in self.loaders}
+
+    def get(self, model: str) -> Any:
+        """Optional model `model` (one of `OPTIONAL_MODELS`), loaded now if it was given as a loader; None
+        if it was not given."""
+        if getattr(self, model) is None and model in self.loaders:
+            began = time.perf_counter()
+            setattr(self, model, self.loaders.pop(model)())
+            self.load_s[model] = time.perf_counter() - began
+        return getattr(self, model)
 
 
 def _drafter_of(name: str, options: StrategyOptions) -> str:
@@ -125,27 +147,31 @@ def _self_speculative(options: StrategyOptions, models: Models) -> Drafter:
 
 
 def _need_draft(models: Models, name: str) -> ModelRunner:
-    if models.draft is None:
+    found = models.get("draft")
+    if found is None:
         raise ValueError(_missing_model(name, "draft"))
-    return models.draft
+    return found
 
 
 def _need_cmlm(models: Models, name: str) -> CMLM:
-    if models.cmlm is None:
+    found = models.get("cmlm")
+    if found is None:
         raise ValueError(_missing_model(name, "cmlm"))
-    return models.cmlm
+    return found
 
 
 def _need_heads(models: Models, name: str) -> DraftHeads:
-    if models.heads is None:
+    found = models.get("heads")
+    if found is None:
         raise ValueError(_missing_model(name, "heads"))
-    return models.heads
+    return found
 
 
 def _need_exits(models: Models, name: str) -> ExitHeads:
-    if models.exits is None:
+    found = models.get("exits")
+    if found is None:
         raise ValueError(_missing_model(name, "exits"))
-    return models.exits
+    return found
 
 
 def _missing_model(name: str, model: str) -> str:
@@ -204,8 +230,11 @@ def lossy_reason(name: str, options: StrategyOptions) -> str | None:
 
 
 def needs_models(name: str, options: StrategyOptions) -> set[str]:
-    """Which optional models (`draft`, `heads`, `exits`, `cmlm`) strategy `name` uses; `auto` may use any."""
+    """Which optional models (`draft`, `heads`, `exits`, `cmlm`) strategy `name` uses; `auto` those of its
+    `strategy.candidates`, or any when they are left to the models at hand."""
     if name == AUTO:
+        if options.candidates:
+            return set().union(*(needs_models(c, options) for c in options.candidates if c != AUTO))
         return set(OPTIONAL_MODELS)
     if name in ("speculative", "specdec"):
         return {"cmlm" if _drafter_of(name, options) == "cmlm" else "draft"}
@@ -304,7 +333,7 @@ def create(options: StrategyOptions, models: Models, controller: Controller | No
     if name == AUTO:
         if controller is None:
             raise ValueError("strategy 'auto' chooses per step: it needs the controller (strategy.adaptive=true)")
-        has = {m for m in OPTIONAL_MODELS if getattr(models, m) is not None}
+        has = models.available()
         names = auto_candidates(options, has)
         unknown = sorted(set(names) - set(_DRAFTERS))
         if unknown:

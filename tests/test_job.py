@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -84,8 +85,19 @@ def _part_hashes(out: Path) -> dict[str, str]:
 
 def test_job_output_contract_and_oracle(tmp_path, tiny_model_dir):
     prompts = _write_input(tmp_path / "in")
-    outcome = run_job(_config(tmp_path, tiny_model_dir))
+    # A draft the strategy does not use is never read: this one does not exist.
+    began = time.perf_counter()
+    outcome = run_job(_config(tmp_path, tiny_model_dir, f"model.draft={tmp_path / 'no-such-draft'}"))
+    outside_s = time.perf_counter() - began
     assert outcome.status == "succeeded"
+    summary = outcome.summary
+    # The wall time (run_job's start to the manifest) in phases that add up to it, each measured.
+    phases = summary["phases_s"]
+    assert min(phases.values()) >= 0 and sum(phases.values()) == pytest.approx(summary["wall_s"], abs=0.01)
+    assert 0 < outside_s - summary["wall_s"] < 1.0
+    measured = ("planning", "ray_start", "actor_start", "load_target", "first_batch", "decoding", "commits", "shutdown")
+    assert all(phases[name] > 0 for name in measured) and "load_draft" not in phases
+    assert phases["other"] < 0.2 * summary["wall_s"]
     out = tmp_path / "out"
     assert (out / "_SUCCESS").exists() and not (out / "_staging").exists()
     rows = {r["row_id"]: r for r in _read_output(out).to_pylist()}
@@ -122,6 +134,7 @@ def test_job_output_contract_and_oracle(tmp_path, tiny_model_dir):
         "tokens_per_s",
     } <= set(logs[0])
     manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["summary"]["phases_s"] == phases
     assert manifest["versions"]["torch"] and manifest["identity"]["model"]["weights_sha256"]["target"]
 
     assert run_job(_config(tmp_path, tiny_model_dir)).status == "already_complete"

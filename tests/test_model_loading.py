@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import fsspec
 import pytest
+from job_config import job_config
 
+from pipeline.driver import worker_spec
+from workers.generator import Generator
 from workers.model_loading import model_weights_hash, resolve_model_dir
 
 
@@ -34,3 +39,30 @@ def test_weights_hash_follows_contents(tmp_path, tiny_model_dir):
     assert model_weights_hash(str(copy)) != first
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         model_weights_hash(str(tmp_path))
+
+
+def test_an_actor_loads_the_draft_once_and_only_for_a_strategy_that_drafts_with_it(
+    tmp_path, tiny_model_dir, tiny_draft_dir
+):
+    config = job_config(
+        tmp_path,
+        tiny_model_dir,
+        "strategy.name=auto",
+        "strategy.candidates=[prompt_lookup]",
+        f"model.draft={tiny_draft_dir}",
+    )
+    # A draft among auto's candidates' models would be part of the job; these candidates use none.
+    assert worker_spec(config, "job").model_draft is None
+    spec = dataclasses.replace(worker_spec(config, "job"), model_draft=str(tiny_draft_dir))
+    generator = Generator(spec)
+    assert generator.models.draft is None and "draft" not in generator.ready()["load_s"]
+    generator._strategy("prompt_lookup")
+    assert generator.models.draft is None
+    speculative = generator._strategy("speculative")
+    draft = generator.models.draft
+    assert draft is not None and speculative.drafters["speculative"].proposer.draft is draft
+    loaded = generator.ready()["load_s"]
+    assert set(loaded) == {"target", "draft"} and loaded["draft"] > 0
+    generator._strategies.clear()
+    generator._strategy("speculative")
+    assert generator.models.draft is draft and generator.ready()["load_s"]["draft"] == loaded["draft"]

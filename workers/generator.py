@@ -67,6 +67,8 @@ class Generator:
     """Loads the tokenizer and model once, then decodes units on request."""
 
     def __init__(self, spec: WorkerSpec, actor_name: str = "") -> None:
+        # When the constructor began (epoch): before it, the process started and imported this module.
+        self.init_began = time.time()
         self.spec = spec
         self.actor = actor_name or f"{socket.gethostname()}:{os.getpid()}"
         # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
@@ -85,8 +87,9 @@ class Generator:
             cache_dir=spec.cache_dir,
             trust_remote_code=spec.trust_remote_code,
             storage_options=spec.model_storage_options,
+            lazy=True,  # optional models load when a strategy that uses them is first created
         )
-        self.tokenizer, self.models = loaded.tokenizer, loaded.models
+        self.tokenizer, self.models, self.target_load_s = loaded.tokenizer, loaded.models, loaded.target_load_s
         if spec.messages_column and not self.tokenizer.chat_template:
             raise ValueError(
                 f"input.messages_column is set but the tokenizer of {spec.model_target} has no chat template"
@@ -117,11 +120,16 @@ class Generator:
         return self._strategies[name]
 
     def ready(self) -> dict[str, Any]:
+        """The actor's device, and its own account of its start-up for the job's phases: when its
+        constructor began (epoch seconds) and how long each model it loaded so far took (the target at
+        start; the optional ones when a strategy first used them, so a later call may list more)."""
         return {
             "actor": self.actor,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
+            "init_began": self.init_began,
+            "load_s": {"target": self.target_load_s, **self.models.load_s},
         }
 
     def progress(self) -> tuple[int, int]:

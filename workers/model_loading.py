@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,10 @@ from strategies.cmlm import CMLM
 from strategies.cmlm import CONFIG_FILE as CMLM_CONFIG
 from strategies.cmlm import read_config as read_cmlm_config
 from strategies.exits import CONFIG_FILE as EXITS_CONFIG
-from strategies.exits import load_exits
+from strategies.exits import ExitHeads, load_exits
 from strategies.exits import read_config as read_exits_config
 from strategies.heads import CONFIG_FILE as HEADS_CONFIG
-from strategies.heads import load_heads
+from strategies.heads import DraftHeads, load_heads
 from strategies.heads import read_config as read_heads_config
 from strategies.registry import Models
 from strategies.runner import ModelRunner
@@ -199,8 +200,14 @@ class LoadedModels:
 
     tokenizer: PreTrainedTokenizerBase
     target: torch.nn.Module
-    draft: torch.nn.Module | None
     models: Models
+    target_load_s: float  # resolving, then reading the target's tokenizer and weights
+
+    @property
+    def draft(self) -> torch.nn.Module | None:
+        """The draft's Hugging Face module, loading it now if it was left to load on first use."""
+        runner = self.models.get("draft")
+        return runner.model if runner is not None else None
 
 
 def load_models(
@@ -214,38 +221,58 @@ def load_models(
     exits_url: str | None = None,
     cmlm_url: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    lazy: bool = False,
 ) -> LoadedModels:
     """The target, and the draft, heads, exits and CMLM when given (`storage_options` reach every one at
     a URL), each checked against the target: a draft must share its vocabulary, a CMLM extend it, heads
-    and exits must have been trained for its weights."""
+    and exits must have been trained for its weights.
+
+    `lazy`: the optional models load (and are checked) only when a strategy that uses them is first
+    created (`Models.get`); an actor whose strategies never use one never reads it.
+    """
+    began = time.perf_counter()
     target_dir = resolve_model_dir(target_url, cache_dir, storage_options)
     target, tokenizer = load_model(target_dir, dtype, device, trust_remote_code)
-    draft = None
-    if draft_url:
+    target_load_s = time.perf_counter() - began
+
+    def draft() -> ModelRunner:
         draft_dir = resolve_model_dir(draft_url, cache_dir, storage_options)
-        draft, draft_tokenizer = load_model(draft_dir, dtype, device, trust_remote_code)
+        model, draft_tokenizer = load_model(draft_dir, dtype, device, trust_remote_code)
         if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
             raise ValueError(
                 f"model.draft {draft_url} has a different tokenizer than model.target {target_url}: "
                 "a draft must share the target's vocabulary"
             )
-    heads = None
-    if heads_url:
+        return ModelRunner(model)
+
+    def heads() -> DraftHeads:
         heads_dir = resolve_model_dir(heads_url, cache_dir, storage_options, marker=HEADS_CONFIG)
         check_trained_for_target("heads", heads_dir, target_dir, heads_url, target_url)
-        heads = load_heads(heads_dir, dtype, device)
-        heads.use_lm_head(target.get_output_embeddings().weight)
-    exits = None
-    if exits_url:
+        loaded = load_heads(heads_dir, dtype, device)
+        loaded.use_lm_head(target.get_output_embeddings().weight)
+        return loaded
+
+    def exits() -> ExitHeads:
         exits_dir = resolve_model_dir(exits_url, cache_dir, storage_options, marker=EXITS_CONFIG)
         check_trained_for_target("exits", exits_dir, target_dir, exits_url, target_url)
-        exits = load_exits(exits_dir, dtype, device)
-        exits.use_lm_head(target.get_output_embeddings().weight)
-    cmlm = None
-    if cmlm_url:
+        loaded = load_exits(exits_dir, dtype, device)
+        loaded.use_lm_head(target.get_output_embeddings().weight)
+        return loaded
+
+    def cmlm() -> CMLM:
         cmlm_dir = resolve_model_dir(cmlm_url, cache_dir, storage_options, marker=CMLM_CONFIG)
         cmlm_model, cmlm_tokenizer = load_model(cmlm_dir, dtype, device, trust_remote_code)
         check_extends_vocabulary(cmlm_tokenizer, tokenizer, f"model.cmlm {cmlm_url}", f"model.target {target_url}")
-        cmlm = CMLM(ModelRunner(cmlm_model), read_cmlm_config(cmlm_dir))
-    runners = Models(ModelRunner(target), ModelRunner(draft) if draft is not None else None, heads, exits, cmlm)
-    return LoadedModels(tokenizer, target, draft, runners)
+        return CMLM(ModelRunner(cmlm_model), read_cmlm_config(cmlm_dir))
+
+    given = {
+        "draft": (draft_url, draft),
+        "heads": (heads_url, heads),
+        "exits": (exits_url, exits),
+        "cmlm": (cmlm_url, cmlm),
+    }
+    models = Models(ModelRunner(target), loaders={name: load for name, (url, load) in given.items() if url})
+    if not lazy:
+        for name in list(models.loaders):
+            models.get(name)
+    return LoadedModels(tokenizer, target, models, target_load_s)
