@@ -57,6 +57,10 @@ class OutputFolder:
     def batch_log_url(self, unit_id: str, attempt: int) -> str:
         return self.prefix + self._p("_logs", "batches", unit_id, f"attempt-{attempt}-{uuid.uuid4().hex[:8]}.jsonl")
 
+    def finished(self) -> bool:
+        """Whether the folder holds a finished job (`_SUCCESS`): one that no run can add units to."""
+        return self.fs.exists(self._p(SUCCESS_FILE))
+
     def batch_records(self, unit_id: str, attempt: int) -> list[dict[str, Any]]:
         """The batch records an attempt of a unit logged (`batch_log_url`)."""
         logs = self.fs.glob(self._p("_logs", "batches", unit_id, f"attempt-{attempt}-*.jsonl"))

@@ -27,7 +27,7 @@ from pipeline.commit import OutputFolder
 from pipeline.config import DTYPES, JobConfig, to_plain_dict
 from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
-from pipeline.phases import Phases
+from pipeline.phases import Phases, actor_start_phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
 from strategies import registry
 from workers import faults
@@ -153,14 +153,26 @@ def validate(config: JobConfig) -> None:
 
 def run_job(config: JobConfig) -> JobOutcome:
     """Check, plan and claim the output folder, decode the units not yet committed, then finish the
-    job (manifest, `_SUCCESS`) or say what is left to resume."""
+    job (manifest, `_SUCCESS`) or say what is left to resume.
+
+    The actors start first and load their models while the driver plans the input (a finished output
+    folder, which can run no unit, starts none); a job that fails its checks stops them again."""
     phases = Phases()
     validate(config)
+    output = OutputFolder(config.output.url, config.output.storage_options)
+    pool = None if output.finished() else ActorPool(config, worker_spec(config, job_id=""), phases)
+    try:
+        return _plan_and_run(config, output, pool, phases)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _plan_and_run(config: JobConfig, output: OutputFolder, pool: ActorPool | None, phases: Phases) -> JobOutcome:
     shards = _checked_shards(config)
     units = plan_units(shards, config.input.rows_per_unit)
     job_record = _job_record(config, shards)
     job_id = job_record["fingerprint"]
-    output = OutputFolder(config.output.url, config.output.storage_options)
     total_rows = sum(u.num_rows for u in units) * config.generation.n  # output rows
     if output.claim(job_id, job_record):
         print(f"job {job_id[:12]} already complete in {config.output.url}: nothing to do")
@@ -170,11 +182,14 @@ def run_job(config: JobConfig) -> JobOutcome:
     if committed:
         print(f"resuming job {job_id[:12]}: {len(units) - len(todo)} of {len(units)} units already committed")
     phases.lap("planning")
-    try:
-        results, failures = _run_units(config, job_id, todo, output, total_rows, committed, phases)
-    except JobInterrupted as exc:
-        print(f"job {job_id[:12]} interrupted: {exc}; run the same command again to resume", file=sys.stderr)
-        return JobOutcome("interrupted", {"rows": total_rows})
+    results: list[UnitResult] = []
+    failures: dict[str, str] = {}
+    if todo and pool is not None:
+        try:
+            results, failures = _run_units(pool, job_id, todo, output, total_rows, committed, phases)
+        except JobInterrupted as exc:
+            print(f"job {job_id[:12]} interrupted: {exc}; run the same command again to resume", file=sys.stderr)
+            return JobOutcome("interrupted", {"rows": total_rows})
     committed = output.committed()
     phases.lap("other")
     summary = _summary(results, committed, phases, total_rows)
@@ -206,7 +221,7 @@ def _job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
 
 
 def _run_units(
-    config: JobConfig,
+    pool: ActorPool,
     job_id: str,
     todo: list[WorkUnit],
     output: OutputFolder,
@@ -214,12 +229,10 @@ def _run_units(
     committed: dict[str, dict[str, Any]],
     phases: Phases,
 ) -> tuple[list[UnitResult], dict[str, str]]:
-    """Decode and commit `todo` on a fresh actor pool, shut down after (results, failed units). The
-    phases get Ray start, actor start and model loading (`ActorPool`), then the run: first batch,
-    optional models loaded on first use, commits, and the rest as decoding."""
-    if not todo:
-        return [], {}
-    pool = ActorPool(config, worker_spec(config, job_id), phases)
+    """Decode and commit `todo` once the pool's actors are ready, then shut them down (results, failed
+    units). The phases get what the job waited of actor start and model loading (`ActorPool.wait_ready`),
+    then the run: first batch, optional models loaded on first use, commits, and the rest as decoding."""
+    pool.wait_ready(job_id, phases)
     try:
         run_began = time.time()
         results, failures = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
@@ -381,12 +394,11 @@ def worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
 class ActorPool:
     """Generator actors on Ray, sized so they never starve Ray's own tasks, fed one unit at a time."""
 
-    def __init__(self, config: JobConfig, spec: WorkerSpec, phases: Phases | None = None) -> None:
-        """Start Ray and the actors, and wait until every actor has loaded its model. `phases` gets
-        Ray start, then actor start split by the slowest actor's own account (`Generator.ready`):
-        process start and imports, each model it loaded, and the rest of its constructor as other."""
-        phases = phases or Phases()
+    def __init__(self, config: JobConfig, spec: WorkerSpec, phases: Phases) -> None:
+        """Start Ray and the actors, without waiting for them to load (`wait_ready`): `phases` gets Ray
+        start. A cluster that cannot hold the actors fails here, before the job writes anything."""
         self.config = config
+        self.job_id = spec.job_id
         _init_ray(config.ray.address)
         phases.lap("ray_start")
         resources = ray.cluster_resources()
@@ -414,22 +426,33 @@ class ActorPool:
         if self.faults:
             options["runtime_env"] = {"env_vars": {faults.FAULTS_ENV: os.environ[faults.FAULTS_ENV]}}
         remote = ray.remote(Generator).options(**options)
-        created_at = time.time()
+        self.created_at = time.time()
         self.actors = [remote.remote(spec, f"actor-{i}") for i in range(n)]
         self.resources_per_actor = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
-        self.started = self._wait_ready(w.actor_start_timeout_s)
+        self.started: list[dict[str, Any]] = []
+
+    def wait_ready(self, job_id: str, phases: Phases) -> None:
+        """Wait until every actor has loaded its models, and give them the job's id (known once the input
+        is planned). `phases` gets the wait, split by the slowest actor's own account (`Generator.ready`):
+        its imports, each model it loaded and the rest of its constructor, each for the part the
+        job waited for (`actor_start_phases`)."""
+        self.job_id, waited_from = job_id, time.time()
+        self.started = self._wait_ready(self.config.workers.actor_start_timeout_s)
         phases.lap("actor_start")
-        # The slowest actor is the one the job waited for: its imports stay actor start, its loads move out.
         slowest = max(self.started, key=lambda info: info["init_began"] + sum(info["load_s"].values()))
-        started_s = phases.seconds["actor_start"]
-        phases.take("actor_start", "other", started_s - (slowest["init_began"] - created_at))
-        for model, seconds in slowest["load_s"].items():
-            phases.take("other", f"load_{model}", seconds)
+        seen = actor_start_phases(self.created_at, slowest["init_began"], slowest["load_s"], waited_from, time.time())
+        for name, seconds in seen.items():
+            if name != "actor_start":
+                phases.take("actor_start", name, seconds)
+
+    def _ready(self, a: int) -> ray.ObjectRef:
+        """Actor `a`'s `ready()`, which also names the job to it (again, after a restart)."""
+        return self.actors[a].ready.remote(self.job_id)
 
     def _wait_ready(self, timeout_s: float) -> list[dict[str, Any]]:
         """Every actor's `ready()` once it has started. Ray waits forever for an actor it cannot schedule;
         the job gives up after `timeout_s`."""
-        refs = {actor.ready.remote(): i for i, actor in enumerate(self.actors)}
+        refs = {self._ready(i): i for i in range(len(self.actors))}
         done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
         started: dict[int, dict[str, Any]] = {}
         for ref in done:
@@ -517,7 +540,7 @@ class ActorPool:
         message = "no progress for workers.unit_timeout_s" if flight.hung else _cause(exc)
         tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
         if isinstance(exc, RayActorError):  # Ray restarts it; no work until it is back
-            run.recovering[a] = self.actors[a].ready.remote()
+            run.recovering[a] = self._ready(a)
             run.crashes[unit.unit_id] = run.crashes.get(unit.unit_id, 0) + (not flight.hung)
         else:
             run.idle.append(a)
@@ -562,14 +585,14 @@ class ActorPool:
                 back.append(a)
                 del recovering[a]
             except (RayActorError, RayTaskError):  # still restarting
-                recovering[a] = self.actors[a].ready.remote()
+                recovering[a] = self._ready(a)
         return back
 
     def _await_ready(self, a: int) -> None:
         deadline = time.monotonic() + self.config.workers.actor_start_timeout_s
         while True:
             try:
-                ray.get(self.actors[a].ready.remote(), timeout=self.config.workers.actor_start_timeout_s)
+                ray.get(self._ready(a), timeout=self.config.workers.actor_start_timeout_s)
                 return
             except (RayActorError, RayTaskError):
                 if time.monotonic() > deadline:
@@ -610,7 +633,7 @@ class ActorPool:
     def loaded_since_ready(self) -> dict[str, float]:
         """Seconds each optional model took to load on first use after the actors started (the longest
         over actors, who load in parallel); actors that no longer answer are left out."""
-        refs = [actor.ready.remote() for actor in self.actors]
+        refs = [self._ready(a) for a in range(len(self.actors))]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=PROGRESS_POLL_S)
         loaded: dict[str, float] = {}
         for ref, before in zip(refs, self.started, strict=True):
@@ -626,8 +649,10 @@ class ActorPool:
         return loaded
 
     def shutdown(self) -> None:
+        """Kill the actors; a second call (the job's own, after the run's) finds none."""
         for actor in self.actors:
             ray.kill(actor)
+        self.actors = []
 
 
 def _show_progress(bar: tqdm, run: _Run, snapshot: list[tuple[int, int]], elapsed_s: float) -> None:

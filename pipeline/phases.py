@@ -58,3 +58,25 @@ class Phases:
         rank = {name: i for i, name in enumerate(ORDER)}
         names = sorted(self.seconds, key=lambda n: (rank.get(n, rank["load_target"] + 0.5), n))
         return {name: round(self.seconds[name], 3) for name in names}
+
+
+def actor_start_phases(
+    created_at: float, init_began: float, load_s: dict[str, float], visible_from: float, ready_at: float
+) -> dict[str, float]:
+    """The part of an actor's start-up the job waited for, by phase (all times epoch seconds).
+
+    The actor's own account runs: process start and imports (`actor_start`, from `created_at` to its
+    constructor's `init_began`), then each model it loaded (`load_<model>`, in the order given, the
+    target first), then the rest of its constructor until `ready_at` (`other`). The job waited only
+    from `visible_from` (actors start while the driver plans the input): each segment counts for
+    the part of it after that.
+    """
+    phases: dict[str, float] = {}
+    began = created_at
+    segments = [("actor_start", init_began - created_at), *((f"load_{m}", s) for m, s in load_s.items())]
+    for name, seconds in segments:
+        end = began + max(seconds, 0.0)
+        phases[name] = max(0.0, min(end, ready_at) - max(began, visible_from))
+        began = end
+    phases["other"] = max(0.0, ready_at - max(began, visible_from))
+    return phases

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.phases import Phases
+from pipeline.phases import Phases, actor_start_phases
 
 
 def _clock(*times: float):
@@ -40,3 +40,15 @@ def test_rounded_lists_the_phases_in_job_order_loads_after_the_target():
     for name in ("other", "load_draft", "load_target", "planning"):
         phases.lap(name)
     assert list(phases.rounded()) == ["planning", "load_target", "load_draft", "other"]
+
+
+def test_actor_start_counts_only_what_the_job_waited_for():
+    loads = {"target": 4.0, "draft": 1.0}  # imports 10..12, target 12..16, draft 16..17, the rest 17..17.5
+    waited_all = actor_start_phases(10.0, 12.0, loads, visible_from=10.0, ready_at=17.5)
+    assert waited_all == {"actor_start": 2.0, "load_target": 4.0, "load_draft": 1.0, "other": 0.5}
+    # Planning the input took until 13.0: the imports and a second of the target's load were hidden.
+    overlapped = actor_start_phases(10.0, 12.0, loads, visible_from=13.0, ready_at=17.5)
+    assert overlapped == {"actor_start": 0.0, "load_target": 3.0, "load_draft": 1.0, "other": 0.5}
+    # Planning outlasted the actor: nothing of its start-up was waited for.
+    hidden = actor_start_phases(10.0, 12.0, loads, visible_from=20.0, ready_at=17.5)
+    assert sum(hidden.values()) == 0.0

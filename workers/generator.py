@@ -119,10 +119,15 @@ class Generator:
             self._strategies[name] = registry.create(options, self.models, self.controller)
         return self._strategies[name]
 
-    def ready(self) -> dict[str, Any]:
+    def ready(self, job_id: str | None = None) -> dict[str, Any]:
         """The actor's device, and its own account of its start-up for the job's phases: when its
         constructor began (epoch seconds) and how long each model it loaded so far took (the target at
-        start; the optional ones when a strategy first used them, so a later call may list more)."""
+        start; the optional ones when a strategy first used them, so a later call may list more).
+
+        `job_id`: the job's id for the batch records. Actors start before the driver has planned the
+        input, which the id is a hash of; the driver names it with every `ready()`."""
+        if job_id is not None:
+            self.spec = dataclasses.replace(self.spec, job_id=job_id)
         return {
             "actor": self.actor,
             "device": str(self.device),
