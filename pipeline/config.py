@@ -114,9 +114,11 @@ class GenerationConfig:
 @dataclass
 class WorkersConfig:
     num_actors: int = option(0, "Generator actors. 0: one per GPU of the cluster, or one CPU actor without GPUs.")
-    batch_size: int = option(16, "Most rows decoded together in one batch.")
+    batch_size: int = option(
+        16, "Most rows decoding at once on an actor, from any of its units: rows join as others finish."
+    )
     max_batch_tokens: int = option(
-        16384, "Most prompt + max_new_tokens tokens of a batch (rows are grouped by prompt length first)."
+        16384, "Most prompt + max_new_tokens tokens of the rows decoding at once (a longer row decodes alone)."
     )
     num_gpus_per_actor: float = option(1.0, "GPUs reserved per actor when the cluster has GPUs.")
     num_cpus_per_actor: float = option(
