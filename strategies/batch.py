@@ -23,6 +23,8 @@ from strategies.proposer import TargetStates
 from strategies.runner import ModelRunner
 from strategies.sampling import choose_tokens
 
+RELEASED = RowRequest(prompt=[], key=0)  # in place of a reported row's request (`Batch.release`)
+
 
 @dataclass
 class Batch:
@@ -72,8 +74,9 @@ class Batch:
         return done
 
     def release(self, request: int) -> None:
-        """Forget a reported row's tokens: a decoding that rows keep joining would otherwise hold every
-        output it ever made."""
+        """Forget a reported row's prompt and tokens: a decoding that rows keep joining would otherwise
+        hold every prompt and output it ever had."""
+        self.requests[request] = RELEASED
         self.outputs[request] = []
         if self.scores is not None:
             self.scores[request] = []

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end, finish_reason
+from strategies.batch import RELEASED
 from strategies.cmlm import CMLM
 from strategies.options import MaskPredictOptions
 
@@ -229,7 +230,7 @@ class MaskPredictDecoding:
                     ),
                 )
             )
-            self.outputs[i], self.lengths[i] = [], []
+            self.requests[i], self.outputs[i], self.lengths[i] = RELEASED, [], []
         return rows
 
     def segment(self) -> Segment:

@@ -160,7 +160,7 @@ class _Run:
     def __init__(self, engine: DecodeEngine, group: Hashable) -> None:
         self.engine = engine
         self.group = group
-        self.members: list[Pending] = []  # by request index of the decoding
+        self.admitted = 0  # rows admitted so far: the next one's request index in the decoding
         self.live: dict[int, Pending] = {}  # request index -> row, the rows decoding
         self._new_segment()
 
@@ -187,13 +187,13 @@ class _Run:
                         decoding.admit([p.request for p in more])
             self._close(decoding)
         except BaseException as exc:  # the units decoding here fail; the loop goes on with the next batch
-            engine._fail(self.members, exc)
+            engine._fail(list(self.live.values()), exc)
 
     def _join(self, rows: list[Pending]) -> None:
         """Rows become members (so a fault from here on fails their units), then meet the fault hook."""
         for row in rows:
-            self.live[len(self.members)] = row
-            self.members.append(row)
+            self.live[self.admitted] = row
+            self.admitted += 1
         self.prompt_tokens += sum(len(p.request.prompt) for p in rows)
         self.units.update((p.ticket.unit_id, None) for p in rows)
         self.engine.before_join(rows)
