@@ -663,9 +663,12 @@ def _versions() -> dict[str, str]:
 def _summary(results: list[UnitResult], committed: dict[str, Any], wall_s: float, total_rows: int) -> dict[str, Any]:
     generated = sum(r.generated_tokens for r in results)
     by_strategy: dict[str, int] = {}
+    by_option: dict[str, int] = {}
     for r in results:
         for name, n in r.tokens_by_strategy.items():
             by_strategy[name] = by_strategy.get(name, 0) + n
+        for name, n in r.tokens_by_option.items():
+            by_option[name] = by_option.get(name, 0) + n
     return {
         "rows": total_rows,
         "rows_committed": sum(c["rows"] for c in committed.values()),
@@ -675,6 +678,7 @@ def _summary(results: list[UnitResult], committed: dict[str, Any], wall_s: float
         "wall_s": round(wall_s, 3),
         "tokens_per_s": round(generated / wall_s, 2) if wall_s > 0 else None,
         "generated_tokens_by_strategy": by_strategy,
+        "generated_tokens_by_drafter": by_option,
     }
 
 
@@ -686,3 +690,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
     for name, tokens in sorted(summary["generated_tokens_by_strategy"].items()):
         print(f"  {name}: {tokens} tokens")
+    by_drafter = summary["generated_tokens_by_drafter"]
+    if by_drafter:
+        total = sum(by_drafter.values())
+        shares = ", ".join(f"{n} {t / total:.0%}" for n, t in sorted(by_drafter.items(), key=lambda kv: -kv[1]))
+        print(f"  drafting rows' tokens by what emitted them: {shares}")

@@ -41,6 +41,9 @@ class RowOutput:
     iterations: int | None = None  # mask_predict: CMLM passes over the row's blocks, all blocks together
     block_lengths: list[int] | None = None  # mask_predict: the length chosen for each of the row's blocks
     logprobs: list[TokenLogprob] | None = None  # one per token, when `GenerationParams.logprobs` asks
+    # Drafting strategies: tokens each option emitted (a drafter's name, or autoregressive for plain
+    # steps and the prefill's token), only options that emitted any.
+    tokens_by_option: dict[str, int] | None = None
 
 
 @dataclass

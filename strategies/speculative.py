@@ -179,8 +179,12 @@ class SpeculativeStrategy:
         batch = run.batch
         # A fixed strategy whose drafter could not run at all (greedy-only, sampling) decoded plainly.
         fixed = self.name if run.live or run.started else AUTOREGRESSIVE
-        strategy = self._row_strategy(run.emitted_by[i], fixed)
-        return RowOutput(batch.outputs[i], batch.reasons[i], strategy=strategy, logprobs=batch.row_scores(i))
+        counts = run.emitted_by[i]
+        strategy = self._row_strategy(counts, fixed)
+        by_option = {name: n for name, n in counts.items() if n} | {AUTOREGRESSIVE: counts[AUTOREGRESSIVE] + 1}
+        return RowOutput(
+            batch.outputs[i], batch.reasons[i], strategy, logprobs=batch.row_scores(i), tokens_by_option=by_option
+        )
 
     def _start(self, run: _Decoding, drafter: Drafter) -> bool:
         """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""

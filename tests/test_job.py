@@ -363,6 +363,12 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
     assert sum(steps.values()) == sum(r["target_forwards"] for r in logs)
     assert {r["strategy"] for r in rows} <= candidates | {"autoregressive"}
     assert all({"from", "to", "reason"} <= set(e) for r in logs for e in r["switches"])
+    # The summary's share of tokens by what emitted them covers every token of the job.
+    by_drafter = json.loads((tmp_path / "auto" / "_manifest.json").read_text())["summary"][
+        "generated_tokens_by_drafter"
+    ]
+    assert sum(by_drafter.values()) == sum(r["num_generated_tokens"] for r in rows)
+    assert set(by_drafter) - {"autoregressive"} <= candidates
 
 
 def test_output_inside_the_input_folder_across_reruns_and_resumes(tmp_path, tiny_model_dir):

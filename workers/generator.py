@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -52,6 +52,12 @@ from workers.storage import filesystem, write_bytes
 
 class UnitInputError(Exception):
     """The unit's input data cannot be read: retrying will not help until the file is fixed."""
+
+
+class Decoded(NamedTuple):
+    columns: dict[str, list]  # output columns, the contract's and the job's extra ones
+    records: list[dict]  # throughput records
+    tokens_by_option: dict[str, int]  # drafting rows: tokens each option emitted
 
 
 class Generator:
@@ -130,7 +136,7 @@ class Generator:
         become error rows (rows found to crash the actor)."""
         started = time.perf_counter()
         table = self._read_unit(unit)
-        columns, records = self.decode_table(table, unit, attempt, error_rows)
+        columns, records, by_option = self.decode_table(table, unit, attempt, error_rows)
         out = pa.table(columns, schema=output_schema(self.spec, table))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
@@ -156,6 +162,7 @@ class Generator:
             actor=self.actor,
             device=str(self.device),
             tokens_by_strategy=by_strategy,
+            tokens_by_option=by_option,
         )
 
     def probe_rows(self, unit: WorkUnit, rows: list[int]) -> bool:
@@ -191,11 +198,9 @@ class Generator:
             )
         return table
 
-    def decode_table(
-        self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]
-    ) -> tuple[dict[str, list], list[dict]]:
-        """Output columns, `generation.n` rows per input row (input order, then sample index), and one
-        throughput record per batch."""
+    def decode_table(self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]) -> Decoded:
+        """Output columns, `generation.n` rows per input row (input order, then sample index), the
+        throughput records closed meanwhile, and tokens per drafting option."""
         spec = self.spec
         n, samples = table.num_rows, spec.n
         row_ids = self._row_ids(table, unit)
@@ -232,9 +237,12 @@ class Generator:
             for (group, _), request in zip(items, requests, strict=True)
         ]
         ticket = self.engine.submit(unit.unit_id, attempt, rows, (unit, [item for _, item in items], row_ids))
+        by_option: dict[str, int] = {}
         for ((name, _), (i, sample)), row in zip(items, ticket.wait(), strict=True):
             self._fill(columns, i * samples + sample, row, name, settings[i].stop)
-        return columns, [self._record(r) for r in self.engine.drain_records()]
+            for option, n in (row.tokens_by_option or {}).items():
+                by_option[option] = by_option.get(option, 0) + n
+        return Decoded(columns, [self._record(r) for r in self.engine.drain_records()], by_option)
 
     def _row_ids(self, table: pa.Table, unit: WorkUnit) -> list[str]:
         if self.spec.id_column:

@@ -82,3 +82,4 @@ class UnitResult:
     actor: str
     device: str
     tokens_by_strategy: dict[str, int] = field(default_factory=dict)
+    tokens_by_option: dict[str, int] = field(default_factory=dict)  # drafting rows: tokens per drafter
