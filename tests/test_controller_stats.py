@@ -7,6 +7,7 @@ import dataclasses
 import json
 import warnings
 
+import pyarrow as pa
 import pytest
 from job_config import job_config
 
@@ -15,6 +16,7 @@ from workers import controller_stats
 from workers.controller import Learned
 from workers.controller_stats import SCHEMA, StatsKey
 from workers.generator import Generator
+from workers.spec import WorkUnit
 
 KEY = StatsKey("a" * 64, "cpu (2 threads)", "float32")
 
@@ -106,3 +108,35 @@ def test_an_actor_warm_starts_only_from_its_own_target_device_and_dtype(tmp_path
     warm = Generator(dataclasses.replace(spec, controller_stats={**strangers, own: _learned(32, depth=7)}))
     assert warm.controller.measured == _learned(32).measured and warm.controller.depth == {"prompt_lookup": 7}
     assert warm.controller_statistics() == (own, warm.controller.learned())
+
+
+def test_a_warm_started_auto_actor_writes_what_a_cold_one_does(tmp_path, tiny_model_dir):
+    """The statistics decide which lossless option decodes, never a token (float64, greedy)."""
+    config = job_config(
+        tmp_path,
+        tiny_model_dir,
+        "model.draft=null",
+        "model.dtype=float64",
+        "strategy.name=auto",
+        "generation.max_new_tokens=16",
+        "workers.batch_size=2",
+    )
+    spec = dataclasses.replace(worker_spec(config, "job"), target_sha256=KEY.target)
+    prompts = ["a = b = a = b = a =", "def f(x):\n    return f(x)\ndef f(", "x", "1, 2, 3, 1, 2, 3, 1,"]
+    table = pa.table({"prompt": prompts})
+    unit = WorkUnit("u", "unused", "a.parquet", (0,), 0, len(prompts))
+
+    def decode(generator: Generator) -> tuple[list[str], int, int]:
+        """Completions, target forwards, and steps the controller has measured in all."""
+        columns, records = generator.decode_table(table, unit, attempt=1, error_rows={})
+        steps = sum(s for s, _ in generator.controller.measured.values())
+        return columns["completion"], sum(r["target_forwards"] for r in records), steps
+
+    cold = Generator(spec)
+    cold_completions, cold_forwards, cold_steps = decode(cold)
+    assert cold_steps == cold_forwards  # one measured step per target forward
+    key, learned = cold.controller_statistics()
+    warm = Generator(dataclasses.replace(spec, controller_stats={key: learned}))
+    warm_completions, warm_forwards, warm_steps = decode(warm)
+    assert warm_steps == cold_steps + warm_forwards  # it started from what the cold one learned
+    assert warm_completions == cold_completions

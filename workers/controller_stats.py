@@ -177,8 +177,10 @@ def save_job(
     shared_url: str | None, output_url: str, storage_options: dict[str, Any], learned: dict[StatsKey, list[Learned]]
 ) -> None:
     """Write the job's statistics (its actors' merged by key) to the output's `_logs/` and into the
-    shared file, whose other keys stay (last writer wins: it is a cache)."""
-    job = {key: merge(values) for key, values in learned.items() if values}
+    shared file, whose other keys stay (last writer wins: it is a cache). A job whose controllers
+    measured nothing (plain decoding only) writes nothing."""
+    merged = {key: merge(values) for key, values in learned.items()}
+    job = {key: one for key, one in merged.items() if one.row_time}
     if not job:
         return
     write(logs_url(output_url), storage_options, job)
