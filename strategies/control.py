@@ -61,3 +61,6 @@ class Controller(Protocol):
 
     def keep_rows(self, rows: list[int]) -> None:
         """Only these batch rows remain (per-row state follows them)."""
+
+    def add_rows(self, count: int) -> None:
+        """`count` rows join the batch after those there (continuous batching), with no history."""

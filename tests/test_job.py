@@ -110,10 +110,13 @@ def test_job_output_contract_and_oracle(tmp_path, tiny_model_dir):
         json.loads(line) for f in (out / "_logs" / "batches").rglob("*.jsonl") for line in f.read_text().splitlines()
     ]
     assert sum(r["generated_tokens"] for r in logs) == 12 * len(GOOD)
+    assert sum(r["rows_finished"] for r in logs) == len(GOOD)  # each record counts what it decoded, once
+    assert {unit for r in logs for unit in r["units"]} <= {
+        p.parent.name for p in (out / "_logs" / "batches").rglob("*.jsonl")
+    }
     assert {
         "job_id",
-        "unit_id",
-        "attempt",
+        "units",
         "actor",
         "device",
         "strategy",

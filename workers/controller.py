@@ -265,6 +265,10 @@ class AdaptiveController:
         self.row_streak = [self.row_streak[r] for r in rows]
         self.row_off_until = [self.row_off_until[r] for r in rows]
 
+    def add_rows(self, count: int) -> None:
+        self.row_streak += [0] * count
+        self.row_off_until += [0] * count
+
     # -- policy ---------------------------------------------------------------------------------
 
     def speedup(self, drafter: str, b: int) -> float | None:
