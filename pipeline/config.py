@@ -135,6 +135,12 @@ class WorkersConfig:
     unit_timeout_s: float = option(
         900.0, "An attempt that finishes no batch for this long is taken as hung: its actor restarts, the unit retries."
     )
+    controller_stats_url: str | None = option(
+        None,
+        "A shared controller statistics file (fsspec URL, output.storage_options): read at the start of a job, "
+        "updated at its end, so that the next job's controllers start warm for the same target, device and dtype. "
+        "Empty: only the output's own _logs/controller_stats.json (a resumed job reads it).",
+    )
 
 
 @dataclass

@@ -30,7 +30,9 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
 from strategies import registry
-from workers import faults
+from workers import controller_stats, faults
+from workers.controller import Learned
+from workers.controller_stats import StatsKey
 from workers.generator import Generator, UnitInputError
 from workers.model_loading import (
     CMLM_CONFIG,
@@ -174,7 +176,8 @@ def run_job(config: JobConfig) -> JobOutcome:
         print(f"resuming job {job_id[:12]}: {len(units) - len(todo)} of {len(units)} units already committed")
     started = time.perf_counter()
     try:
-        results, failures = _run_units(config, job_id, todo, output, total_rows, committed)
+        target_sha256 = job_record["identity"]["model"]["weights_sha256"]["target"]
+        results, failures = _run_units(config, job_id, todo, output, total_rows, committed, target_sha256)
     except JobInterrupted as exc:
         print(f"job {job_id[:12]} interrupted: {exc}; run the same command again to resume", file=sys.stderr)
         return JobOutcome("interrupted", {"rows": total_rows})
@@ -215,13 +218,20 @@ def _run_units(
     output: OutputFolder,
     total_rows: int,
     committed: dict[str, dict[str, Any]],
+    target_sha256: str,
 ) -> tuple[list[UnitResult], dict[str, str]]:
-    """Decode and commit `todo` on a fresh actor pool, shut down after (results, failed units)."""
+    """Decode and commit `todo` on a fresh actor pool, shut down after (results, failed units); the
+    actors' controllers start from the statistics of earlier jobs and leave theirs for later ones."""
     if not todo:
         return [], {}
-    pool = ActorPool(config, worker_spec(config, job_id))
+    shared, options = config.workers.controller_stats_url, dict(config.output.storage_options)
+    stats = controller_stats.for_job(shared, output.url, options)
+    spec = dataclasses.replace(worker_spec(config, job_id), target_sha256=target_sha256, controller_stats=stats)
+    pool = ActorPool(config, spec)
     try:
-        return pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
+        outcome = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
+        controller_stats.save_job(shared, output.url, options, pool.controller_statistics())
+        return outcome
     finally:
         pool.shutdown()
 
@@ -606,6 +616,20 @@ class ActorPool:
             except (RayActorError, RayTaskError):
                 snapshot.append((0, 0))
         return snapshot
+
+    def controller_statistics(self) -> dict[StatsKey, list[Learned]]:
+        """What each actor's controller learned, by key; an actor that does not answer is left out."""
+        refs = [actor.controller_statistics.remote() for actor in self.actors]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=10 * PROGRESS_POLL_S)  # idle actors answer at once
+        learned: dict[StatsKey, list[Learned]] = {}
+        for ref in done:
+            try:
+                found = ray.get(ref)
+            except (RayActorError, RayTaskError):
+                continue
+            if found is not None:
+                learned.setdefault(found[0], []).append(found[1])
+        return learned
 
     def shutdown(self) -> None:
         for actor in self.actors:

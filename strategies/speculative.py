@@ -45,6 +45,7 @@ class Drafter:
     trees: bool = False  # it drafts trees (several children below a node), not only chains
     greedy_only: bool = False  # off at temperature > 0: those rows decode plainly (Jacobi's fixed point is greedy)
     learns: bool = False  # it learns from every batch it sees (a Lookahead trie), drafting or not
+    start_depth: int | None = None  # chain length without a controller, and its first under one; None: max_depth
 
 
 @dataclass
@@ -118,7 +119,9 @@ class SpeculativeStrategy:
         if not batch_size:
             return run
         if self.controller is not None:
-            limits = {name: DraftLimits(d.max_depth, d.max_nodes, d.trees) for name, d in run.live.items()}
+            limits = {
+                name: DraftLimits(d.max_depth, d.max_nodes, d.trees, d.start_depth) for name, d in run.live.items()
+            }
             self.controller.start_batch(limits, batch_size)
         # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
         # costs nothing; one that learns from every batch starts at once while the controller
@@ -303,7 +306,7 @@ class SpeculativeStrategy:
         if not live:
             return Plan(AUTOREGRESSIVE, 0, 0, steps=None)
         d = next(iter(live.values()))
-        return Plan(d.name, d.max_depth, d.max_nodes)
+        return Plan(d.name, d.max_depth if d.start_depth is None else d.start_depth, d.max_nodes)
 
     def _call(self, run: _Decoding, name: str, fn: Callable[..., object], *args: object) -> bool:
         """Run a proposer callback; on an exception the drafter is off for the batch (a fallback, logged)."""

@@ -33,7 +33,8 @@ from workers.contract import (
     derived_row_id,
     row_ids_of_id_column,
 )
-from workers.controller import AdaptiveController
+from workers.controller import AdaptiveController, Learned
+from workers.controller_stats import StatsKey, device_identity
 from workers.engine import DecodeEngine, Pending, SegmentRecord
 from workers.model_loading import load_models, resolve_dtype
 from workers.row_settings import RowSettings, row_settings
@@ -90,6 +91,11 @@ class Generator:
             )
         self.runner = self.models.target
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
+        self.stats_key = StatsKey(
+            spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")
+        )
+        if self.controller is not None and self.stats_key in spec.controller_stats:
+            self.controller.warm_start(spec.controller_stats[self.stats_key])
         self._strategies: dict[str, Strategy] = {}
         self._strategy(spec.strategy.name)  # fail at start, not at the first unit
         self.params = GenerationParams(
@@ -123,6 +129,13 @@ class Generator:
             "dtype": str(self.dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
         }
+
+    def controller_statistics(self) -> tuple[StatsKey, Learned] | None:
+        """What the controller learned, under the key the next job's actors look it up by (None: no
+        controller, or no target hash to key it by)."""
+        if self.controller is None or not self.spec.target_sha256:
+            return None
+        return self.stats_key, self.controller.learned()
 
     def progress(self) -> tuple[int, int]:
         """(rows finished, tokens generated) since the actor started, including failed attempts."""
