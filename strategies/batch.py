@@ -139,7 +139,9 @@ def start_batch(
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
     first = choose_tokens(last, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     n = len(requests)
-    batch = Batch(requests, params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context)
+    batch = Batch(
+        list(requests), params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context
+    )
     batch.unreported = list(range(n))
     if params.logprobs is not None:
         batch.scores = [[] for _ in range(n)]

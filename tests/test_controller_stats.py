@@ -128,7 +128,7 @@ def test_a_warm_started_auto_actor_writes_what_a_cold_one_does(tmp_path, tiny_mo
 
     def decode(generator: Generator) -> tuple[list[str], int, int]:
         """Completions, target forwards, and steps the controller has measured in all."""
-        columns, records = generator.decode_table(table, unit, attempt=1, error_rows={})
+        columns, records, _ = generator.decode_table(table, unit, attempt=1, error_rows={})
         steps = sum(s for s, _ in generator.controller.measured.values())
         return columns["completion"], sum(r["target_forwards"] for r in records), steps
 
