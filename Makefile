@@ -36,8 +36,9 @@ bench: install
 	$(BIN)/accelgen bench
 
 # Seeded runs with random faults and bad rows, each verified; not part of `make test`.
+RUNS ?= 20
 soak: install
-	$(BIN)/python -m pytest -q -s -m slow tests/test_soak.py
+	ACCELGEN_SOAK_RUNS=$(RUNS) $(BIN)/python -m pytest -q -s -m slow tests/test_soak.py
 
 clean:
 	rm -rf $(VENV) out

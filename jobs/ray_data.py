@@ -79,5 +79,5 @@ class GenerateBatches:
         if missing:
             raise JobError(f"columns {missing} are not in the Dataset (its columns: {', '.join(batch.column_names)})")
         unit = WorkUnit(JOB_ID, "", "", (), 0, batch.num_rows)  # ids come from the id column, not from it
-        columns, _records = self.generator.decode_table(batch, unit, attempt=1, error_rows={})
+        columns = self.generator.decode_table(batch, unit, attempt=1, error_rows={}).columns
         return pa.table(columns, schema=output_schema(self.spec, batch))

@@ -7,6 +7,7 @@ Layout of `output.url`:
     _commits/<unit_id>.json         commit record of a part: rows, sha256, bytes (written after it)
     _staging/<unit_id>/<attempt>    parts staged by actors, never read by users
     _logs/batches/<unit_id>/…jsonl  per-batch throughput records (at least once; attempt in each)
+    _logs/controller_stats.json     what the actors' controllers learned (workers/controller_stats.py)
     _manifest.json                  every part with rows and checksum, config, versions (written last
     _SUCCESS                        but one, then this)
 

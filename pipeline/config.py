@@ -114,9 +114,11 @@ class GenerationConfig:
 @dataclass
 class WorkersConfig:
     num_actors: int = option(0, "Generator actors. 0: one per GPU of the cluster, or one CPU actor without GPUs.")
-    batch_size: int = option(16, "Most rows decoded together in one batch.")
+    batch_size: int = option(
+        16, "Most rows decoding at once on an actor, from any of its units: rows join as others finish."
+    )
     max_batch_tokens: int = option(
-        16384, "Most prompt + max_new_tokens tokens of a batch (rows are grouped by prompt length first)."
+        16384, "Most prompt + max_new_tokens tokens of the rows decoding at once (a longer row decodes alone)."
     )
     num_gpus_per_actor: float = option(1.0, "GPUs reserved per actor when the cluster has GPUs.")
     num_cpus_per_actor: float = option(
@@ -132,6 +134,12 @@ class WorkersConfig:
     max_unit_attempts: int = option(3, "Attempts per work unit before the unit is reported failed.")
     unit_timeout_s: float = option(
         900.0, "An attempt that finishes no batch for this long is taken as hung: its actor restarts, the unit retries."
+    )
+    controller_stats_url: str | None = option(
+        None,
+        "A shared controller statistics file (fsspec URL, output.storage_options): read at the start of a job, "
+        "updated at its end, so that the next job's controllers start warm for the same target, device and dtype. "
+        "Empty: only the output's own _logs/controller_stats.json (a resumed job reads it).",
     )
 
 

@@ -1,8 +1,9 @@
 """The driver: check, plan, start the actor pool, feed it units, commit what comes back, summarise.
 
 Everything that can fail a job fails before the first write (config, input, output ownership,
-resources). Then units go to idle actors, staged parts are committed one at a time, and a failed
-attempt is retried on the same or a restarted actor up to `workers.max_unit_attempts` times.
+resources). Then units go to actors, several at a time so that an actor's batch spans units and
+refills as rows finish (`workers.engine`); staged parts are committed one at a time, and a failed
+attempt is retried, alone on the same or a restarted actor, up to `workers.max_unit_attempts` times.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from pipeline.fingerprint import fingerprint, identity
 from pipeline.phases import Phases, actor_start_phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
 from strategies import registry
-from workers import faults
+from workers import controller_stats, faults
+from workers.controller import Learned
+from workers.controller_stats import StatsKey
 from workers.generator import Generator, UnitInputError
 from workers.model_loading import (
     CMLM_CONFIG,
@@ -48,6 +51,7 @@ from workers.spec import UnitResult, WorkerSpec, WorkUnit
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
 RESERVED_CPUS = 1.0
 PROGRESS_POLL_S = 1.0
+MAX_UNITS_PER_ACTOR = 64  # attempts in flight on one actor at most (each holds a thread there)
 
 
 CRASHING_ROW = "this row made the generator process crash on every attempt; it was skipped"
@@ -67,6 +71,7 @@ class _Flight:
     start: tuple[int, int]  # the actor's (rows, tokens) when the attempt began
     beat: tuple[int, int]  # ... at its last heartbeat
     beat_at: float
+    rows: int  # output rows it decodes (input rows × generation.n)
     hung: bool = False
 
 
@@ -75,8 +80,10 @@ class _Run:
     """The actor pool's bookkeeping while it runs a job's units."""
 
     queue: deque[tuple[WorkUnit, int]]  # (unit, attempt) waiting for an actor
-    idle: list[int]  # actors with nothing to do
     committed_rows: int  # rows of committed units, those of earlier runs included
+    units_on: list[int]  # per actor: attempts in flight there
+    rows_on: list[int]  # per actor: output rows of those attempts
+    alone: set[int] = field(default_factory=set)  # actors decoding a retry, which runs alone
     inflight: dict[ray.ObjectRef, _Flight] = field(default_factory=dict)
     recovering: dict[int, ray.ObjectRef] = field(default_factory=dict)  # actor -> its ready() while Ray restarts it
     results: list[UnitResult] = field(default_factory=list)
@@ -160,12 +167,23 @@ def run_job(config: JobConfig) -> JobOutcome:
     phases = Phases()
     validate(config)
     output = OutputFolder(config.output.url, config.output.storage_options)
-    pool = None if output.finished() else ActorPool(config, worker_spec(config, job_id=""), phases)
+    pool = None if output.finished() else ActorPool(config, _actor_spec(config, output), phases)
     try:
         return _plan_and_run(config, output, pool, phases)
     finally:
         if pool is not None:
             pool.shutdown()
+
+
+def _actor_spec(config: JobConfig, output: OutputFolder) -> WorkerSpec:
+    """What the actors start with before the input is planned: the job's id comes later
+    (`ActorPool.wait_ready`); the target's weights hash (cached, as the fingerprint will want it again)
+    and the statistics the controllers warm-start from do not depend on the input."""
+    stats = controller_stats.for_job(
+        config.workers.controller_stats_url, output.url, dict(config.output.storage_options)
+    )
+    target_sha256 = _model_hash(config, config.model.target, "model.target")
+    return dataclasses.replace(worker_spec(config, job_id=""), target_sha256=target_sha256, controller_stats=stats)
 
 
 def _plan_and_run(config: JobConfig, output: OutputFolder, pool: ActorPool | None, phases: Phases) -> JobOutcome:
@@ -230,13 +248,17 @@ def _run_units(
     phases: Phases,
 ) -> tuple[list[UnitResult], dict[str, str]]:
     """Decode and commit `todo` once the pool's actors are ready, then shut them down (results, failed
-    units). The phases get what the job waited of actor start and model loading (`ActorPool.wait_ready`),
-    then the run: first batch, optional models loaded on first use, commits, and the rest as decoding."""
+    units); the actors' controllers leave what they learned for later jobs. The phases get what the
+    job waited of actor start and model loading (`ActorPool.wait_ready`), then the run: first batch,
+    optional models loaded on first use, commits, and the rest as decoding."""
     pool.wait_ready(job_id, phases)
     try:
         run_began = time.time()
         results, failures = pool.run(todo, output, total_rows, sum(c["rows"] for c in committed.values()))
         phases.lap("decoding")
+        shared, options = pool.config.workers.controller_stats_url, dict(pool.config.output.storage_options)
+        controller_stats.save_job(shared, output.url, options, pool.controller_statistics())
+        phases.lap("other")
         first_batch_end = _first_batch_end(output, results)
         if first_batch_end is not None:
             phases.take("decoding", "first_batch", first_batch_end - run_began)
@@ -419,7 +441,8 @@ class ActorPool:
             "num_cpus": w.num_cpus_per_actor,
             "num_gpus": w.num_gpus_per_actor if use_gpus else 0,
             "max_restarts": -1,  # unit attempts bound the restarts an actor's deaths can cause
-            "max_concurrency": 2,  # run_unit, and progress() polls beside it
+            # run_unit of each unit in flight there (`_actor_for`), and progress() polls beside them.
+            "max_concurrency": MAX_UNITS_PER_ACTOR + 2,
             "resources": dict(w.custom_resources),
         }
         self.faults = faults.plan()
@@ -482,7 +505,8 @@ class ActorPool:
         attempt that makes no progress (no batch finished) for `workers.unit_timeout_s` is taken as
         hung: its actor is restarted and the unit retried. SIGTERM stops the job between commits.
         """
-        run = _Run(queue=deque((u, 1) for u in units), idle=list(range(len(self.actors))), committed_rows=rows_before)
+        n = len(self.actors)
+        run = _Run(queue=deque((u, 1) for u in units), committed_rows=rows_before, units_on=[0] * n, rows_on=[0] * n)
         bar = tqdm(total=total_rows, initial=rows_before, unit="row", desc="generate", dynamic_ncols=True)
         started = time.perf_counter()
         snapshot = self._progress()
@@ -503,11 +527,20 @@ class ActorPool:
         return run.results, run.failures
 
     def _dispatch(self, run: _Run, output: OutputFolder, snapshot: list[tuple[int, int]]) -> None:
-        """Hand queued units to idle actors, those back from a restart included."""
-        run.idle.extend(self._recovered(run.recovering))
-        while run.queue and run.idle:
+        """Hand queued units to actors with room for them (`_actor_for`), in queue order where they fit."""
+        self._recovered(run.recovering)
+        waiting: deque[tuple[WorkUnit, int]] = deque()
+        while run.queue:
             unit, attempt = run.queue.popleft()
-            a = run.idle.pop(0)
+            rows = unit.num_rows * self.config.generation.n
+            a = self._actor_for(run, attempt, rows)
+            if a is None:
+                waiting.append((unit, attempt))
+                continue
+            run.units_on[a] += 1
+            run.rows_on[a] += rows
+            if attempt > 1:
+                run.alone.add(a)
             ref = self.actors[a].run_unit.remote(
                 unit,
                 attempt,
@@ -515,7 +548,35 @@ class ActorPool:
                 output.batch_log_url(unit.unit_id, attempt),
                 run.error_rows.get(unit.unit_id, {}),
             )
-            run.inflight[ref] = _Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic())
+            run.inflight[ref] = _Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic(), rows)
+        run.queue = waiting
+
+    def _actor_for(self, run: _Run, attempt: int, rows: int) -> int | None:
+        """The actor to take an attempt of `rows` output rows, or None for now.
+
+        A first attempt goes to the actor with the fewest rows in flight while it holds fewer than two
+        batches' worth (`workers.batch_size`): rows of the units there join its running batch as
+        others finish, so a batch spans units and the next unit waits ready. A retry runs alone on an
+        actor with nothing in flight: whether the unit fails again is then its own doing.
+        """
+        ready = [a for a in range(len(self.actors)) if a not in run.recovering and a not in run.alone]
+        if attempt > 1:
+            return next((a for a in ready if run.units_on[a] == 0), None)
+        room = 2 * self.config.workers.batch_size
+        fits = [
+            a
+            for a in ready
+            if run.units_on[a] == 0 or (run.units_on[a] < MAX_UNITS_PER_ACTOR and run.rows_on[a] < room)
+        ]
+        return min(fits, key=lambda a: run.rows_on[a], default=None)
+
+    def _landed(self, run: _Run, flight: _Flight) -> None:
+        """An attempt is no longer in flight on its actor."""
+        a = flight.actor
+        run.units_on[a] -= 1
+        run.rows_on[a] -= flight.rows
+        if flight.attempt > 1:
+            run.alone.discard(a)
 
     def _settle(self, run: _Run, flight: _Flight, ref: ray.ObjectRef, output: OutputFolder) -> None:
         """An attempt ended: commit what it staged, or decide what its failure means."""
@@ -524,7 +585,7 @@ class ActorPool:
         except (RayActorError, RayTaskError) as exc:
             self._attempt_failed(run, flight, exc)
             return
-        run.idle.append(flight.actor)
+        self._landed(run, flight)
         output.publish(result)
         run.results.append(result)
         run.committed_rows += result.num_rows
@@ -539,11 +600,11 @@ class ActorPool:
         unit, attempt, a = flight.unit, flight.attempt, flight.actor
         message = "no progress for workers.unit_timeout_s" if flight.hung else _cause(exc)
         tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
+        self._landed(run, flight)
         if isinstance(exc, RayActorError):  # Ray restarts it; no work until it is back
-            run.recovering[a] = self._ready(a)
+            if a not in run.recovering:
+                run.recovering[a] = self._ready(a)
             run.crashes[unit.unit_id] = run.crashes.get(unit.unit_id, 0) + (not flight.hung)
-        else:
-            run.idle.append(a)
         max_attempts = self.config.workers.max_unit_attempts
         if _is_input_error(exc):
             run.failures[unit.unit_id] = message
@@ -565,28 +626,28 @@ class ActorPool:
         """Heartbeats: an attempt's actor finishing batches is alive; one silent past `timeout_s` is
         restarted (the attempt then fails and is retried)."""
         now = time.monotonic()
+        killed = set()
         for flight in inflight.values():
             beat = snapshot[flight.actor]
             if beat != (0, 0) and beat != flight.beat:
                 flight.beat, flight.beat_at = beat, now
             elif not flight.hung and now - flight.beat_at > timeout_s:
                 flight.hung = True
-                ray.kill(self.actors[flight.actor], no_restart=False)
+                if flight.actor not in killed:  # its other attempts fail with it
+                    killed.add(flight.actor)
+                    ray.kill(self.actors[flight.actor], no_restart=False)
 
-    def _recovered(self, recovering: dict[int, ray.ObjectRef]) -> list[int]:
-        """Actors back from a restart (their ready() answered); the others are asked again."""
-        back = []
+    def _recovered(self, recovering: dict[int, ray.ObjectRef]) -> None:
+        """Forget actors back from a restart (their ready() answered); the others are asked again."""
         for a, ref in list(recovering.items()):
             done, _ = ray.wait([ref], timeout=0)
             if not done:
                 continue
             try:
                 ray.get(ref)
-                back.append(a)
                 del recovering[a]
             except (RayActorError, RayTaskError):  # still restarting
                 recovering[a] = self._ready(a)
-        return back
 
     def _await_ready(self, a: int) -> None:
         deadline = time.monotonic() + self.config.workers.actor_start_timeout_s
@@ -647,6 +708,20 @@ class ActorPool:
                 if model not in before["load_s"]:
                     loaded[model] = max(loaded.get(model, 0.0), seconds)
         return loaded
+
+    def controller_statistics(self) -> dict[StatsKey, list[Learned]]:
+        """What each actor's controller learned, by key; an actor that does not answer is left out."""
+        refs = [actor.controller_statistics.remote() for actor in self.actors]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=10 * PROGRESS_POLL_S)  # idle actors answer at once
+        learned: dict[StatsKey, list[Learned]] = {}
+        for ref in done:
+            try:
+                found = ray.get(ref)
+            except (RayActorError, RayTaskError):
+                continue
+            if found is not None:
+                learned.setdefault(found[0], []).append(found[1])
+        return learned
 
     def shutdown(self) -> None:
         """Kill the actors; a second call (the job's own, after the run's) finds none."""
@@ -709,9 +784,12 @@ def _summary(results: list[UnitResult], committed: dict[str, Any], phases: Phase
     generated, wall_s = sum(r.generated_tokens for r in results), phases.wall_s
     decoding_s = phases.seconds.get("first_batch", 0.0) + phases.seconds.get("decoding", 0.0)
     by_strategy: dict[str, int] = {}
+    by_option: dict[str, int] = {}
     for r in results:
         for name, n in r.tokens_by_strategy.items():
             by_strategy[name] = by_strategy.get(name, 0) + n
+        for name, n in r.tokens_by_option.items():
+            by_option[name] = by_option.get(name, 0) + n
     return {
         "rows": total_rows,
         "rows_committed": sum(c["rows"] for c in committed.values()),
@@ -723,6 +801,7 @@ def _summary(results: list[UnitResult], committed: dict[str, Any], phases: Phase
         "decoding_tokens_per_s": round(generated / decoding_s, 2) if decoding_s > 0 else None,
         "phases_s": phases.rounded(),
         "generated_tokens_by_strategy": by_strategy,
+        "generated_tokens_by_drafter": by_option,
     }
 
 
@@ -734,6 +813,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
     for name, tokens in sorted(summary["generated_tokens_by_strategy"].items()):
         print(f"  {name}: {tokens} tokens")
+    by_drafter = summary["generated_tokens_by_drafter"]
+    if by_drafter:
+        total = sum(by_drafter.values())
+        shares = ", ".join(f"{n} {t / total:.0%}" for n, t in sorted(by_drafter.items(), key=lambda kv: -kv[1]))
+        print(f"  drafting rows' tokens by what emitted them: {shares}")
     phases = summary.get("phases_s", {})
     if phases:
         print(

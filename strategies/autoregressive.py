@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
-from strategies.batch import decode_plainly, start_batch
+from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
+from strategies.batch import Batch, decode_plainly, start_batch
 from strategies.runner import ModelRunner
 
 
@@ -15,15 +15,41 @@ class AutoregressiveStrategy:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
+    def open(self, requests: list[RowRequest], params: GenerationParams) -> PlainDecoding:
+        return PlainDecoding(self.runner, start_batch(self.runner, requests, params))
+
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
-        batch = start_batch(self.runner, requests, params)
-        forwards = 0
-        while batch.active:
-            run = decode_plainly(self.runner, batch)
-            forwards += run.steps
-            batch.keep(run.still)
-        rows = [
-            RowOutput(tokens=o, finish_reason=r, logprobs=batch.row_scores(i))
-            for i, (o, r) in enumerate(zip(batch.outputs, batch.reasons, strict=True))
-        ]
-        return BatchOutput(rows=rows, strategy=self.name, target_forwards=forwards)
+        return decode_to_end(self.name, self.open(requests, params), len(requests))
+
+
+class PlainDecoding:
+    """A batch in plain decoding (`base.Decoding`): each step runs until a row finishes."""
+
+    def __init__(self, runner: ModelRunner, batch: Batch) -> None:
+        self.runner = runner
+        self.batch = batch
+        self.forwards = 0  # since the last segment
+
+    def active(self) -> int:
+        return len(self.batch.active)
+
+    def step(self) -> None:
+        run = decode_plainly(self.runner, self.batch)
+        self.forwards += run.steps
+        self.batch.keep(run.still)
+
+    def admit(self, requests: list[RowRequest]) -> None:
+        self.batch.admit(start_batch(self.runner, requests, self.batch.params))
+
+    def finished(self) -> list[tuple[int, RowOutput]]:
+        batch, done = self.batch, []
+        for i in batch.finished_rows():
+            done.append(
+                (i, RowOutput(tokens=batch.outputs[i], finish_reason=batch.reasons[i], logprobs=batch.row_scores(i)))
+            )
+            batch.release(i)
+        return done
+
+    def segment(self) -> Segment:
+        forwards, self.forwards = self.forwards, 0
+        return Segment(forwards, self.batch.take_generated())

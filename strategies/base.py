@@ -41,6 +41,9 @@ class RowOutput:
     iterations: int | None = None  # mask_predict: CMLM passes over the row's blocks, all blocks together
     block_lengths: list[int] | None = None  # mask_predict: the length chosen for each of the row's blocks
     logprobs: list[TokenLogprob] | None = None  # one per token, when `GenerationParams.logprobs` asks
+    # Drafting strategies: tokens each option emitted (a drafter's name, or autoregressive for plain
+    # steps and the prefill's token), only options that emitted any.
+    tokens_by_option: dict[str, int] | None = None
 
 
 @dataclass
@@ -51,10 +54,59 @@ class BatchOutput:
     stats: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class Segment:
+    """What a decoding did since the last `Decoding.segment` call: one throughput record's numbers."""
+
+    target_forwards: int  # decode forwards of the target model, prefill excluded
+    generated_tokens: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class Decoding(Protocol):
+    """A batch in decoding that rows may join between steps (continuous batching).
+
+    Requests are numbered in the order they came: those `Strategy.open` got, then each `admit`'s.
+    A request's output is the same whichever rows share its steps, joined when they did.
+    """
+
+    def active(self) -> int:
+        """Rows still decoding."""
+
+    def step(self) -> None:
+        """Decode: at least one token for every active row, often until some row finishes."""
+
+    def admit(self, requests: list[RowRequest]) -> None:
+        """Prefill `requests` (one forward) and decode them with the rows still active from now on."""
+
+    def finished(self) -> list[tuple[int, RowOutput]]:
+        """Requests that finished since the last call, with their outputs (each reported once)."""
+
+    def segment(self) -> Segment:
+        """Forwards and statistics since the last call (the strategy's part of a throughput record)."""
+
+
 class Strategy(Protocol):
     name: str
 
-    def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput: ...
+    def open(self, requests: list[RowRequest], params: GenerationParams) -> Decoding:
+        """Prefill `requests` and return them in decoding."""
+
+    def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
+        """Every request decoded to its end, as one batch (`decode_to_end`)."""
+
+
+def decode_to_end(name: str, decoding: Decoding, count: int) -> BatchOutput:
+    """Step `decoding` of `count` requests until every row has finished: one batch, no row joins."""
+    rows: list[RowOutput | None] = [None] * count
+    while True:
+        for index, row in decoding.finished():
+            rows[index] = row
+        if not decoding.active():
+            break
+        decoding.step()
+    done = decoding.segment()
+    return BatchOutput(rows=rows, strategy=name, target_forwards=done.target_forwards, stats=done.stats)
 
 
 def finish_reason(request: RowRequest, tokens: list[int], params: GenerationParams, max_context: int) -> str | None:

@@ -23,6 +23,8 @@ from strategies.proposer import TargetStates
 from strategies.runner import ModelRunner
 from strategies.sampling import choose_tokens
 
+RELEASED = RowRequest(prompt=[], key=0)  # in place of a reported row's request (`Batch.release`)
+
 
 @dataclass
 class Batch:
@@ -41,12 +43,15 @@ class Batch:
     states: TargetStates | None = None
     # Per request: each generated token's score, when `params.logprobs` asks for them.
     scores: list[list[TokenLogprob]] | None = None
+    unreported: list[int] = field(default_factory=list)  # requests whose end `finished_rows` has not told
+    generated: int = 0  # tokens emitted since `take_generated` last ran
 
     def emit(self, request: int, token: int, score: TokenLogprob | None = None) -> bool:
         """Append `token` (with its `score` when the batch keeps scores) to a row's output; True when
         the row has finished with it."""
         output = self.outputs[request]
         output.append(token)
+        self.generated += 1
         if self.scores is not None:
             self.scores[request].append(score)
         self.reasons[request] = finish_reason(self.requests[request], output, self.params, self.max_context)
@@ -60,6 +65,48 @@ class Batch:
 
     def row_scores(self, request: int) -> list[TokenLogprob] | None:
         return None if self.scores is None else self.scores[request]
+
+    def finished_rows(self) -> list[int]:
+        """Requests that finished since the last call, in order; each is told once."""
+        done = [i for i in self.unreported if self.reasons[i] is not None]
+        if done:
+            self.unreported = [i for i in self.unreported if self.reasons[i] is None]
+        return done
+
+    def release(self, request: int) -> None:
+        """Forget a reported row's prompt and tokens: a decoding that rows keep joining would otherwise
+        hold every prompt and output it ever had."""
+        self.requests[request] = RELEASED
+        self.outputs[request] = []
+        if self.scores is not None:
+            self.scores[request] = []
+
+    def take_generated(self) -> int:
+        """Tokens emitted since the last call."""
+        generated, self.generated = self.generated, 0
+        return generated
+
+    def admit(self, joining: Batch) -> None:
+        """The rows of `joining` (a batch just started, `start_batch`) decode with this one's from now on:
+        its requests are numbered after this batch's, its active rows follow this batch's. This batch
+        must have active rows (one with none ends; the caller starts a new one instead)."""
+        if not self.active:
+            raise ValueError("rows join a batch that still decodes; start a new batch instead")
+        offset = len(self.requests)
+        self.requests += joining.requests
+        self.outputs += joining.outputs
+        self.reasons += joining.reasons
+        if self.scores is not None:
+            self.scores += joining.scores
+        self.unreported += [offset + i for i in joining.unreported]
+        self.generated += joining.take_generated()
+        if not joining.active:
+            return
+        self.kv.extend(joining.kv)
+        self.keys = torch.cat([self.keys, joining.keys])
+        self.active += [offset + i for i in joining.active]
+        if self.states is not None:
+            self.states = self.states.join(joining.states)
 
     def keep(self, still: list[int]) -> None:
         """Only batch rows `still` (in order) go on: the cache and keys follow."""
@@ -92,7 +139,10 @@ def start_batch(
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
     first = choose_tokens(last, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     n = len(requests)
-    batch = Batch(requests, params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context)
+    batch = Batch(
+        list(requests), params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context
+    )
+    batch.unreported = list(range(n))
     if params.logprobs is not None:
         batch.scores = [[] for _ in range(n)]
     if want_states:

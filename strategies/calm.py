@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from strategies.autoregressive import AutoregressiveStrategy
-from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Strategy
+from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, Strategy, decode_to_end
 from strategies.batch import Batch, start_batch
 from strategies.exits import ExitHeads
 from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, CalmOptions
@@ -83,29 +83,13 @@ class CalmStrategy:
         self.options = options
         self.layers = [layer for layer in exits.layers if layer >= options.min_layer]
 
-    def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
+    def open(self, requests: list[RowRequest], params: GenerationParams) -> CalmDecoding:
         if params.logprobs is not None:
             raise ValueError(LOGPROBS_REFUSAL)
-        runner_layers = self.runner.num_layers
-        batch = start_batch(self.runner, requests, params)
-        depth_sum = [float(runner_layers)] * len(requests)  # the prefill's token: full depth
-        steps = 0
-        while batch.active:
-            tokens, depths = self._step(batch)
-            steps += 1
-            still = []
-            for row, (i, token, depth) in enumerate(zip(batch.active, tokens, depths, strict=True)):
-                depth_sum[i] += depth
-                if not batch.emit(i, token):
-                    still.append(row)
-            batch.keep(still)
-        rows = [
-            RowOutput(tokens=o, finish_reason=r, mean_exit_layer=round(s / max(1, len(o)), 3))
-            for o, r, s in zip(batch.outputs, batch.reasons, depth_sum, strict=True)
-        ]
-        total = sum(len(o) for o in batch.outputs)
-        stats = {"mean_exit_layer": round(sum(depth_sum) / max(1, total), 3), "num_layers": runner_layers}
-        return BatchOutput(rows=rows, strategy=self.name, target_forwards=steps, stats=stats)
+        return CalmDecoding(self, start_batch(self.runner, requests, params))
+
+    def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
+        return decode_to_end(self.name, self.open(requests, params), len(requests))
 
     @torch.inference_mode()
     def _step(self, batch: Batch) -> tuple[list[int], list[int]]:
@@ -292,3 +276,51 @@ def calibrate(
     meeting = [p for p in points if p.agreement >= target]
     chosen = min(meeting, key=lambda p: (p.mean_exit_layer, -p.threshold)) if meeting else None
     return Calibration(statistics.median(greedy_walls), points, chosen)
+
+
+class CalmDecoding:
+    """A batch in early-exit decoding (`base.Decoding`): one token per row a step."""
+
+    def __init__(self, strategy: CalmStrategy, batch: Batch) -> None:
+        self.strategy = strategy
+        self.batch = batch
+        self.full = float(strategy.runner.num_layers)
+        self.depth_sum = [self.full] * len(batch.requests)  # per request; the prefill's token: full depth
+        self.steps = 0  # since the last segment
+        self.segment_depth = self.full * len(batch.requests)  # layers of the tokens since the last segment
+
+    def active(self) -> int:
+        return len(self.batch.active)
+
+    def step(self) -> None:
+        batch = self.batch
+        tokens, depths = self.strategy._step(batch)
+        self.steps += 1
+        still = []
+        for row, (i, token, depth) in enumerate(zip(batch.active, tokens, depths, strict=True)):
+            self.depth_sum[i] += depth
+            self.segment_depth += depth
+            if not batch.emit(i, token):
+                still.append(row)
+        batch.keep(still)
+
+    def admit(self, requests: list[RowRequest]) -> None:
+        self.batch.admit(start_batch(self.strategy.runner, requests, self.batch.params))
+        self.depth_sum += [self.full] * len(requests)
+        self.segment_depth += self.full * len(requests)
+
+    def finished(self) -> list[tuple[int, RowOutput]]:
+        batch, done = self.batch, []
+        for i in batch.finished_rows():
+            tokens = batch.outputs[i]
+            mean = round(self.depth_sum[i] / max(1, len(tokens)), 3)
+            done.append((i, RowOutput(tokens=tokens, finish_reason=batch.reasons[i], mean_exit_layer=mean)))
+            batch.release(i)
+        return done
+
+    def segment(self) -> Segment:
+        generated = self.batch.take_generated()
+        layers = self.strategy.runner.num_layers
+        stats = {"mean_exit_layer": round(self.segment_depth / max(1, generated), 3), "num_layers": layers}
+        steps, self.steps, self.segment_depth = self.steps, 0, 0.0
+        return Segment(steps, generated, stats)

@@ -40,6 +40,11 @@ class CMLMProposer:
         self.kv = self.cmlm.new_kv(len(contexts))
         self.fed = [0] * len(contexts)  # context tokens in the CMLM's cache
 
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        self.kv.extend(self.cmlm.new_kv(len(contexts)))  # their context is fed at the next draft
+        self.contexts += [list(c) for c in contexts]
+        self.fed += [0] * len(contexts)
+
     def propose(self, context: ProposalContext) -> list[Draft]:
         k = min(max(context.budgets), self.cmlm.max_length)
         if k == 0:

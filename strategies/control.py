@@ -31,6 +31,7 @@ class DraftLimits:
     max_depth: int  # longest draft path (chain length)
     max_nodes: int  # most nodes per row; a chain's are its depth
     trees: bool = False  # it drafts trees (node budgets double or halve), not chains (depth moves)
+    start_depth: int | None = None  # a chain's length before the controller sizes it; None: max_depth
 
 
 @dataclass
@@ -60,3 +61,6 @@ class Controller(Protocol):
 
     def keep_rows(self, rows: list[int]) -> None:
         """Only these batch rows remain (per-row state follows them)."""
+
+    def add_rows(self, count: int) -> None:
+        """`count` rows join the batch after those there (continuous batching), with no history."""

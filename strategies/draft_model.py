@@ -12,6 +12,7 @@ import torch
 
 from strategies.base import GenerationParams
 from strategies.drafts import Draft
+from strategies.kv_cache import RaggedKV
 from strategies.proposer import ProposalContext, TargetStates
 from strategies.runner import ModelRunner
 from strategies.sampling import STREAM_DRAFT, filtered_probs, keyed_uniform, sample_from
@@ -31,10 +32,22 @@ class DraftModelProposer:
         self.params = params
         self.keys = keys
         self.contexts = [list(c) for c in contexts]
-        self.kv = self.draft.new_kv(len(contexts))
-        self.draft.prefill(self.kv, [c[:-1] for c in contexts])  # the pending token is fed when drafting
+        self.kv = self._prefilled(contexts)
         self.fed = [len(c) - 1 for c in contexts]  # context tokens in the draft's cache
         self.fed_slots: list[list[int]] = [[] for _ in contexts]  # cache slots of this step's fed drafts
+
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        self.kv.extend(self._prefilled(contexts))
+        self.keys = torch.cat([self.keys, keys])
+        self.contexts += [list(c) for c in contexts]
+        self.fed += [len(c) - 1 for c in contexts]
+        self.fed_slots += [[] for _ in contexts]
+
+    def _prefilled(self, contexts: list[list[int]]) -> RaggedKV:
+        """A draft cache of the contexts but their last token (the pending one, fed when drafting)."""
+        kv = self.draft.new_kv(len(contexts))
+        self.draft.prefill(kv, [c[:-1] for c in contexts])
+        return kv
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits over the target's vocabulary: [B, V_draft] -> [B, V]."""

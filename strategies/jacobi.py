@@ -61,10 +61,15 @@ class JacobiProposer:
         self.params = params
         self.eos = frozenset() if params.ignore_eos else params.eos_token_ids
         self.pad = min(params.eos_token_ids, default=0)
-        self.rows = [_Row(list(c), NgramIndex(c, 1, 3) if self.init == "retrieval" else None) for c in contexts]
+        self.rows = []
         self.blocks = self.iterations = self.committed = self.fast_forwarded = self.stationary = 0
-        for row in self.rows:
+        self.add_rows(contexts, keys, states)
+
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        rows = [_Row(list(c), NgramIndex(c, 1, 3) if self.init == "retrieval" else None) for c in contexts]
+        for row in rows:
             self._new_block(row, self.params.max_new_tokens if self.mode == "pj" else self.block_size)
+        self.rows += rows
 
     def _guess(self, row: _Row, n: int) -> list[int]:
         """`n` tokens guessed for positions no iteration has seen."""

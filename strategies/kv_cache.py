@@ -92,6 +92,28 @@ class SlotLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
 
+    def join(self, other: SlotLayer, rows: int, other_rows: int, pad: int, other_pad: int) -> None:
+        """Append `other`'s `other_rows` rows after this layer's `rows`, each side's slots shifted right
+        by its pad of empty slots so that both hold as many: a copy of both. A side that has run no
+        forward yet holds no storage; its rows are empty slots only."""
+        like = self if self._k is not None else other
+        if like._k is None:
+            return
+        k = torch.cat(
+            [_pad_slots(self._held(rows, like, 0), pad), _pad_slots(other._held(other_rows, like, 0), other_pad)]
+        )
+        v = torch.cat(
+            [_pad_slots(self._held(rows, like, 1), pad), _pad_slots(other._held(other_rows, like, 1), other_pad)]
+        )
+        self._k, self._v, self.length = k, v, k.shape[2]
+
+    def _held(self, rows: int, like: SlotLayer, which: int) -> torch.Tensor:
+        """Keys (`which` 0) or values (1) [rows, H, length, D]; [rows, H, 0, D] shaped as `like`'s before a forward."""
+        if self._k is not None:
+            return self.keys if which == 0 else self.values
+        template = like._k if which == 0 else like._v
+        return template.new_zeros(rows, template.shape[1], 0, template.shape[3])
+
     def select(self, rows: torch.Tensor, slots: torch.Tensor | None) -> None:
         """Keep `rows` [B'] (and, per kept row, slot indices `slots` [B', S'] in order) — a copy."""
         if self._k is None:
@@ -189,6 +211,19 @@ class RaggedKV:
         self.next_pos -= self.valid[:, num_slots:].sum(dim=1)
         self.valid = self.valid[:, :num_slots]
 
+    def extend(self, other: RaggedKV) -> None:
+        """Rows of `other` join after this cache's rows (continuous batching). The side with fewer slots
+        is padded on the left with invalid slots; positions are per row, so no row sees a change."""
+        self.drop_provisional()
+        other.drop_provisional()
+        width = max(self.num_slots, other.num_slots)
+        pad, other_pad = width - self.num_slots, width - other.num_slots
+        rows, other_rows = self.valid.shape[0], other.valid.shape[0]
+        for layer, joining in zip(self.layers, other.layers, strict=True):
+            layer.join(joining, rows, other_rows, pad, other_pad)
+        self.valid = torch.cat([_pad_slots(self.valid, pad), _pad_slots(other.valid, other_pad)], dim=0)
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` [B'] (indices, in order) and drop slot columns no kept row uses."""
         self.drop_provisional()
@@ -224,3 +259,14 @@ class RaggedKV:
         for layer in self.layers:
             layer.select(rows, order)
         self.valid = self.valid.gather(1, order)
+
+
+def _pad_slots(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """`x` with `pad` empty (zero / False) slots before its first: slots are dim 2 of keys and values
+    [B, H, S, D], dim 1 of validity [B, S]."""
+    if pad == 0:
+        return x
+    dim = 1 if x.dim() == 2 else 2
+    shape = list(x.shape)
+    shape[dim] = pad
+    return torch.cat([x.new_zeros(shape), x], dim=dim)

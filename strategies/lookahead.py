@@ -190,12 +190,17 @@ class LookaheadProposer:
     def start(
         self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
     ) -> None:
-        self.rows = [next(self._next_row) for _ in contexts]
-        self.contexts = [list(c) for c in contexts]
-        # The batch's starting context counts as the row's prompt; outputs are counted from the
-        # first substring that reaches past it.
-        self.counted_from = [max(0, len(c) - self.trie.depth + 1) for c in contexts]
-        for row, ctx in zip(self.rows, contexts, strict=True):
+        self.rows, self.contexts, self.counted_from = [], [], []
+        self.add_rows(contexts, keys, states)
+
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        rows = [next(self._next_row) for _ in contexts]
+        self.rows += rows
+        self.contexts += [list(c) for c in contexts]
+        # The row's context when it starts counts as its prompt; outputs are counted from the first
+        # substring that reaches past it.
+        self.counted_from += [max(0, len(c) - self.trie.depth + 1) for c in contexts]
+        for row, ctx in zip(rows, contexts, strict=True):
             self.trie.insert(ctx, range(len(ctx)), row=row)
 
     def propose(self, context: ProposalContext) -> list[Draft]:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, finish_reason
+from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end, finish_reason
+from strategies.batch import RELEASED
 from strategies.cmlm import CMLM
 from strategies.options import MaskPredictOptions
 
@@ -115,74 +116,124 @@ class MaskPredictStrategy:
         self.options = options
         self.block = options.max_length or cmlm.max_length
 
-    def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
+    def open(self, requests: list[RowRequest], params: GenerationParams) -> MaskPredictDecoding:
         if not params.sampling.greedy:
             raise ValueError("strategy.name=mask_predict decodes greedily only: set generation.temperature=0")
         if params.logprobs is not None:
             raise ValueError(LOGPROBS_REFUSAL)
-        cmlm, o = self.cmlm, self.options
-        kv = cmlm.new_kv(len(requests))
-        outputs: list[list[int]] = [[] for _ in requests]
-        reasons: list[str | None] = [None] * len(requests)
-        passes, lengths = [0] * len(requests), [[] for _ in requests]
-        active = list(range(len(requests)))
-        feeds = [list(r.prompt) for r in requests]
+        decoding = MaskPredictDecoding(self, params)
+        decoding.admit(requests)
+        return decoding
+
+    def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
+        return decode_to_end(NAME, self.open(requests, params), len(requests))
+
+
+class MaskPredictDecoding:
+    """Rows in Mask-Predict decoding (`base.Decoding`): a step is one block for every active row."""
+
+    def __init__(self, strategy: MaskPredictStrategy, params: GenerationParams) -> None:
+        self.strategy, self.params = strategy, params
+        self.kv = strategy.cmlm.new_kv(0)  # one row per active row
+        self.requests: list[RowRequest] = []
+        self.outputs: list[list[int]] = []
+        self.reasons: list[str | None] = []
+        self.passes: list[int] = []
+        self.lengths: list[list[int]] = []
+        self.in_cache: list[int] = []  # request index of each cache row (the active rows)
+        self.feeds: list[list[int]] = []  # per active row: tokens not yet in the CMLM's cache
+        self.unreported: list[int] = []
+        self.since = {"mask_predict_blocks": 0, "mask_predict_passes": 0, "mask_predict_tokens": 0}
+
+    def active(self) -> int:
+        return len(self.in_cache)
+
+    def admit(self, requests: list[RowRequest]) -> None:
+        first = len(self.requests)
+        self.kv.extend(self.strategy.cmlm.new_kv(len(requests)))  # their prompts are read at the next step
+        self.requests += requests
+        self.outputs += [[] for _ in requests]
+        self.reasons += [None] * len(requests)
+        self.passes += [0] * len(requests)
+        self.lengths += [[] for _ in requests]
+        self.in_cache += range(first, first + len(requests))
+        self.feeds += [list(r.prompt) for r in requests]
+        self.unreported += range(first, first + len(requests))
+
+    def step(self) -> None:
+        """One block for every active row: lengths predicted, blocks refined, tokens emitted through the
+        finish checks."""
+        strategy, params, kv, active = self.strategy, self.params, self.kv, self.in_cache
+        cmlm, o = strategy.cmlm, strategy.options
         max_context = cmlm.runner.max_context
-        while active:
-            length_lp = cmlm.read(kv, feeds).lengths  # [B, L]
-            caps = [
-                max(
-                    1,
-                    min(
-                        self.block,
-                        params.max_new_tokens - len(outputs[i]),
-                        max_context - len(requests[i].prompt) - len(outputs[i]),
+        length_lp = cmlm.read(kv, self.feeds).lengths  # [B, L]
+        caps = [
+            max(
+                1,
+                min(
+                    strategy.block,
+                    params.max_new_tokens - len(self.outputs[i]),
+                    max_context - len(self.requests[i].prompt) - len(self.outputs[i]),
+                ),
+            )
+            for i in active
+        ]
+        # With ignore_eos the output is max_new_tokens long whatever the predicted end.
+        fixed = params.ignore_eos
+        candidates = [[cap] for cap in caps] if fixed else length_candidates(length_lp, caps, o.length_beam)
+        owners = [row for row, c in enumerate(candidates) for _ in c]
+        sizes = [n for c in candidates for n in c]
+        if len(owners) > len(active):
+            kv.select_rows(torch.tensor(owners, dtype=torch.long, device=kv.valid.device))
+        refined = refine(
+            lambda blocks, masked: cmlm.best_tokens(cmlm.read(kv, [[]] * len(blocks), blocks).states, masked),
+            sizes,
+            o.iterations,
+            cmlm.config.mask_token_id,
+        )
+        chosen = best_lanes(refined.scores, owners, len(active))
+        if len(owners) > len(active):
+            kv.select_rows(torch.tensor(chosen, dtype=torch.long, device=kv.valid.device))
+        self.feeds, still = [], []
+        for row, (i, lane) in enumerate(zip(active, chosen, strict=True)):
+            self.passes[i] += refined.passes[lane]
+            self.lengths[i].append(sizes[lane])
+            self.since["mask_predict_blocks"] += 1
+            self.since["mask_predict_passes"] += refined.passes[lane]
+            emitted = []
+            for token in refined.tokens[lane]:
+                self.outputs[i].append(token)
+                emitted.append(token)
+                self.reasons[i] = finish_reason(self.requests[i], self.outputs[i], params, max_context)
+                if self.reasons[i] is not None:
+                    break
+            self.since["mask_predict_tokens"] += len(emitted)
+            if self.reasons[i] is None:
+                still.append(row)
+                self.feeds.append(emitted)
+        if len(still) < len(active) and still:
+            kv.select_rows(torch.tensor(still, dtype=torch.long, device=kv.valid.device))
+        self.in_cache = [active[row] for row in still]
+        if not still:
+            self.kv = cmlm.new_kv(0)
+
+    def finished(self) -> list[tuple[int, RowOutput]]:
+        done = [i for i in self.unreported if self.reasons[i] is not None]
+        self.unreported = [i for i in self.unreported if self.reasons[i] is None]
+        rows = []
+        for i in done:
+            rows.append(
+                (
+                    i,
+                    RowOutput(
+                        self.outputs[i], self.reasons[i], iterations=self.passes[i], block_lengths=self.lengths[i]
                     ),
                 )
-                for i in active
-            ]
-            if params.ignore_eos:  # the output is max_new_tokens long whatever the predicted end
-                candidates = [[cap] for cap in caps]
-            else:
-                candidates = length_candidates(length_lp, caps, o.length_beam)
-            owners = [row for row, c in enumerate(candidates) for _ in c]
-            sizes = [n for c in candidates for n in c]
-            if len(owners) > len(active):
-                kv.select_rows(torch.tensor(owners, dtype=torch.long, device=kv.valid.device))
-            refined = refine(
-                lambda blocks, masked: cmlm.best_tokens(cmlm.read(kv, [[]] * len(blocks), blocks).states, masked),
-                sizes,
-                o.iterations,
-                cmlm.config.mask_token_id,
             )
-            chosen = best_lanes(refined.scores, owners, len(active))
-            if len(owners) > len(active):
-                kv.select_rows(torch.tensor(chosen, dtype=torch.long, device=kv.valid.device))
-            feeds, still = [], []
-            for row, (i, lane) in enumerate(zip(active, chosen, strict=True)):
-                passes[i] += refined.passes[lane]
-                lengths[i].append(sizes[lane])
-                emitted = []
-                for token in refined.tokens[lane]:
-                    outputs[i].append(token)
-                    emitted.append(token)
-                    reasons[i] = finish_reason(requests[i], outputs[i], params, max_context)
-                    if reasons[i] is not None:
-                        break
-                if reasons[i] is None:
-                    still.append(row)
-                    feeds.append(emitted)
-            if len(still) < len(active) and still:
-                kv.select_rows(torch.tensor(still, dtype=torch.long, device=kv.valid.device))
-            active = [active[row] for row in still]
-        rows = [
-            RowOutput(tokens=o_, finish_reason=r, iterations=p, block_lengths=n)
-            for o_, r, p, n in zip(outputs, reasons, passes, lengths, strict=True)
-        ]
-        blocks = sum(len(n) for n in lengths)
-        stats = {
-            "mask_predict_blocks": blocks,
-            "mask_predict_passes": sum(passes),
-            "mask_predict_tokens": sum(len(x) for x in outputs),
-        }
-        return BatchOutput(rows=rows, strategy=NAME, target_forwards=0, stats=stats)
+            self.requests[i], self.outputs[i], self.lengths[i] = RELEASED, [], []
+        return rows
+
+    def segment(self) -> Segment:
+        stats = dict(self.since)
+        self.since = dict.fromkeys(stats, 0)
+        return Segment(0, stats["mask_predict_tokens"], stats)

@@ -65,6 +65,9 @@ class HeadsProposer:
     ) -> None:
         self.hidden = states.last()  # [B, H] the state that chose each row's pending token
 
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        self.hidden = torch.cat([self.hidden, states.last()])
+
     def _shape(self, depth: int, nodes: int) -> tuple[list[Path], list[int]]:
         """The paths of a tree of at most `nodes` nodes and `depth` levels, and each one's parent index."""
         key = (depth, nodes)

@@ -45,6 +45,14 @@ class SpecDecOptions:
 class PromptLookupOptions:
     max_ngram: int = field(default=3, metadata={"help": "Longest suffix n-gram looked up in the row's context."})
     min_ngram: int = field(default=1, metadata={"help": "Shortest suffix n-gram tried before giving up."})
+    max_speculative_tokens: int = field(
+        default=10,
+        metadata={
+            "help": "Longest draft: where drafts keep being accepted, the controller lengthens them from "
+            "strategy.num_speculative_tokens up to this (never below it). 10: the reference prompt-lookup "
+            "decoding's draft length."
+        },
+    )
 
 
 @dataclass

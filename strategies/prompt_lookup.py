@@ -50,7 +50,11 @@ class PromptLookupProposer:
     def start(
         self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
     ) -> None:
-        self.rows = [NgramIndex(c, self.min_ngram, self.max_ngram) for c in contexts]
+        self.rows: list[NgramIndex] = []
+        self.add_rows(contexts, keys, states)
+
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        self.rows += [NgramIndex(c, self.min_ngram, self.max_ngram) for c in contexts]
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         return [

@@ -44,6 +44,16 @@ class TargetStates:
         index = torch.tensor([k[-1] for k in self.kept], device=self.hidden.device)
         return self.hidden[torch.arange(len(self.kept), device=self.hidden.device), index]
 
+    def join(self, other: TargetStates) -> TargetStates:
+        """These rows, then `other`'s (rows joining a batch): positions padded to the longer run. The
+        verify logits are not kept: the proposers have read them by the time rows join."""
+        width = max(self.hidden.shape[1], other.hidden.shape[1])
+
+        def padded(hidden: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(hidden, (0, 0, 0, width - hidden.shape[1]))
+
+        return TargetStates(torch.cat([padded(self.hidden), padded(other.hidden)]), self.kept + other.kept)
+
     def rows(self, rows: list[int]) -> TargetStates:
         """Only batch rows `rows` (in order)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.hidden.device)
@@ -70,6 +80,10 @@ class Proposer(Protocol):
         being the pending token (not yet in the target's cache); `keys` [B] are the rows' sampling
         keys; `states` those of the target's latest forward (its last kept position chose the
         pending token)."""
+
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        """Rows joining the batch after its start (continuous batching), after the rows there are, as
+        `start` gives them: their contexts, sampling keys [B'] and the states of their prefill."""
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         """One draft per row below its pending token. Not called on steps that do not speculate."""

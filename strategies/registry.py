@@ -99,8 +99,11 @@ def _specdec(options: StrategyOptions, models: Models) -> Drafter:
 
 
 def _prompt_lookup(options: StrategyOptions, models: Models) -> Drafter:
+    """Copied text is accepted whole more often than a model's guesses: drafts start at k tokens and
+    the controller may lengthen them up to `max_speculative_tokens` where they keep being accepted."""
     k, o = options.num_speculative_tokens, options.prompt_lookup
-    return Drafter("prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), k, k)
+    cap = max(k, o.max_speculative_tokens)
+    return Drafter("prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), cap, cap, start_depth=k)
 
 
 def _lookahead(options: StrategyOptions, models: Models) -> Drafter:

@@ -61,6 +61,10 @@ class SelfSpeculativeProposer:
         self.keys = keys
         self.pending = [c[-1] for c in contexts]
 
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        self.keys = torch.cat([self.keys, keys])
+        self.pending += [c[-1] for c in contexts]
+
     def propose(self, context: ProposalContext) -> list[Draft]:
         """Each row's chain; column i of the draft forwards holds the token at verify slot i (the pending
         token, then draft token i), fed while any row still drafts."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from strategies.acceptance import AcceptanceRule, ExactMatch
-from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
+from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
 from strategies.batch import Batch, decode_plainly, start_batch
 from strategies.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
 from strategies.drafts import Draft, draft_problem
@@ -45,21 +45,45 @@ class Drafter:
     trees: bool = False  # it drafts trees (several children below a node), not only chains
     greedy_only: bool = False  # off at temperature > 0: those rows decode plainly (Jacobi's fixed point is greedy)
     learns: bool = False  # it learns from every batch it sees (a Lookahead trie), drafting or not
+    start_depth: int | None = None  # chain length without a controller, and its first under one; None: max_depth
 
 
 @dataclass
 class _Decoding:
-    """One batch in the speculative loop: its rows, its metrics and its drafters' state."""
+    """One batch in the speculative loop: its rows, its metrics and its drafters' state (a `Decoding`)."""
 
+    strategy: SpeculativeStrategy
     batch: Batch
     emitted_by: list[dict[str, int]]  # per request: tokens emitted under each option
     live: dict[str, Drafter]  # drafters not failed in this batch
     started: set[str] = field(default_factory=set)  # drafters started in this batch
-    stats: SpecStats = field(default_factory=SpecStats)
+    stats: SpecStats = field(default_factory=SpecStats)  # since the last segment
 
     def running(self) -> list[Drafter]:
         """The live drafters that have started, as a list: a failing callback removes its drafter."""
         return [d for name, d in self.live.items() if name in self.started]
+
+    def active(self) -> int:
+        return len(self.batch.active)
+
+    def step(self) -> None:
+        self.strategy._step(self)
+
+    def admit(self, requests: list[RowRequest]) -> None:
+        self.strategy._admit(self, requests)
+
+    def finished(self) -> list[tuple[int, RowOutput]]:
+        done = [(i, self.strategy._row_output(self, i)) for i in self.batch.finished_rows()]
+        for i, _ in done:
+            self.batch.release(i)
+        return done
+
+    def segment(self) -> Segment:
+        extra: dict = {}
+        for d in self.running():
+            extra.update(d.proposer.stats())
+        stats, self.stats = self.stats, SpecStats()
+        return Segment(stats.target_forwards, self.batch.take_generated(), {**stats.as_dict(), **extra})
 
 
 class SpeculativeStrategy:
@@ -76,12 +100,9 @@ class SpeculativeStrategy:
         self.want_states = any(d.proposer.wants_states for d in drafters)
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
-        run = self._open(requests, params)
-        while run.batch.active:
-            self._step(run)
-        return self._output(run)
+        return decode_to_end(self.name, self.open(requests, params), len(requests))
 
-    def _open(self, requests: list[RowRequest], params: GenerationParams) -> _Decoding:
+    def open(self, requests: list[RowRequest], params: GenerationParams) -> _Decoding:
         """Prefill the batch, tell the controller which drafters it may plan, and start those that
         learn from every batch. A drafter whose rule cannot verify at these settings fails the batch."""
         for d in self.drafters.values():
@@ -89,6 +110,7 @@ class SpeculativeStrategy:
             if refusal is not None:
                 raise ValueError(f"{self.name}: {refusal}")
         run = _Decoding(
+            strategy=self,
             batch=start_batch(self.runner, requests, params, self.want_states),
             emitted_by=[dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests],
             live={n: d for n, d in self.drafters.items() if params.sampling.greedy or not d.greedy_only},
@@ -97,7 +119,9 @@ class SpeculativeStrategy:
         if not batch_size:
             return run
         if self.controller is not None:
-            limits = {name: DraftLimits(d.max_depth, d.max_nodes, d.trees) for name, d in run.live.items()}
+            limits = {
+                name: DraftLimits(d.max_depth, d.max_nodes, d.trees, d.start_depth) for name, d in run.live.items()
+            }
             self.controller.start_batch(limits, batch_size)
         # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
         # costs nothing; one that learns from every batch starts at once while the controller
@@ -138,19 +162,32 @@ class SpeculativeStrategy:
             return
         self._drafted(run, drafter.name, drafts, checked, began)
 
-    def _output(self, run: _Decoding) -> BatchOutput:
+    def _admit(self, run: _Decoding, requests: list[RowRequest]) -> None:
+        """Rows join the batch (`Decoding.admit`): prefilled together, then known to the controller and to
+        every drafter that has started, after the rows there are."""
+        batch = run.batch
+        joining = start_batch(self.runner, requests, batch.params, self.want_states)
+        contexts = [joining.requests[i].prompt + joining.outputs[i] for i in joining.active]
+        keys, states = joining.keys, joining.states
+        batch.admit(joining)
+        run.emitted_by += [dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests]
+        if not contexts:
+            return
+        if self.controller is not None:
+            self.controller.add_rows(len(contexts))
+        for d in run.running():
+            self._call(run, d.name, d.proposer.add_rows, contexts, keys, states if d.proposer.wants_states else None)
+
+    def _row_output(self, run: _Decoding, i: int) -> RowOutput:
         batch = run.batch
         # A fixed strategy whose drafter could not run at all (greedy-only, sampling) decoded plainly.
         fixed = self.name if run.live or run.started else AUTOREGRESSIVE
-        rows = [
-            RowOutput(o, r, strategy=self._row_strategy(counts, fixed), logprobs=batch.row_scores(i))
-            for i, (o, r, counts) in enumerate(zip(batch.outputs, batch.reasons, run.emitted_by, strict=True))
-        ]
-        extra: dict = {}
-        for d in run.running():
-            extra.update(d.proposer.stats())
-        stats = {**run.stats.as_dict(), **extra}
-        return BatchOutput(rows=rows, strategy=self.name, target_forwards=run.stats.target_forwards, stats=stats)
+        counts = run.emitted_by[i]
+        strategy = self._row_strategy(counts, fixed)
+        by_option = {name: n for name, n in counts.items() if n} | {AUTOREGRESSIVE: counts[AUTOREGRESSIVE] + 1}
+        return RowOutput(
+            batch.outputs[i], batch.reasons[i], strategy, logprobs=batch.row_scores(i), tokens_by_option=by_option
+        )
 
     def _start(self, run: _Decoding, drafter: Drafter) -> bool:
         """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
@@ -269,7 +306,7 @@ class SpeculativeStrategy:
         if not live:
             return Plan(AUTOREGRESSIVE, 0, 0, steps=None)
         d = next(iter(live.values()))
-        return Plan(d.name, d.max_depth, d.max_nodes)
+        return Plan(d.name, d.max_depth if d.start_depth is None else d.start_depth, d.max_nodes)
 
     def _call(self, run: _Decoding, name: str, fn: Callable[..., object], *args: object) -> bool:
         """Run a proposer callback; on an exception the drafter is off for the batch (a fallback, logged)."""

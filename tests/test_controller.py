@@ -22,6 +22,7 @@ from workers.controller import AdaptiveController, ControllerSettings, RecentTim
 
 LOOKUP = "lookup"
 CHAIN_OF_4 = DraftLimits(4, 4)
+LOOKUP_3_TO_6 = DraftLimits(6, 6, start_depth=3)  # drafts start at 3 tokens and may grow to 6
 
 
 def _controller(limits: DraftLimits = CHAIN_OF_4, **settings) -> AdaptiveController:
@@ -370,3 +371,73 @@ def test_a_drafter_never_planned_starts_only_to_learn(runner, learn):
     out = strategy.generate(_requests(), PARAMS)
     assert out.stats["steps_by_drafter"] == {AUTOREGRESSIVE: 39}
     assert ("trie_nodes" in out.stats) == learn  # a started proposer reports its statistics
+
+
+# -- drafts that lengthen, and a controller warm from an earlier job's statistics ------------------
+
+
+def test_chain_drafts_lengthen_from_their_start_while_accepted_and_stop_at_the_cap():
+    c = _controller(DraftLimits(6, 6, start_depth=3), resize_rows=2)  # a decision every step of 2 rows
+    assert c.draft_size(LOOKUP) == (3, 3)  # starts at the configured length, not the cap
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    for depth in (4, 5, 6, 6, 6):  # every draft accepted whole: one token longer per decision, up to the cap
+        drafted = c.draft_size(LOOKUP)[0]
+        c.observe(StepRecord(LOOKUP, 2, 0.011, [drafted, drafted], [drafted, drafted]))
+        assert c.draft_size(LOOKUP) == (depth, depth)
+    for depth in (5, 4, 3):  # rejected at the first token (α 0): one token shorter per decision
+        c.observe(StepRecord(LOOKUP, 2, 0.013, [depth + 1, depth + 1], [0, 0]))
+        assert c.draft_size(LOOKUP) == (depth, depth)
+
+
+def test_prompt_lookup_starts_at_num_speculative_tokens_and_may_grow_to_its_cap(runner):
+    options = StrategyOptions(name="prompt_lookup", num_speculative_tokens=3)
+    lookup = registry.create(options, registry.Models(runner)).drafters["prompt_lookup"]
+    assert (lookup.start_depth, lookup.max_depth) == (3, 10)
+    options.num_speculative_tokens = 12  # the cap never shortens the configured start
+    lookup = registry.create(options, registry.Models(runner)).drafters["prompt_lookup"]
+    assert (lookup.start_depth, lookup.max_depth) == (12, 12)
+
+
+def _learned_controller(lookup_wall_s: float) -> AdaptiveController:
+    """A controller that measured plain steps and a lookup drafter gaining 3 tokens a step at batch 2."""
+    c = _controller(LOOKUP_3_TO_6, resize_rows=2)
+    for _ in range(2):
+        _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
+    for _ in range(4):
+        _step(c, LOOKUP, lookup_wall_s, [2, 2], drafted=(2, 2))
+    return c
+
+
+def _warm(learned, limits: DraftLimits = LOOKUP_3_TO_6) -> AdaptiveController:
+    c = AdaptiveController(ControllerSettings(probe_every=1000))  # default exploration: 2 steps, 8 row steps
+    c.warm_start(learned)
+    c.start_batch({LOOKUP: limits}, batch_size=2)
+    return c
+
+
+def test_a_warm_controller_drafts_from_its_first_steps_after_one_fresh_measurement():
+    learned = _learned_controller(0.015).learned()
+    assert learned.depth[LOOKUP] == 6  # accepted whole: grown from 3 to the cap
+    c = _warm(learned)
+    assert c.speedup(LOOKUP, 2) == pytest.approx(2.0)
+    plan = c.plan(2)  # no exploration: one step of the favoured drafter, at its learned size
+    assert (plan.drafter, plan.depth) == (LOOKUP, 6)
+    c.observe(StepRecord(LOOKUP, 2, 0.015, [6, 6], [2, 2]))
+    assert c.plan(2).drafter == LOOKUP and c.drain_events()[-1]["to"] == LOOKUP
+    cold = AdaptiveController(ControllerSettings(probe_every=1000))
+    cold.start_batch({LOOKUP: LOOKUP_3_TO_6}, batch_size=2)
+    assert cold.plan(2).drafter == AUTOREGRESSIVE  # a cold one explores plain steps first
+
+
+def test_a_warm_controller_leaves_off_a_drafter_its_statistics_found_slow():
+    c = _warm(_learned_controller(0.05).learned())  # 3 tokens in 5 plain steps' time: 0.6
+    plan = c.plan(2)
+    assert (plan.drafter, plan.steps) == (AUTOREGRESSIVE, 999)  # plain steps until its probe is due
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    assert c.plan(4).drafter == AUTOREGRESSIVE  # a new batch bucket: plain steps measured there first
+    assert c.cost_ratio(LOOKUP, 4) == pytest.approx(5.0)  # the drafter's cost borrowed from bucket 2
+
+
+def test_learned_draft_sizes_stay_within_the_next_jobs_limits():
+    c = _warm(_learned_controller(0.015).learned(), DraftLimits(4, 4, start_depth=2))
+    assert c.draft_size(LOOKUP) == (4, 4)

@@ -91,6 +91,22 @@ def test_actor_deaths_are_retried(fault, job_input, tiny_model_dir, reference, t
     _check(tmp_path / "out", job_input, reference)
 
 
+def test_an_actor_killed_mid_batch_loses_and_repeats_no_row_of_the_units_in_the_batch(
+    job_input, tiny_model_dir, reference, tmp_path, monkeypatch, capsys
+):
+    """Units of two rows, batches of six: the batch the actor dies in holds rows of several units,
+    every one of which fails with it, is retried alone and committed once."""
+    killer = unit_id(1, 0)
+    monkeypatch.setenv(FAULTS_ENV, json.dumps({"exit_at_row": {"unit": killer, "row": 1, "attempts": [1]}}))
+    outcome = _run(job_input, tmp_path / "out", tiny_model_dir, "workers.batch_size=6")
+    assert outcome.status == "succeeded"
+    failed = {line.split()[1] for line in capsys.readouterr().err.splitlines() if "attempt 1 failed" in line}
+    assert killer in failed and len(failed) > 1  # the batch spanned units: its neighbours fell with it
+    for unit in failed:
+        assert json.loads((tmp_path / "out" / commit_record_name(unit)).read_text())["attempt"] == 2
+    _check(tmp_path / "out", job_input, reference)
+
+
 def test_a_hung_actor_is_restarted_and_its_unit_rescheduled(
     job_input, tiny_model_dir, reference, tmp_path, monkeypatch, capsys
 ):

@@ -122,10 +122,13 @@ def test_job_output_contract_and_oracle(tmp_path, tiny_model_dir):
         json.loads(line) for f in (out / "_logs" / "batches").rglob("*.jsonl") for line in f.read_text().splitlines()
     ]
     assert sum(r["generated_tokens"] for r in logs) == 12 * len(GOOD)
+    assert sum(r["rows_finished"] for r in logs) == len(GOOD)  # each record counts what it decoded, once
+    assert {unit for r in logs for unit in r["units"]} <= {
+        p.parent.name for p in (out / "_logs" / "batches").rglob("*.jsonl")
+    }
     assert {
         "job_id",
-        "unit_id",
-        "attempt",
+        "units",
         "actor",
         "device",
         "strategy",
@@ -358,10 +361,20 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
             assert row["completion"] == greedy[row_id]
     assert rows[derived_row_id("a.parquet", 4)]["strategy"] == "autoregressive"
 
-    auto = load_config(default_job_config(), None, [*base, f"output.url={tmp_path / 'auto'}", "strategy.name=auto"])
+    shared = tmp_path / "cache" / "stats.json"
+    auto = load_config(
+        default_job_config(),
+        None,
+        [*base, f"output.url={tmp_path / 'auto'}", "strategy.name=auto", f"workers.controller_stats_url={shared}"],
+    )
     assert run_job(auto).status == "succeeded"
     rows = _read_output(tmp_path / "auto").to_pylist()
     assert {r["row_id"]: r["completion"] for r in rows} == greedy
+    # What its controller learned, keyed by the target's hash, for the next job.
+    target = json.loads((tmp_path / "auto" / "_manifest.json").read_text())["identity"]["model"]["weights_sha256"]
+    stats = json.loads(shared.read_text())
+    assert [(e["target"], e["dtype"]) for e in stats["entries"]] == [(target["target"], "float64")]
+    assert stats == json.loads((tmp_path / "auto" / "_logs" / "controller_stats.json").read_text())
     # auto tried drafters on its own, among the lossless ones whose models the job has (no heads, no exits),
     # and its records account for every target forward.
     logs = _read_logs(tmp_path / "auto")
@@ -373,6 +386,51 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
     assert sum(steps.values()) == sum(r["target_forwards"] for r in logs)
     assert {r["strategy"] for r in rows} <= candidates | {"autoregressive"}
     assert all({"from", "to", "reason"} <= set(e) for r in logs for e in r["switches"])
+    # The summary's share of tokens by what emitted them covers every token of the job.
+    by_drafter = json.loads((tmp_path / "auto" / "_manifest.json").read_text())["summary"][
+        "generated_tokens_by_drafter"
+    ]
+    assert sum(by_drafter.values()) == sum(r["num_generated_tokens"] for r in rows)
+    assert set(by_drafter) - {"autoregressive"} <= candidates
+
+
+@pytest.mark.slow  # two jobs; tests/test_controller_stats.py checks the same in-process
+def test_a_warm_started_auto_job_writes_what_a_cold_one_does(tmp_path, tiny_model_dir):
+    """The first job leaves its controller's statistics in its _logs/ and the shared file; the second
+    starts from them (its counts continue the first's) and writes the same completions."""
+    (tmp_path / "in").mkdir()
+    prompts = ["a = b = a = b = a =", "def f(x):\n    return f(x)\ndef f(", "x", "1, 2, 3, 1, 2, 3, 1,"]
+    pq.write_table(pa.table({"prompt": prompts}), tmp_path / "in" / "a.parquet")
+    shared = tmp_path / "cache" / "stats.json"
+
+    def job(name: str) -> tuple[dict[str, str], int, int]:
+        """Completions by row, target forwards, and steps the controller statistics count in all."""
+        config = job_config(
+            tmp_path,
+            tiny_model_dir,
+            f"output.url={tmp_path / name}",
+            "model.draft=null",
+            "model.dtype=float64",
+            "strategy.name=auto",
+            "generation.max_new_tokens=16",
+            "workers.batch_size=2",
+            f"workers.controller_stats_url={shared}",
+        )
+        assert run_job(config).status == "succeeded"
+        out = tmp_path / name
+        stats = json.loads((out / "_logs" / "controller_stats.json").read_text())
+        target = json.loads((out / "_manifest.json").read_text())["identity"]["model"]["weights_sha256"]["target"]
+        assert [(e["target"], e["dtype"]) for e in stats["entries"]] == [(target, "float64")]
+        assert json.loads(shared.read_text()) == stats
+        steps = sum(m["steps"] for m in stats["entries"][0]["measured"].values())
+        completions = {r["row_id"]: r["completion"] for r in _read_output(out).to_pylist()}
+        return completions, sum(r["target_forwards"] for r in _read_logs(out)), steps
+
+    cold, cold_forwards, cold_steps = job("cold")
+    assert cold_steps == cold_forwards  # one measured step per target forward
+    warm, warm_forwards, warm_steps = job("warm")
+    assert warm_steps == cold_steps + warm_forwards  # the second job's controller started from the first's
+    assert warm == cold
 
 
 def test_output_inside_the_input_folder_across_reruns_and_resumes(tmp_path, tiny_model_dir):

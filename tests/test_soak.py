@@ -6,6 +6,7 @@ Each run must end with `accelgen verify` passing against its input. The tally is
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pyarrow as pa
@@ -20,7 +21,7 @@ from pipeline.verify import verify
 from workers.contract import unit_id
 from workers.faults import FAULTS_ENV
 
-RUNS = 20
+RUNS = int(os.environ.get("ACCELGEN_SOAK_RUNS", "20"))  # `make soak RUNS=50`
 BAD_ROWS = [None, b"", b"  \n", b"\xff\xfe", b"\x00\x01"]
 
 

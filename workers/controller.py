@@ -33,7 +33,11 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   steps) and halve it while it yields less than it costs.
 
 Every switch is an event (scope, from, to, reason, estimates) that the worker logs. It lives as
-long as its actor, so what it learned carries over from batch to batch.
+long as its actor, so what it learned carries over from batch to batch; across jobs, what it
+learned (`Learned`) is saved at the end of a job and warm-starts the next job's controllers
+(`workers/controller_stats.py`), which then explore only what it does not cover. A drafter known only
+from such statistics is probed once, as soon as it is the best estimate, before speculation goes on
+with it: a switch still needs a fresh measurement of its drafter.
 """
 
 from __future__ import annotations
@@ -103,6 +107,19 @@ class RecentTime:
         return statistics.fmean(x for x in self.recent if x <= limit)
 
 
+@dataclass
+class Learned:
+    """What a controller learned that outlives its actor: step times by (option, batch bucket), each
+    drafter's τ, steps and row steps measured per option, and draft sizes. Nothing in it decides a
+    token: it only decides which lossless option runs and how long its drafts are."""
+
+    row_time: dict[tuple[str, int], tuple[list[float], int]] = field(default_factory=dict)  # recent, count
+    tau: dict[str, tuple[float, float]] = field(default_factory=dict)  # value, seen
+    measured: dict[str, tuple[int, int]] = field(default_factory=dict)  # steps, row steps
+    depth: dict[str, int] = field(default_factory=dict)
+    nodes: dict[str, int] = field(default_factory=dict)
+
+
 def best_chain_depth(alpha: float, cost_per_token: float, max_depth: int) -> int:
     """The chain length k in 1..max_depth with the most tokens per step cost: a chain whose tokens
     are each accepted with probability `alpha` yields E(k) = (1 − α^{k+1}) / (1 − α) tokens per step
@@ -147,8 +164,13 @@ class AdaptiveController:
     def start_batch(self, drafters: dict[str, DraftLimits], batch_size: int) -> None:
         self.limits = dict(drafters)
         for name, limits in drafters.items():
-            self.depth.setdefault(name, limits.max_depth)
-            self.nodes.setdefault(name, limits.max_nodes if limits.trees else limits.max_depth)
+            start = limits.max_depth if limits.start_depth is None else limits.start_depth
+            # Sizes learned under other limits (another job's, `warm_start`) are kept within these.
+            self.depth[name] = min(self.depth.get(name, start), limits.max_depth)
+            if limits.trees:
+                self.nodes[name] = min(self.nodes.get(name, limits.max_nodes), limits.max_nodes)
+            else:
+                self.nodes[name] = self.depth[name]
         self.failed = set()
         if self.current not in self.limits:
             self.current = AUTOREGRESSIVE
@@ -161,6 +183,9 @@ class AdaptiveController:
         unexplored = [o for o in options if self._unexplored(o, b)]
         if unexplored:
             return self._plan_for(unexplored[0])
+        unconfirmed = self._unconfirmed_best(options, b)
+        if unconfirmed is not None:
+            return self._plan_for(unconfirmed)
         due = [o for o in options if o != self.current and self._probe_due(o, b)]
         if due:
             return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)))
@@ -209,6 +234,27 @@ class AdaptiveController:
             elif accepted:
                 self.row_streak[row] = 0
 
+    def learned(self) -> Learned:
+        """What this controller learned, for the next job's controllers (`warm_start`)."""
+        return Learned(
+            row_time={key: (list(t.recent), t.count) for key, t in self.row_time.items()},
+            tau={name: (ema.value, ema.seen) for name, ema in self.tau.items()},
+            measured=dict(self.measured),
+            depth=dict(self.depth),
+            nodes=dict(self.nodes),
+        )
+
+    def warm_start(self, learned: Learned) -> None:
+        """Start from what an earlier job's controllers learned (before the first batch): options and
+        batch buckets it covers are not explored again; measurements of this job go on updating it."""
+        s = self.settings
+        for key, (recent, count) in learned.row_time.items():
+            self.row_time[key] = RecentTime(s.time_window, recent=deque(recent[-s.time_window :]), count=count)
+        self.tau = {name: Ema(value, seen) for name, (value, seen) in learned.tau.items()}
+        self.measured = dict(learned.measured)
+        self.depth, self.nodes = dict(learned.depth), dict(learned.nodes)
+        self.ratios.clear()
+
     def drafter_failed(self, drafter: str, reason: str) -> None:
         self.failed.add(drafter)
         if self.current == drafter:
@@ -218,6 +264,10 @@ class AdaptiveController:
     def keep_rows(self, rows: list[int]) -> None:
         self.row_streak = [self.row_streak[r] for r in rows]
         self.row_off_until = [self.row_off_until[r] for r in rows]
+
+    def add_rows(self, count: int) -> None:
+        self.row_streak += [0] * count
+        self.row_off_until += [0] * count
 
     # -- policy ---------------------------------------------------------------------------------
 
@@ -279,6 +329,19 @@ class AdaptiveController:
         steps, rows = self.measured.get(option, (0, 0))
         enough = steps >= self.settings.explore_steps and rows >= self.settings.explore_rows
         return not enough or self.speedup(option, b) is None
+
+    def _unconfirmed_best(self, options: list[str], b: int) -> str | None:
+        """The drafter with the best estimate, if that estimate comes only from loaded statistics (it
+        has not run in this actor) and would switch speculation on or over: one step of it now gives
+        `_choose` the fresh evidence a switch needs, where waiting for its probe would cost many steps."""
+        estimates = {o: self.speedup(o, b) for o in options if o != AUTOREGRESSIVE}
+        known = [o for o, e in estimates.items() if e is not None]
+        if not known:
+            return None
+        best = max(known, key=lambda o: estimates[o])
+        current = self.speedup(self.current, b) or 1.0
+        favoured = estimates[best] > max(1.0, current) * (1 + self.settings.hysteresis)
+        return best if favoured and best not in self.last_used else None
 
     def _choose(self, options: list[str], b: int) -> None:
         h = self.settings.hysteresis

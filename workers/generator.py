@@ -23,7 +23,7 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from strategies import registry
-from strategies.base import FINISH_LENGTH, GenerationParams, RowOutput, RowRequest, Strategy
+from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput, RowRequest, Strategy
 from strategies.sampling import SamplingParams, row_key, seeded_key
 from workers import contract, faults
 from workers.contract import (
@@ -33,7 +33,9 @@ from workers.contract import (
     derived_row_id,
     row_ids_of_id_column,
 )
-from workers.controller import AdaptiveController
+from workers.controller import AdaptiveController, Learned
+from workers.controller_stats import StatsKey, device_identity
+from workers.engine import DecodeEngine, Pending, SegmentRecord
 from workers.model_loading import load_models, resolve_dtype
 from workers.row_settings import RowSettings, row_settings
 from workers.rows import (
@@ -53,14 +55,10 @@ class UnitInputError(Exception):
     """The unit's input data cannot be read: retrying will not help until the file is fixed."""
 
 
-class _Rows(NamedTuple):
-    """A unit's rows while they decode: ids, token ids and settings of the decodable ones, by input row,
-    and the output columns being filled."""
-
-    row_ids: list[str]
-    token_ids: dict[int, list[int]]
-    settings: dict[int, RowSettings]
-    columns: dict[str, list]
+class Decoded(NamedTuple):
+    columns: dict[str, list]  # output columns, the contract's and the job's extra ones
+    records: list[dict]  # throughput records
+    tokens_by_option: dict[str, int]  # drafting rows: tokens each option emitted
 
 
 class Generator:
@@ -96,6 +94,11 @@ class Generator:
             )
         self.runner = self.models.target
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
+        self.stats_key = StatsKey(
+            spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")
+        )
+        if self.controller is not None and self.stats_key in spec.controller_stats:
+            self.controller.warm_start(spec.controller_stats[self.stats_key])
         self._strategies: dict[str, Strategy] = {}
         self._strategy(spec.strategy.name)  # fail at start, not at the first unit
         self.params = GenerationParams(
@@ -111,6 +114,9 @@ class Generator:
         self._lock = threading.Lock()
         self._rows_done = 0
         self._generated = 0
+        self.engine = DecodeEngine(
+            self._open_decoding, spec.batch_size, spec.max_batch_tokens, self._before_join, self._row_done
+        )
 
     def _strategy(self, name: str) -> Strategy:
         """The actor's instance of a strategy (it keeps state across batches, e.g. a Lookahead trie)."""
@@ -137,6 +143,13 @@ class Generator:
             "load_s": {"target": self.target_load_s, **self.models.load_s},
         }
 
+    def controller_statistics(self) -> tuple[StatsKey, Learned] | None:
+        """What the controller learned, under the key the next job's actors look it up by (None: no
+        controller, or no target hash to key it by)."""
+        if self.controller is None or not self.spec.target_sha256:
+            return None
+        return self.stats_key, self.controller.learned()
+
     def progress(self) -> tuple[int, int]:
         """(rows finished, tokens generated) since the actor started, including failed attempts."""
         with self._lock:
@@ -149,7 +162,7 @@ class Generator:
         become error rows (rows found to crash the actor)."""
         started = time.perf_counter()
         table = self._read_unit(unit)
-        columns, records = self.decode_table(table, unit, attempt, error_rows)
+        columns, records, by_option = self.decode_table(table, unit, attempt, error_rows)
         out = pa.table(columns, schema=output_schema(self.spec, table))
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
@@ -175,6 +188,7 @@ class Generator:
             actor=self.actor,
             device=str(self.device),
             tokens_by_strategy=by_strategy,
+            tokens_by_option=by_option,
         )
 
     def probe_rows(self, unit: WorkUnit, rows: list[int]) -> bool:
@@ -210,11 +224,9 @@ class Generator:
             )
         return table
 
-    def decode_table(
-        self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]
-    ) -> tuple[dict[str, list], list[dict]]:
-        """Output columns, `generation.n` rows per input row (input order, then sample index), and one
-        throughput record per batch."""
+    def decode_table(self, table: pa.Table, unit: WorkUnit, attempt: int, error_rows: dict[int, str]) -> Decoded:
+        """Output columns, `generation.n` rows per input row (input order, then sample index), the
+        throughput records closed meanwhile, and tokens per drafting option."""
         spec = self.spec
         n, samples = table.num_rows, spec.n
         row_ids = self._row_ids(table, unit)
@@ -235,13 +247,28 @@ class Generator:
             columns[name] = [None] * (n * samples)
         for name in spec.keep_columns:
             columns[name] = each(table.column(name).to_pylist())
-        records = [
-            self._decode_batch(name, key, batch, _Rows(row_ids, token_ids, settings, columns), unit, attempt)
-            for (name, key), batch in self._batches(groups, token_ids)
-        ]
         with self._lock:
             self._rows_done += len(errors) * samples
-        return columns, records
+        items = self._items(groups, token_ids)
+        requests = [
+            RowRequest(
+                token_ids[i],
+                seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.seed),
+                self._stop_strings(settings[i].stop).for_row(),
+            )
+            for _, (i, sample) in items
+        ]
+        rows = [
+            (group, request, len(request.prompt) + group[1][0])
+            for (group, _), request in zip(items, requests, strict=True)
+        ]
+        ticket = self.engine.submit(unit.unit_id, attempt, rows, (unit, [item for _, item in items], row_ids))
+        by_option: dict[str, int] = {}
+        for ((name, _), (i, sample)), row in zip(items, ticket.wait(), strict=True):
+            self._fill(columns, i * samples + sample, row, name, settings[i].stop)
+            for option, n in (row.tokens_by_option or {}).items():
+                by_option[option] = by_option.get(option, 0) + n
+        return Decoded(columns, [self._record(r) for r in self.engine.drain_records()], by_option)
 
     def _row_ids(self, table: pa.Table, unit: WorkUnit) -> list[str]:
         if self.spec.id_column:
@@ -275,64 +302,59 @@ class Generator:
                 token_ids[i] = ids
         return token_ids, prompt_tokens
 
-    def _decode_batch(
-        self,
-        name: str,
-        key: tuple,
-        batch: list[tuple[int, int]],
-        unit_rows: _Rows,
-        unit: WorkUnit,
-        attempt: int,
-    ) -> dict[str, Any]:
-        """Decode `batch`'s (row, sample index) pairs with strategy `name` and the settings they share
-        (`key`) into the unit's columns; returns the batch's throughput record."""
-        spec, samples = self.spec, self.spec.n
-        row_ids, token_ids, settings, columns = unit_rows
-        requests = [
-            RowRequest(
-                token_ids[i],
-                seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.seed),
-                self._stop_strings(settings[i].stop).for_row(),
-            )
-            for i, sample in batch
-        ]
-        rows = [i for i, _ in batch]
-        faults.before_batch(self.faults, unit.unit_id, attempt, rows, [row_ids[i] for i in rows])
-        began = time.perf_counter()
-        result = self._strategy(name).generate(requests, self._batch_params(key))
-        wall_s = time.perf_counter() - began
-        generated = 0
-        for (i, sample), row in zip(batch, result.rows, strict=True):
-            o = i * samples + sample
-            columns["completion"][o] = completion_text(self.tokenizer, row.tokens, list(settings[i].stop))
-            columns["finish_reason"][o] = row.finish_reason
-            columns["num_generated_tokens"][o] = len(row.tokens)
-            columns["strategy"][o] = row.strategy or result.strategy
-            columns["mean_exit_layer"][o] = row.mean_exit_layer
-            columns["iterations"][o] = row.iterations
-            columns["block_lengths"][o] = row.block_lengths
-            _fill_scores(columns, o, row)
-            generated += len(row.tokens)
+    def _fill(self, columns: dict[str, list], o: int, row: RowOutput, strategy: str, stop: tuple[str, ...]) -> None:
+        """Output row `o`'s columns from its decoded `row`, which `strategy` decoded unless it says."""
+        columns["completion"][o] = completion_text(self.tokenizer, row.tokens, list(stop))
+        columns["finish_reason"][o] = row.finish_reason
+        columns["num_generated_tokens"][o] = len(row.tokens)
+        columns["strategy"][o] = row.strategy or strategy
+        columns["mean_exit_layer"][o] = row.mean_exit_layer
+        columns["iterations"][o] = row.iterations
+        columns["block_lengths"][o] = row.block_lengths
+        _fill_scores(columns, o, row)
+
+    def _open_decoding(self, group: tuple[str, tuple], requests: list[RowRequest]) -> Decoding:
+        name, key = group
+        return self._strategy(name).open(requests, self._batch_params(key))
+
+    def _before_join(self, rows: list[Pending]) -> None:
+        """The fault plan's hook, per unit of the rows about to join a batch."""
+        by_ticket: dict[int, list[Pending]] = {}
+        for row in rows:
+            by_ticket.setdefault(id(row.ticket), []).append(row)
+        for joining in by_ticket.values():
+            ticket = joining[0].ticket
+            unit, items, row_ids = ticket.context
+            indices = [items[p.place][0] for p in joining]
+            faults.before_batch(self.faults, unit.unit_id, ticket.attempt, indices, [row_ids[i] for i in indices])
+
+    def _row_done(self, row: RowOutput) -> None:
         with self._lock:
-            self._rows_done += len(batch)
-            self._generated += generated
+            self._rows_done += 1
+            self._generated += len(row.tokens)
+
+    def _record(self, record: SegmentRecord) -> dict[str, Any]:
+        """A throughput record of the actor's decoding (`engine.SegmentRecord`) for the job's `_logs/`."""
+        name, _ = record.group
+        segment, rows = record.segment, record.finished
+        generated = segment.generated_tokens
         return {
-            "job_id": spec.job_id,
-            "unit_id": unit.unit_id,
-            "attempt": attempt,
+            "job_id": self.spec.job_id,
+            "units": record.units,
             "actor": self.actor,
             "device": str(self.device),
-            "strategy": result.strategy,
-            "batch_size": len(batch),
-            "prompt_tokens": sum(len(r.prompt) for r in requests),
+            "strategy": name,
+            "batch_size": record.batch_size,
+            "prompt_tokens": record.prompt_tokens,
             "generated_tokens": generated,
-            "target_forwards": result.target_forwards,
-            "rows_at_length": sum(r.finish_reason == FINISH_LENGTH for r in result.rows),
-            "repetition_rate": round(sum(repetition_rate(r.tokens) for r in result.rows) / len(batch), 4),
-            "wall_s": round(wall_s, 6),
-            "tokens_per_s": round(generated / wall_s, 3) if wall_s > 0 else None,
-            "time": time.time(),
-            **result.stats,
+            "target_forwards": segment.target_forwards,
+            "rows_finished": len(rows),
+            "rows_at_length": sum(r.finish_reason == FINISH_LENGTH for r in rows),
+            "repetition_rate": round(sum(repetition_rate(r.tokens) for r in rows) / len(rows), 4) if rows else None,
+            "wall_s": round(record.wall_s, 6),
+            "tokens_per_s": round(generated / record.wall_s, 3) if record.wall_s > 0 else None,
+            "time": record.time,
+            **segment.stats,
             "switches": self.controller.drain_events() if self.controller is not None else [],
         }
 
@@ -408,24 +430,18 @@ class Generator:
             self._stops[stops] = StopStrings(self.tokenizer, list(stops))
         return self._stops[stops]
 
-    def _batches(self, groups: dict[tuple[str, tuple], list[tuple[int, int]]], token_ids: dict[int, list[int]]):
-        """(group, samples) batches: rows of similar prompt length together, a row's samples next to each
-        other (they share its prefill, `batch.start_batch`), at most `batch_size` samples and
-        `max_batch_tokens` prompt-plus-new tokens (a longer single row still gets its own batch)."""
-        spec = self.spec
-        for group, rows in groups.items():
-            max_new_tokens = group[1][0]
-            batch: list[tuple[int, int]] = []
-            tokens = 0
-            for item in sorted(rows, key=lambda item: len(token_ids[item[0]])):  # stable: samples stay together
-                cost = len(token_ids[item[0]]) + max_new_tokens
-                if batch and (len(batch) >= spec.batch_size or tokens + cost > spec.max_batch_tokens):
-                    yield group, batch
-                    batch, tokens = [], 0
-                batch.append(item)
-                tokens += cost
-            if batch:
-                yield group, batch
+    @staticmethod
+    def _items(
+        groups: dict[tuple[str, tuple], list[tuple[int, int]]], token_ids: dict[int, list[int]]
+    ) -> list[tuple[tuple[str, tuple], tuple[int, int]]]:
+        """(group, (row, sample index)) in the order they join batches: group by group, rows of similar
+        prompt length together (a batch opened on them pads little), a row's samples next to each other
+        (they share its prefill, `batch.start_batch`)."""
+        return [
+            (group, item)
+            for group, rows in groups.items()
+            for item in sorted(rows, key=lambda item: len(token_ids[item[0]]))  # stable: samples stay together
+        ]
 
 
 def _fill_scores(columns: dict[str, list], i: int, row: RowOutput) -> None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strategies.options import StrategyOptions
+from workers.controller import Learned
+from workers.controller_stats import StatsKey
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ class WorkerSpec:
     token_ids: bool = False  # output.token_ids
     params_columns: dict[str, str] = field(default_factory=dict)  # input.params_columns: setting -> column
     n: int = 1  # generation.n: samples per input row
+    # The target's weights hash: with the actor's device and dtype, the key of its controller statistics.
+    target_sha256: str = ""
+    # Controller statistics the driver read (workers.controller_stats_url, else the output's _logs/): each
+    # actor warm-starts from its own key's entry, if any.
+    controller_stats: dict[StatsKey, Learned] = field(default_factory=dict)
 
     @property
     def scores(self) -> int | None:
@@ -82,3 +89,4 @@ class UnitResult:
     actor: str
     device: str
     tokens_by_strategy: dict[str, int] = field(default_factory=dict)
+    tokens_by_option: dict[str, int] = field(default_factory=dict)  # drafting rows: tokens per drafter

@@ -1,0 +1,142 @@
+"""The controller statistics file: round trip, bad files ignored with a warning, keys, merging, and
+which entry an actor warm-starts from."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pyarrow as pa
+import pytest
+from job_config import job_config
+
+from pipeline.driver import worker_spec
+from workers import controller_stats
+from workers.controller import Learned
+from workers.controller_stats import SCHEMA, StatsKey
+from workers.generator import Generator
+from workers.spec import WorkUnit
+
+KEY = StatsKey("a" * 64, "cpu (2 threads)", "float32")
+
+
+def _learned(rows: int, depth: int = 5, plain_s: float = 0.01) -> Learned:
+    return Learned(
+        row_time={("autoregressive", 8): ([plain_s, plain_s], 2), ("prompt_lookup", 8): ([0.012], rows // 8)},
+        tau={"prompt_lookup": (2.5, rows / 16)},
+        measured={"autoregressive": (2, 16), "prompt_lookup": (rows // 8, rows)},
+        depth={"prompt_lookup": depth},
+        nodes={"prompt_lookup": depth},
+    )
+
+
+def test_statistics_round_trip_through_the_file(tmp_path):
+    url = str(tmp_path / "stats.json")
+    other = dataclasses.replace(KEY, dtype="bfloat16")
+    controller_stats.write(url, {}, {KEY: _learned(32), other: _learned(8, depth=2)})
+    assert json.loads((tmp_path / "stats.json").read_text())["schema"] == SCHEMA
+    assert controller_stats.read(url, {}) == {KEY: _learned(32), other: _learned(8, depth=2)}
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("{not json", "Expecting property name"),
+        (json.dumps({"schema": "accelgen.controller_stats/0", "entries": []}), "schema 'accelgen.controller_stats/0'"),
+        (json.dumps([1, 2]), "schema 'list'"),
+        (json.dumps({"schema": SCHEMA, "entries": [{"target": "x", "device": "cpu"}]}), "entry 0 is malformed"),
+        (
+            json.dumps(
+                {
+                    "schema": SCHEMA,
+                    "entries": [
+                        {**controller_stats.encode({KEY: _learned(8)})["entries"][0], "depth": {"prompt_lookup": -3}}
+                    ],
+                }
+            ),
+            "entry 0 is malformed",
+        ),
+    ],
+    ids=["not-json", "old-schema", "not-a-document", "missing-fields", "negative-depth"],
+)
+def test_a_corrupt_or_old_file_is_ignored_with_a_warning_naming_it(tmp_path, content, reason):
+    path = tmp_path / "stats.json"
+    path.write_text(content)
+    with pytest.warns(UserWarning, match=rf"controller statistics {path} ignored: .*{reason}"):
+        assert controller_stats.read(str(path), {}) == {}
+
+
+def test_no_file_yet_is_no_statistics_and_no_warning(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert controller_stats.read(str(tmp_path / "none.json"), {}) == {}
+
+
+def test_actors_merge_by_what_each_measured_most():
+    few, many = _learned(16, depth=3, plain_s=0.02), _learned(64, depth=7)
+    merged = controller_stats.merge([few, many])
+    assert merged.depth == {"prompt_lookup": 7} and merged.tau == {"prompt_lookup": (2.5, 4.0)}
+    assert merged.row_time[("prompt_lookup", 8)] == ([0.012], 8)
+    assert merged.row_time[("autoregressive", 8)] == ([0.02, 0.02], 2)  # equal counts: the first
+
+
+def test_a_job_saves_to_its_logs_and_into_the_shared_file_keeping_other_keys(tmp_path):
+    shared, output = str(tmp_path / "cache" / "stats.json"), str(tmp_path / "out")
+    other = dataclasses.replace(KEY, target="b" * 64)
+    controller_stats.write(shared, {}, {other: _learned(8), KEY: _learned(8, depth=1)})
+    controller_stats.save_job(shared, output, {}, {KEY: [_learned(16, depth=3), _learned(32, depth=6)]})
+    assert controller_stats.read(shared, {}) == {other: _learned(8), KEY: controller_stats.merge([_learned(32, 6)])}
+    assert controller_stats.read(controller_stats.logs_url(output), {}) == {KEY: _learned(32, depth=6)}
+    # The next job reads the shared file; without one, a resumed job reads its output's own.
+    assert controller_stats.for_job(shared, output, {})[other] == _learned(8)
+    assert controller_stats.for_job(None, output, {}) == {KEY: _learned(32, depth=6)}
+
+
+def test_an_actor_warm_starts_only_from_its_own_target_device_and_dtype(tmp_path, tiny_model_dir):
+    spec = worker_spec(job_config(tmp_path, tiny_model_dir, "strategy.name=prompt_lookup"), "job")
+    spec = dataclasses.replace(spec, target_sha256=KEY.target)
+    own = Generator(spec).stats_key
+    assert own.target == KEY.target and own.dtype == "float32" and own.device.startswith("cpu (")
+    strangers = {
+        dataclasses.replace(own, target="b" * 64): _learned(32),
+        dataclasses.replace(own, device="cuda (NVIDIA H200)"): _learned(32),
+        dataclasses.replace(own, dtype="bfloat16"): _learned(32),
+    }
+    cold = Generator(dataclasses.replace(spec, controller_stats=strangers))
+    assert cold.controller.measured == {} and cold.controller.row_time == {}
+    warm = Generator(dataclasses.replace(spec, controller_stats={**strangers, own: _learned(32, depth=7)}))
+    assert warm.controller.measured == _learned(32).measured and warm.controller.depth == {"prompt_lookup": 7}
+    assert warm.controller_statistics() == (own, warm.controller.learned())
+
+
+def test_a_warm_started_auto_actor_writes_what_a_cold_one_does(tmp_path, tiny_model_dir):
+    """The statistics decide which lossless option decodes, never a token (float64, greedy)."""
+    config = job_config(
+        tmp_path,
+        tiny_model_dir,
+        "model.draft=null",
+        "model.dtype=float64",
+        "strategy.name=auto",
+        "generation.max_new_tokens=16",
+        "workers.batch_size=2",
+    )
+    spec = dataclasses.replace(worker_spec(config, "job"), target_sha256=KEY.target)
+    prompts = ["a = b = a = b = a =", "def f(x):\n    return f(x)\ndef f(", "x", "1, 2, 3, 1, 2, 3, 1,"]
+    table = pa.table({"prompt": prompts})
+    unit = WorkUnit("u", "unused", "a.parquet", (0,), 0, len(prompts))
+
+    def decode(generator: Generator) -> tuple[list[str], int, int]:
+        """Completions, target forwards, and steps the controller has measured in all."""
+        columns, records, _ = generator.decode_table(table, unit, attempt=1, error_rows={})
+        steps = sum(s for s, _ in generator.controller.measured.values())
+        return columns["completion"], sum(r["target_forwards"] for r in records), steps
+
+    cold = Generator(spec)
+    cold_completions, cold_forwards, cold_steps = decode(cold)
+    assert cold_steps == cold_forwards  # one measured step per target forward
+    key, learned = cold.controller_statistics()
+    warm = Generator(dataclasses.replace(spec, controller_stats={key: learned}))
+    warm_completions, warm_forwards, warm_steps = decode(warm)
+    assert warm_steps == cold_steps + warm_forwards  # it started from what the cold one learned
+    assert warm_completions == cold_completions

@@ -1,0 +1,188 @@
+"""The controller statistics file: what actors' controllers learned, kept for the next job.
+
+One small JSON file holds, per (target weights hash, device, dtype), what the controllers of a job
+learned (`workers.controller.Learned`): step times by batch bucket, τ by drafter, draft sizes. The
+driver writes it at the end of a job to the output's `_logs/controller_stats.json` and, when
+`workers.controller_stats_url` is set, into that shared file (entries of other keys kept); it reads
+it at the start of the next job (the shared file, else the output's own from an earlier run) and
+hands it to the actors in their `WorkerSpec`; each actor warm-starts its controller from the entry of
+its own key and ignores the others (docs/design.md, "The adaptive controller").
+
+A file that cannot be read, is not JSON, or has another schema is ignored with a warning naming it:
+statistics only save exploration, they never decide a token.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workers.controller import Learned
+from workers.storage import filesystem, join, write_bytes
+
+SCHEMA = "accelgen.controller_stats/1"
+FILE_NAME = "controller_stats.json"  # in the output's _logs/
+
+
+@dataclass(frozen=True)
+class StatsKey:
+    """Whose statistics: step costs and acceptance hold for one target, device and dtype."""
+
+    target: str  # the target's weights hash (`_job.json` identity.model.weights_sha256.target)
+    device: str  # `device_identity`
+    dtype: str  # torch dtype name, e.g. float32
+
+
+def device_identity(device: torch.device) -> str:
+    """The device as step costs see it: the GPU's name, or the CPU threads torch decodes with."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"{device.type} ({torch.get_num_threads()} threads)"
+
+
+def logs_url(output_url: str) -> str:
+    """Where a job's statistics lie in its output folder."""
+    return join(output_url, "_logs", FILE_NAME)
+
+
+def encode(stats: dict[StatsKey, Learned]) -> dict[str, Any]:
+    """The file's JSON document."""
+    entries = []
+    for key, learned in sorted(stats.items(), key=lambda item: (item[0].target, item[0].device, item[0].dtype)):
+        entries.append(
+            {
+                "target": key.target,
+                "device": key.device,
+                "dtype": key.dtype,
+                "row_time": [
+                    {"option": option, "bucket": b, "recent": recent, "count": count}
+                    for (option, b), (recent, count) in sorted(learned.row_time.items())
+                ],
+                "tau": {name: {"value": v, "seen": seen} for name, (v, seen) in sorted(learned.tau.items())},
+                "measured": {
+                    name: {"steps": st, "rows": rows} for name, (st, rows) in sorted(learned.measured.items())
+                },
+                "depth": dict(sorted(learned.depth.items())),
+                "nodes": dict(sorted(learned.nodes.items())),
+            }
+        )
+    return {"schema": SCHEMA, "entries": entries}
+
+
+def decode(document: Any) -> dict[StatsKey, Learned]:
+    """The statistics of a file's JSON document; ValueError saying what is wrong with it."""
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        found = document.get("schema") if isinstance(document, dict) else type(document).__name__
+        raise ValueError(f"schema {found!r} is not {SCHEMA!r}")
+    entries = document.get("entries")
+    if not isinstance(entries, list):
+        raise ValueError("it has no list of entries")
+    stats = {}
+    for i, entry in enumerate(entries):
+        try:
+            key, learned = _entry(entry)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"entry {i} is malformed ({type(exc).__name__}: {exc})") from None
+        stats[key] = learned
+    return stats
+
+
+def _entry(entry: dict[str, Any]) -> tuple[StatsKey, Learned]:
+    key = StatsKey(_text(entry["target"]), _text(entry["device"]), _text(entry["dtype"]))
+    row_time = {}
+    for t in entry["row_time"]:
+        recent = [_seconds(x) for x in t["recent"]]
+        if not recent:
+            raise TypeError(f"step times of {t['option']!r} hold no measurement")
+        row_time[(_text(t["option"]), _count(t["bucket"]))] = (recent, _count(t["count"]))
+    return key, Learned(
+        row_time=row_time,
+        tau={_text(n): (_seconds(t["value"]), _seconds(t["seen"])) for n, t in entry["tau"].items()},
+        measured={_text(n): (_count(m["steps"]), _count(m["rows"])) for n, m in entry["measured"].items()},
+        depth={_text(n): _count(d) for n, d in entry["depth"].items()},
+        nodes={_text(n): _count(d) for n, d in entry["nodes"].items()},
+    )
+
+
+def _text(x: Any) -> str:
+    if not isinstance(x, str):
+        raise TypeError(f"{x!r} is not a string")
+    return x
+
+
+def _count(x: Any) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        raise TypeError(f"{x!r} is not a count")
+    return x
+
+
+def _seconds(x: Any) -> float:
+    if not isinstance(x, int | float) or isinstance(x, bool) or not 0 <= x < float("inf"):
+        raise TypeError(f"{x!r} is not a non-negative number")
+    return float(x)
+
+
+def read(url: str, storage_options: dict[str, Any]) -> dict[StatsKey, Learned]:
+    """The statistics at `url`; none if there is no file yet, or (with a warning naming the file) if it
+    cannot be used: a job never fails on its statistics."""
+    try:
+        fs, path = filesystem(url, storage_options)
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:
+        warnings.warn(f"controller statistics {url} ignored: cannot read it ({exc})", stacklevel=2)
+        return {}
+    try:
+        return decode(json.loads(data))
+    except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError included
+        warnings.warn(
+            f"controller statistics {url} ignored: {exc}; the job explores on its own and rewrites it at its end",
+            stacklevel=2,
+        )
+        return {}
+
+
+def write(url: str, storage_options: dict[str, Any], stats: dict[StatsKey, Learned]) -> None:
+    write_bytes(*filesystem(url, storage_options), (json.dumps(encode(stats), indent=1) + "\n").encode())
+
+
+def merge(learned: list[Learned]) -> Learned:
+    """One actor's statistics from several of one key: per option (and batch bucket), those of the actor
+    that measured it most; draft sizes with the drafter's measurements."""
+    merged = Learned()
+    for one in learned:
+        for key, (recent, count) in one.row_time.items():
+            if count > merged.row_time.get(key, ([], -1))[1]:
+                merged.row_time[key] = (recent, count)
+        for name, (steps, rows) in one.measured.items():
+            if rows > merged.measured.get(name, (0, -1))[1]:
+                merged.measured[name] = (steps, rows)
+                for source, target in ((one.tau, merged.tau), (one.depth, merged.depth), (one.nodes, merged.nodes)):
+                    if name in source:
+                        target[name] = source[name]
+    return merged
+
+
+def for_job(shared_url: str | None, output_url: str, storage_options: dict[str, Any]) -> dict[StatsKey, Learned]:
+    """What the job's actors warm-start from: the shared file, else the output's own (a resumed job)."""
+    return (read(shared_url, storage_options) if shared_url else {}) or read(logs_url(output_url), storage_options)
+
+
+def save_job(
+    shared_url: str | None, output_url: str, storage_options: dict[str, Any], learned: dict[StatsKey, list[Learned]]
+) -> None:
+    """Write the job's statistics (its actors' merged by key) to the output's `_logs/` and into the
+    shared file, whose other keys stay (last writer wins: it is a cache). A job whose controllers
+    measured nothing (plain decoding only) writes nothing."""
+    merged = {key: merge(values) for key, values in learned.items()}
+    job = {key: one for key, one in merged.items() if one.row_time}
+    if not job:
+        return
+    write(logs_url(output_url), storage_options, job)
+    if shared_url:
+        write(shared_url, storage_options, {**read(shared_url, storage_options), **job})
