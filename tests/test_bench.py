@@ -108,3 +108,22 @@ def test_job_vllm_without_its_python_is_a_row_that_says_how_to_measure_it():
 
     row = vllm_row(24, VLLM_NGRAM, vllm_runs(Config(), ["x"], None, "ngram"))
     assert row["not_measured"].startswith("give vllm_python=")
+
+
+def test_device_check_counts_a_junit_report_and_names_each_failure():
+    from jobs.device_check import junit_summary
+
+    xml = """<testsuites><testsuite>
+    <testcase classname="tests.test_a" name="test_ok"/>
+    <testcase classname="tests.test_a" name="test_bad">
+      <failure message="assert [1, 2] == [1, 3]&#10;more">x</failure>
+    </testcase>
+    <testcase classname="tests.test_b" name="test_err"><error message="CUDA error">y</error></testcase>
+    <testcase classname="tests.test_b" name="test_skip"><skipped message="no"/></testcase>
+    </testsuite></testsuites>"""
+    summary = junit_summary(xml)
+    assert (summary["passed"], summary["failed"], summary["skipped"]) == (1, 2, 1)
+    assert summary["failures"] == [
+        {"test": "tests.test_a::test_bad", "message": ["assert [1, 2] == [1, 3]"]},
+        {"test": "tests.test_b::test_err", "message": ["CUDA error"]},
+    ]
