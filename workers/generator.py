@@ -92,6 +92,8 @@ class Generator:
                 f"input.messages_column is set but the tokenizer of {spec.model_target} has no chat template"
             )
         self.runner = self.models.target
+        if spec.model_compile:
+            self.runner.compile()
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         self._strategies: dict[str, Strategy] = {}
         self._strategy(spec.strategy.name)  # fail at start, not at the first unit
