@@ -91,7 +91,11 @@ class BenchConfig:
     job_shards: int = option(3, "job=true: input shards the num_prompts rows are split into.")
     warm: bool = option(True, "job=true: after each cold job, time a warm one (the next job, new output folder).")
     job_overrides: list[str] = option([], "job=true: key=value given to every job (e.g. workers.torch_threads=2).")
-    warm_overrides: list[str] = option([], "job=true: key=value given to the warm jobs only (e.g. a shared cache).")
+    warm_cache_key: str = option(
+        "",
+        "job=true: the job key of a cache shared between jobs (e.g. the controller's statistics URL): each cold job "
+        "gets a new empty one, the warm job after it the same. Empty: jobs share nothing.",
+    )
     vllm: list[str] = option(
         ["plain", "ngram"], "job=true: vLLM peers: plain (offline generate), ngram (its n-gram speculation)."
     )

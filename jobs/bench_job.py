@@ -11,8 +11,9 @@ Each of our contenders (strategy, batch size) runs as two jobs per round, each a
 - cold: the first job of the round. It pays for the interpreter, Ray, the actor, model loading and
   a controller that has learnt nothing. (The operating system's file cache cannot be dropped
   without root: after the first round the model files are in memory, as for a user's second job.)
-- warm: the job right after it, in another new output folder, with `warm_overrides` added: what a
-  user's next job can reuse (a shared statistics cache, where the job has one) it reuses.
+- warm: the job right after it, in another new output folder. With `warm_cache_key` (the key of a
+  cache jobs share, such as the controller's statistics), the cold job is given a new empty cache
+  and the warm one the same: what a user's next job can reuse, it reuses.
 Decoding is the sum of the job's batch records' `wall_s` (`_logs/batches`); everything else of the
 process's wall time is "outside decoding". Rounds alternate the contenders' order; the table shows
 medians and per-round ratios to the `autoregressive` job of the same batch size and mode.
@@ -276,7 +277,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 
 def print_legend() -> None:
     print("mode: cold = a fresh process and output folder, the first job of a round; warm = the job right after it,")
-    print("  in a new output folder (with warm_overrides); in-process / peer: decoding alone, same prompts and length;")
+    print("  in a new output folder (sharing the cold job's cache: warm_cache_key); in-process / peer: decoding alone;")
     print("wall_s: the job's process start to exit (peers: decoding); outside: wall_s minus the batches' wall_s;")
     print("decode/s: generated tokens over the batches' wall_s; x AR job / x AR dec: per-round ratios to the")
     print("  autoregressive job of the same batch size and mode (whole-job speed / decode rate), medians")
@@ -324,10 +325,14 @@ def _cold_then_warm(
     config: Any, overrides: list[str], work: Path, strategy: str, batch_size: int, round_index: int
 ) -> list[tuple[str, Timed]]:
     tag = f"{strategy}-b{batch_size}-r{round_index}"
+    if config.warm_cache_key:
+        cache = work / f"cache-{tag}"
+        cache.mkdir()
+        overrides = [*overrides, f"{config.warm_cache_key}={cache}"]
     cold = run_job(overrides, work / f"out-{tag}-cold", work / f"{tag}-cold.log")
     if not config.warm:
         return [("cold", cold)]
-    warm = run_job([*overrides, *config.warm_overrides], work / f"out-{tag}-warm", work / f"{tag}-warm.log")
+    warm = run_job(overrides, work / f"out-{tag}-warm", work / f"{tag}-warm.log")
     return [("cold", cold), ("warm", warm)]
 
 

@@ -4,6 +4,7 @@ it runs end to end on a tiny model."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,26 @@ def test_device_check_counts_a_junit_report_and_names_each_failure():
         {"test": "tests.test_a::test_bad", "message": ["assert [1, 2] == [1, 3]"]},
         {"test": "tests.test_b::test_err", "message": ["CUDA error"]},
     ]
+
+
+def test_job_warm_job_shares_the_new_cache_of_the_cold_job_before_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from jobs import bench_job
+
+    calls = []
+
+    def fake_job(overrides, output, log):
+        calls.append((overrides, output, sorted(p.name for p in Path(overrides[-1].split("=")[1]).iterdir())))
+        Path(overrides[-1].split("=")[1], output.name).write_text("")  # what the job leaves in the cache
+        return bench_job.Timed(2.0, 1.0, 10)
+
+    monkeypatch.setattr(bench_job, "run_job", fake_job)
+    config = SimpleNamespace(warm=True, warm_cache_key="workers.stats_url")
+    for round_index in (0, 1):
+        passes = bench_job._cold_then_warm(config, ["strategy.name=auto"], tmp_path, "auto", 8, round_index)
+        assert [mode for mode, _ in passes] == ["cold", "warm"]
+    caches = [overrides[-1] for overrides, _, _ in calls]
+    assert caches[0] == caches[1] != caches[2] == caches[3]
+    assert [seen for _, _, seen in calls] == [[], ["out-auto-b8-r0-cold"], [], ["out-auto-b8-r1-cold"]]
+    assert len({output for _, output, _ in calls}) == 4
