@@ -159,12 +159,16 @@ def paired_ratio(reference: list[float], contender: list[float]) -> float:
 
 
 def summarize(batch_size: int, runs: dict[tuple[str, str], list[Timed]]) -> list[dict[str, Any]]:
-    """Table rows of one batch size from each (contender, mode)'s passes: medians and per-round ratios
-    to the autoregressive job of the same mode (in-process peers: to the cold job)."""
+    """Table rows of one batch size from each (contender, mode)'s passes: medians, per-round ratios to
+    `autoregressive` in the same mode (or its cold job), and a job's decode rate over the same
+    contender's in-process rate."""
     rows = []
     for (name, mode), timed in runs.items():
-        reference = runs.get((AUTOREGRESSIVE, mode if mode in ("cold", "warm") else "cold"))
-        x_wall = x_decode = None
+        reference = runs.get((AUTOREGRESSIVE, mode)) or runs.get((AUTOREGRESSIVE, "cold"))
+        bench = runs.get((name, "in-process"))
+        x_wall = x_decode = x_bench = None
+        if bench is not None and mode in ("cold", "warm"):
+            x_bench = round(paired_ratio([t.decode_rate for t in bench], [t.decode_rate for t in timed]), 3)
         if reference is not None:
             x_decode = round(paired_ratio([t.decode_rate for t in reference], [t.decode_rate for t in timed]), 3)
             if mode in ("cold", "warm"):
@@ -182,6 +186,7 @@ def summarize(batch_size: int, runs: dict[tuple[str, str], list[Timed]]) -> list
                 "tokens": timed[-1].tokens,
                 "x_autoregressive_wall": x_wall,
                 "x_autoregressive_decode": x_decode,
+                "x_in_process": x_bench,
                 "passes": len(timed),
             }
         )
@@ -204,6 +209,7 @@ def vllm_row(batch_size: int, name: str, result: dict[str, Any]) -> dict[str, An
         "tokens": result["tokens"],
         "x_autoregressive_wall": None,
         "x_autoregressive_decode": None,
+        "x_in_process": None,
         "engine_start_s": round(result["load_s"], 1),
         "passes": len(result["generate_s"]),
     }
@@ -256,7 +262,7 @@ def _num(value: float | None, spec: str = ".1f") -> str:
 def print_header() -> None:
     print(
         f"{'batch':>5}  {'contender':<28} {'mode':<10} {'wall_s':>8} {'outside':>8} {'decode/s':>9} "
-        f"{'x AR job':>8} {'x AR dec':>8}",
+        f"{'x AR job':>8} {'x AR dec':>8} {'x bench':>7}",
         flush=True,
     )
 
@@ -270,7 +276,8 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         start = f"  engine start {r['engine_start_s']:.1f}s not counted" if "engine_start_s" in r else ""
         print(
             f"{head} {r['wall_s']:>8.2f} {_num(r['outside_decoding_s'], '.2f'):>8} {r['decode_tokens_per_s']:>9.1f} "
-            f"{_num(r['x_autoregressive_wall'], '.2f'):>8} {_num(r['x_autoregressive_decode'], '.2f'):>8}{start}",
+            f"{_num(r['x_autoregressive_wall'], '.2f'):>8} {_num(r['x_autoregressive_decode'], '.2f'):>8} "
+            f"{_num(r['x_in_process'], '.2f'):>7}{start}",
             flush=True,
         )
 
@@ -280,35 +287,40 @@ def print_legend() -> None:
     print("  in a new output folder (sharing the cold job's cache: warm_cache_key); in-process / peer: decoding alone;")
     print("wall_s: the job's process start to exit (peers: decoding); outside: wall_s minus the batches' wall_s;")
     print("decode/s: generated tokens over the batches' wall_s; x AR job / x AR dec: per-round ratios to the")
-    print("  autoregressive job of the same batch size and mode (whole-job speed / decode rate), medians")
+    print("  autoregressive of the same batch size and mode (whole-job speed / decode rate), medians;")
+    print("x bench: a job's decode rate over the same contender's in-process rate (`accelgen bench`), per round")
 
 
-def run(config: Any, texts: list[str], hf: Callable[[int], dict[str, Callable[[], Timed]]]) -> list[dict[str, Any]]:
-    """Every batch size's rows, jobs and in-process peers interleaved by round, then vLLM's.
+def run(
+    config: Any, texts: list[str], in_process: Callable[[int], dict[str, Callable[[], Timed]]]
+) -> list[dict[str, Any]]:
+    """Every batch size's rows, jobs and in-process contenders interleaved by round, then vLLM's.
 
-    `hf(batch_size)` gives the in-process peers to time at that batch size (name -> one timed pass)."""
+    `in_process(batch_size)` gives the contenders decoded in this process at that batch size (name ->
+    one timed pass, warmed up)."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="accelgen-bench-job-") as tmp:
         work = Path(tmp)
         input_folder = write_input(texts, config.num_prompts, config.job_shards, work / "input")
         print_header()
         for batch_size in config.batch_sizes:
-            passes: dict[str, Callable[[int], list[tuple[str, Timed]]]] = {}
+            # Each pass: the (contender, mode, timing) it measured in that round.
+            passes: list[Callable[[int], list[tuple[str, str, Timed]]]] = []
             for strategy in config.strategies:
                 overrides = job_overrides(config, input_folder, strategy, batch_size)
-                passes[strategy] = lambda r, o=overrides, s=strategy, b=batch_size: _cold_then_warm(
-                    config, o, work, s, b, r
+                passes.append(
+                    lambda r, o=overrides, s=strategy, b=batch_size: [
+                        (s, mode, t) for mode, t in _cold_then_warm(config, o, work, s, b, r)
+                    ]
                 )
-            for name, fn in hf(batch_size).items():
-                fn()  # warm-up: first calls allocate and pick kernels
-                passes[name] = lambda r, f=fn: [("in-process", f())]
+            for name, fn in in_process(batch_size).items():
+                passes.append(lambda r, f=fn, n=name: [(n, "in-process", f())])
             runs: dict[tuple[str, str], list[Timed]] = {}
-            order = list(passes.items())
             for round_index in range(config.repeats):
-                for name, fn in order:
-                    for mode, timed in fn(round_index):
+                for fn in passes:
+                    for name, mode, timed in fn(round_index):
                         runs.setdefault((name, mode), []).append(timed)
-                order.reverse()
+                passes.reverse()
             done = summarize(batch_size, runs)
             print_rows(done)
             rows.extend(done)
@@ -353,21 +365,18 @@ def _rate_ratios(rows: list[dict[str, Any]]) -> None:
             row["x_autoregressive_decode"] = round(row["decode_tokens_per_s"] / reference["decode_tokens_per_s"], 3)
 
 
-def in_process_peers(bench: Any, config: Any) -> Callable[[int], dict[str, Callable[[], Timed]]]:
-    """transformers' contenders of `config.transformers` as timed passes over the job's prompts."""
-    from jobs.bench import HF_GENERATE, HF_LOOKUP
+def in_process_contenders(bench: Any) -> Callable[[int], dict[str, Callable[[], Timed]]]:
+    """The in-process bench's contenders (`Bench.contenders`: transformers' and our strategies) as timed
+    passes over the job's prompts, each warmed up on one batch first."""
 
-    def peers(batch_size: int) -> dict[str, Callable[[], Timed]]:
+    def contenders(batch_size: int) -> dict[str, Callable[[], Timed]]:
         batches = bench.batches(batch_size)
-        found: dict[str, Callable[[], Timed]] = {}
-        if "generate" in config.transformers:
-            found[HF_GENERATE] = lambda: _timed(bench.hf(batches))
-        if batch_size == 1 and "prompt_lookup" in config.transformers:
-            tokens = config.lookup_tokens or config.strategy.num_speculative_tokens
-            found[HF_LOOKUP] = lambda: _timed(bench.hf(batches, prompt_lookup_num_tokens=tokens))
-        return found
+        found = bench.contenders(batch_size)
+        for fn in found.values():
+            fn(batches[:1])  # first calls allocate and pick kernels
+        return {name: lambda fn=fn: _timed(fn(batches)) for name, fn in found.items()}
 
-    return peers
+    return contenders
 
 
 def _timed(run: Any) -> Timed:
@@ -384,9 +393,9 @@ def main(config: Any) -> int:
     unknown = sorted(set(config.vllm) - set(VLLM_PEERS))
     if unknown:
         raise JobError(f"vllm: unknown {unknown}; use {', '.join(VLLM_PEERS)}")
-    # Jobs decode whole prompts: so do the peers (no cut to max_prompt_tokens).
-    peers = Bench(dataclasses.replace(config, strategies=[], max_prompt_tokens=sys.maxsize))
-    rows = run(config, texts, in_process_peers(peers, config))
+    # Jobs decode whole prompts: so does the in-process bench (no cut to max_prompt_tokens).
+    bench = Bench(dataclasses.replace(config, max_prompt_tokens=sys.maxsize))
+    rows = run(config, texts, in_process_contenders(bench))
     print_legend()
     for line in aims(rows, config.num_prompts):
         print(f"aim: {line}")

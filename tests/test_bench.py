@@ -84,12 +84,14 @@ def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the
         ("autoregressive", "cold"): [Timed(20.0, 10.0, 1000), Timed(40.0, 20.0, 1000)],  # round 2: machine slowed
         ("auto", "cold"): [Timed(16.0, 6.0, 1000), Timed(32.0, 12.0, 1000)],
         ("transformers.generate", "in-process"): [Timed(5.0, 5.0, 1000), Timed(10.0, 10.0, 1000)],
+        ("auto", "in-process"): [Timed(3.0, 3.0, 1000), Timed(6.0, 6.0, 1000)],
     }
     rows = {(r["contender"], r["mode"]): r for r in summarize(8, runs)}
     auto = rows[("auto", "cold")]
     assert auto["x_autoregressive_wall"] == pytest.approx(1.25)  # 20/16 and 40/32 in each round
     assert auto["x_autoregressive_decode"] == pytest.approx(10 / 6, rel=1e-3)
     assert auto["outside_decoding_s"] == pytest.approx(15.0)  # median of 10 and 20
+    assert auto["x_in_process"] == pytest.approx(0.5)  # the job decodes at half the in-process rate
     assert rows[("transformers.generate", "in-process")]["x_autoregressive_decode"] == pytest.approx(2.0)
     assert rows[("transformers.generate", "in-process")]["x_autoregressive_wall"] is None
     vllm = vllm_row(8, VLLM_PLAIN, {"load_s": 60.0, "generate_s": [2.0, 1.0, 4.0], "tokens": 1000})
