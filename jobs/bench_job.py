@@ -327,9 +327,9 @@ def run(
         prompts = [texts[i % len(texts)] for i in range(config.num_prompts)]
         for method in config.vllm:
             row = vllm_row(config.num_prompts, VLLM_PEERS[method], vllm_runs(config, prompts, work, method))
+            _rate_ratio(row, rows)
             print_rows([row])
             rows.append(row)
-    _rate_ratios(rows)
     return rows
 
 
@@ -348,21 +348,14 @@ def _cold_then_warm(
     return [("cold", cold), ("warm", warm)]
 
 
-def _rate_ratios(rows: list[dict[str, Any]]) -> None:
-    """vLLM's rows: its decode rate over the cold autoregressive job's at the same batch size (medians)."""
-    for row in rows:
-        if row["mode"] != "peer" or "not_measured" in row:
-            continue
-        reference = next(
-            (
-                r
-                for r in rows
-                if (r["batch_size"], r["contender"], r["mode"]) == (row["batch_size"], AUTOREGRESSIVE, "cold")
-            ),
-            None,
-        )
-        if reference:
-            row["x_autoregressive_decode"] = round(row["decode_tokens_per_s"] / reference["decode_tokens_per_s"], 3)
+def _rate_ratio(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """A vLLM row's decode rate over the cold autoregressive job's at the same batch size (medians)."""
+    if "not_measured" in row:
+        return
+    key = (row["batch_size"], AUTOREGRESSIVE, "cold")
+    reference = next((r for r in rows if (r["batch_size"], r["contender"], r["mode"]) == key), None)
+    if reference:
+        row["x_autoregressive_decode"] = round(row["decode_tokens_per_s"] / reference["decode_tokens_per_s"], 3)
 
 
 def in_process_contenders(bench: Any) -> Callable[[int], dict[str, Callable[[], Timed]]]:
