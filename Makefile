@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install browser run test lint bench soak clean
+.PHONY: install browser run test lint bench soak device-wheels device-check clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,16 @@ bench: install
 RUNS ?= 20
 soak: install
 	ACCELGEN_SOAK_RUNS=$(RUNS) $(BIN)/python -m pytest -q -s -m slow tests/test_soak.py
+
+# A GPU machine without internet: wheels of what its image lacks, downloaded here into .whl/ (carried there).
+device-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+		omegaconf==2.4.0 antlr4-python3-runtime==4.13.2
+
+# On the GPU machine, with its own python (README, "Device check"): JSON under $$OUT, else out/device.
+device-check:
+	$(PYTHON) -m jobs.device_check
 
 clean:
 	rm -rf $(VENV) out

@@ -83,6 +83,25 @@ class BenchConfig:
     # Fixed strategies are measured as themselves (adaptive=false); `auto` always runs its controller.
     strategy: StrategyOptions = field(default_factory=lambda: StrategyOptions(adaptive=False))
     report: str = option("", "Also write the table as JSON to this path.")
+    lookup_tokens: int = option(
+        0, "transformers' prompt_lookup_num_tokens; 0: strategy.num_speculative_tokens (the draft length of ours)."
+    )
+    # Whole jobs (jobs/bench_job.py): each contender runs as `accelgen generate` processes.
+    job: bool = option(False, "Time whole `accelgen generate` jobs, cold and warm, instead of in-process decoding.")
+    job_shards: int = option(3, "job=true: input shards the num_prompts rows are split into.")
+    warm: bool = option(True, "job=true: after each cold job, time a warm one (the next job, new output folder).")
+    job_overrides: list[str] = option([], "job=true: key=value given to every job (e.g. workers.torch_threads=2).")
+    warm_cache_key: str = option(
+        "",
+        "job=true: the job key of a cache shared between jobs (e.g. the controller's statistics URL): each cold job "
+        "gets a new empty one, the warm job after it the same. Empty: jobs share nothing.",
+    )
+    vllm: list[str] = option(
+        ["plain", "ngram"], "job=true: vLLM peers: plain (offline generate), ngram (its n-gram speculation)."
+    )
+    vllm_python: str = option(
+        "", "job=true: python of a virtual environment holding vLLM (README); empty: vLLM not measured."
+    )
 
 
 def read_prompts(url: str, column: str) -> list[str]:
@@ -224,7 +243,8 @@ class Bench:
         if batch_size == 1 and "assisted" in config.transformers:
             found[HF_ASSISTED] = lambda b: self.hf(b, assistant_model=self.draft_model)
         if batch_size == 1 and "prompt_lookup" in config.transformers:
-            found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=config.strategy.num_speculative_tokens)
+            tokens = config.lookup_tokens or config.strategy.num_speculative_tokens
+            found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=tokens)
         for name in config.strategies:
             options = dataclasses.replace(config.strategy, name=name)
             for label, variant in self._variants(name, options).items():
@@ -370,6 +390,10 @@ def main(args: list[str]) -> int:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
     if set(config.drafters) - set(DRAFTERS):
         raise JobError(f"drafters: unknown {sorted(set(config.drafters) - set(DRAFTERS))}; use {', '.join(DRAFTERS)}")
+    if config.job:
+        from jobs import bench_job
+
+        return bench_job.main(config)
     bench = Bench(config)
     print_header()
     rows = bench.run(on_rows=print_rows)

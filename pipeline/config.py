@@ -89,6 +89,11 @@ class ModelConfig:
     )
     dtype: str = option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
     trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
+    compile: bool = option(
+        False,
+        "torch.compile each layer's parts around attention (Llama-family targets): fewer, fused operations per "
+        "step, after a compile of tens of seconds per actor (README, 'torch.compile of the decode step').",
+    )
     cache_dir: str = option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")
     storage_options: dict[str, Any] = option(
         {}, "fsspec storage options for models at URLs (target, draft, heads, exits, cmlm): endpoint, credentials."

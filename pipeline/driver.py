@@ -385,6 +385,7 @@ def worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
         model_cmlm=config.model.cmlm if "cmlm" in _optional_models(config) else None,
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
+        model_compile=config.model.compile,
         cache_dir=config.model.cache_dir,
         strategy=config.strategy,
         max_new_tokens=g.max_new_tokens,

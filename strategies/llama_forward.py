@@ -153,14 +153,7 @@ class LlamaForward:
         cache: SlotLayer,
         rows: torch.Tensor | None,
     ) -> torch.Tensor:
-        b, n, _ = x.shape
-        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qkv = F.linear(self._norm(x, layer.norm_attn), layer.w_qkv, layer.b_qkv)  # [B, n, (Hq+2Hkv) hd]
-        qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
-        # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
-        qk = self._rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), *rope)  # [B, Hq+Hkv, n, hd]
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, n, hd]
+        q, k, v = self._project(x, layer.norm_attn, layer.w_qkv, layer.b_qkv, *rope)
         keys, values = cache.update(k, v)  # [B, Hkv, S+n, hd]
         if rows is not None and rows.numel() == 0:
             return x
@@ -172,10 +165,54 @@ class LlamaForward:
         inner = x
         if rows is not None:  # only these rows go on through the layer
             attn, inner = attn[rows], x[rows]
-        inner = inner + F.linear(attn.transpose(1, 2).reshape(len(inner), n, q_width), layer.w_o)
-        gate, up = F.linear(self._norm(inner, layer.norm_mlp), layer.w_gate_up).chunk(2, dim=-1)
-        inner = inner + F.linear(F.silu(gate) * up, layer.w_down)
+        inner = self._mix(inner, attn, layer.w_o, layer.norm_mlp, layer.w_gate_up, layer.w_down)
         return inner if rows is None else x.index_copy(0, rows, inner)
+
+    def _project(
+        self,
+        x: torch.Tensor,  # [B, n, D]
+        norm: torch.Tensor,
+        w_qkv: torch.Tensor,
+        b_qkv: torch.Tensor | None,
+        cos: torch.Tensor,  # [B, 1, n, hd]
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's rotated queries [B, Hq, n, hd], keys and values [B, Hkv, n, hd] of `x`."""
+        b, n, _ = x.shape
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv = F.linear(self._norm(x, norm), w_qkv, b_qkv)  # [B, n, (Hq+2Hkv) hd]
+        qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
+        # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
+        qk = self._rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        return q, k, v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+
+    def _mix(
+        self,
+        x: torch.Tensor,  # [R, n, D] the residual stream of the rows going on
+        attn: torch.Tensor,  # [R, Hq, n, hd] their attention output
+        w_o: torch.Tensor,
+        norm_mlp: torch.Tensor,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+    ) -> torch.Tensor:
+        """The rest of a layer after attention: output projection and MLP, each added to the stream."""
+        r, n, _ = x.shape
+        x = x + F.linear(attn.transpose(1, 2).reshape(r, n, self.num_heads * self.head_dim), w_o)
+        gate, up = F.linear(self._norm(x, norm_mlp), w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w_down)
+
+    def compile(self) -> None:
+        """`torch.compile` each layer's parts around the cache and attention (`model.compile`).
+
+        The cache append and attention stay eager: the ragged cache appends in place at a length that
+        grows every step into storage that is reallocated as it grows. The parts compiled here see
+        shapes that depend on the batch and the new tokens only, compiled with dynamic sizes (sizes of
+        1 are specialized: a few compiles per actor). Compiling the whole forward, cache included, also
+        gives the same tokens but compiled longer and saved less (`jobs/bench_compile.py`, README).
+        """
+        self._project = torch.compile(self._project, dynamic=True)
+        self._mix = torch.compile(self._mix, dynamic=True)
 
     def final_state(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm of the last layer's output `x` [..., D]: what the LM head reads."""

@@ -131,6 +131,16 @@ class ModelRunner:
         kv.append(new_valid)
         return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
 
+    def compile(self) -> None:
+        """`torch.compile` of the lean forward's layers (`model.compile`); a ValueError naming the model otherwise."""
+        if self._fast is None:
+            kind = getattr(self.model.config, "model_type", type(self.model).__name__)
+            raise ValueError(
+                f"model.compile=true compiles the lean Llama-family forward "
+                f"({', '.join(llama_forward.SUPPORTED_MODEL_TYPES)}); this target is {kind!r}: set model.compile=false"
+            )
+        self._fast.compile()
+
     def need_layers(self) -> llama_forward.LlamaForward:
         """The lean forward, which alone runs a range of layers; a ValueError naming the model otherwise."""
         if self._fast is None:

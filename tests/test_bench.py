@@ -4,6 +4,7 @@ it runs end to end on a tiny model."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,104 @@ def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, t
     assert rows[(1, "autoregressive")]["x_autoregressive"] == 1.0 and rows[(2, HF_GENERATE)]["x_generate"] == 1.0
     table = capsys.readouterr().out
     assert all(f"{b:>5}  {c:<28}" in table for b, c in rows)
+
+
+def test_job_input_splits_cycled_prompts_into_shards(tmp_path):
+    import pyarrow.parquet as pq
+
+    from jobs.bench_job import write_input
+
+    folder = write_input(["a", "b", "c"], rows=7, shards=3, folder=tmp_path / "in")
+    tables = [pq.read_table(p).to_pydict() for p in sorted(folder.glob("*.parquet"))]
+    assert [len(t["id"]) for t in tables] == [2, 3, 2]
+    assert [p for t in tables for p in t["prompt"]] == ["a", "b", "c", "a", "b", "c", "a"]
+    assert len({i for t in tables for i in t["id"]}) == 7
+
+
+def test_job_decoding_sums_every_batch_record(tmp_path):
+    from jobs.bench_job import decoding_of
+
+    for unit, records in (("u0", [(0.5, 10), (0.25, 6)]), ("u1", [(1.0, 20)])):
+        folder = tmp_path / "_logs" / "batches" / unit
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"wall_s": w, "generated_tokens": n}) for w, n in records]
+        (folder / "attempt-1-x.jsonl").write_text("\n".join(lines) + "\n")
+    assert decoding_of(tmp_path) == (pytest.approx(1.75), 36)
+
+
+def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the_aims():
+    from jobs.bench_job import VLLM_PLAIN, Timed, aims, summarize, vllm_row
+
+    runs = {
+        ("autoregressive", "cold"): [Timed(20.0, 10.0, 1000), Timed(40.0, 20.0, 1000)],  # round 2: machine slowed
+        ("auto", "cold"): [Timed(16.0, 6.0, 1000), Timed(32.0, 12.0, 1000)],
+        ("transformers.generate", "in-process"): [Timed(5.0, 5.0, 1000), Timed(10.0, 10.0, 1000)],
+        ("auto", "in-process"): [Timed(3.0, 3.0, 1000), Timed(6.0, 6.0, 1000)],
+    }
+    rows = {(r["contender"], r["mode"]): r for r in summarize(8, runs)}
+    auto = rows[("auto", "cold")]
+    assert auto["x_autoregressive_wall"] == pytest.approx(1.25)  # 20/16 and 40/32 in each round
+    assert auto["x_autoregressive_decode"] == pytest.approx(10 / 6, rel=1e-3)
+    assert auto["outside_decoding_s"] == pytest.approx(15.0)  # median of 10 and 20
+    assert auto["x_in_process"] == pytest.approx(0.5)  # the job decodes at half the in-process rate
+    assert rows[("transformers.generate", "in-process")]["x_autoregressive_decode"] == pytest.approx(2.0)
+    assert rows[("transformers.generate", "in-process")]["x_autoregressive_wall"] is None
+    vllm = vllm_row(8, VLLM_PLAIN, {"load_s": 60.0, "generate_s": [2.0, 1.0, 4.0], "tokens": 1000})
+    assert vllm["decode_tokens_per_s"] == 500.0 and vllm["engine_start_s"] == 60.0
+    lines = aims([*rows.values(), vllm], num_prompts=8)
+    assert lines[0].endswith("(aim >= 1): not met")  # 66.7 against vLLM's 500 tok/s
+    assert lines[1].startswith("auto, whole cold job at batch 8: 1.25x") and lines[1].endswith(": met")
+    assert lines[2].endswith("not measured") and lines[3].endswith("not measured")
+    assert lines[4].endswith("at most 15.0 s (aim <= 10 s): not met")
+
+
+def test_job_vllm_without_its_python_is_a_row_that_says_how_to_measure_it():
+    from jobs.bench_job import VLLM_NGRAM, vllm_row, vllm_runs
+
+    class Config:
+        vllm_python = ""
+
+    row = vllm_row(24, VLLM_NGRAM, vllm_runs(Config(), ["x"], None, "ngram"))
+    assert row["not_measured"].startswith("give vllm_python=")
+
+
+def test_device_check_counts_a_junit_report_and_names_each_failure():
+    from jobs.device_check import junit_summary
+
+    xml = """<testsuites><testsuite>
+    <testcase classname="tests.test_a" name="test_ok"/>
+    <testcase classname="tests.test_a" name="test_bad">
+      <failure message="assert [1, 2] == [1, 3]&#10;more">x</failure>
+    </testcase>
+    <testcase classname="tests.test_b" name="test_err"><error message="CUDA error">y</error></testcase>
+    <testcase classname="tests.test_b" name="test_skip"><skipped message="no"/></testcase>
+    </testsuite></testsuites>"""
+    summary = junit_summary(xml)
+    assert (summary["passed"], summary["failed"], summary["skipped"]) == (1, 2, 1)
+    assert summary["failures"] == [
+        {"test": "tests.test_a::test_bad", "message": ["assert [1, 2] == [1, 3]"]},
+        {"test": "tests.test_b::test_err", "message": ["CUDA error"]},
+    ]
+
+
+def test_job_warm_job_shares_the_new_cache_of_the_cold_job_before_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from jobs import bench_job
+
+    calls = []
+
+    def fake_job(overrides, output, log):
+        calls.append((overrides, output, sorted(p.name for p in Path(overrides[-1].split("=")[1]).iterdir())))
+        Path(overrides[-1].split("=")[1], output.name).write_text("")  # what the job leaves in the cache
+        return bench_job.Timed(2.0, 1.0, 10)
+
+    monkeypatch.setattr(bench_job, "run_job", fake_job)
+    config = SimpleNamespace(warm=True, warm_cache_key="workers.stats_url")
+    for round_index in (0, 1):
+        passes = bench_job._cold_then_warm(config, ["strategy.name=auto"], tmp_path, "auto", 8, round_index)
+        assert [mode for mode, _ in passes] == ["cold", "warm"]
+    caches = [overrides[-1] for overrides, _, _ in calls]
+    assert caches[0] == caches[1] != caches[2] == caches[3]
+    assert [seen for _, _, seen in calls] == [[], ["out-auto-b8-r0-cold"], [], ["out-auto-b8-r1-cold"]]
+    assert len({output for _, output, _ in calls}) == 4

@@ -69,3 +69,32 @@ def test_unsupported_architectures_take_the_transformers_path():
     for prompt, row in zip(([3, 4, 5], [6]), rows, strict=True):
         expected = gpt2.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
         assert row.tokens == expected[0, len(prompt) :].tolist()
+
+
+@pytest.mark.slow  # compiling takes a minute or more on 2 cores
+def test_compiled_layers_decode_the_same_greedy_tokens_as_eager():
+    """`model.compile`: chains of one token (plain steps) and of several (speculative verify), batch 1
+    and a batch of mixed lengths, in float64: the compiled parts compute what the eager ones do."""
+    from mixed_prompts import PROMPTS
+    from scripted_proposer import ScriptedProposer
+
+    from strategies.speculative import Drafter, SpeculativeStrategy
+
+    model = _models()[0]
+    eager, compiled = ModelRunner(model), ModelRunner(model)
+    compiled.compile()
+    params = GenerationParams(12, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
+    for prompts in (PROMPTS[:1], PROMPTS):
+        requests = [RowRequest(prompt=list(p), key=i) for i, p in enumerate(prompts)]
+        expected = [r.tokens for r in AutoregressiveStrategy(eager).generate(requests, params).rows]
+        assert [r.tokens for r in AutoregressiveStrategy(compiled).generate(requests, params).rows] == expected
+        for right in (True, False):  # verify chains all accepted, or all rejected
+            drafter = Drafter("speculative", ScriptedProposer(expected, compiled.vocab_size, right), 4, 4)
+            speculative = SpeculativeStrategy("speculative", compiled, [drafter])
+            assert [r.tokens for r in speculative.generate(requests, params).rows] == expected
+
+
+def test_compile_names_the_key_for_a_model_without_the_lean_forward():
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    with pytest.raises(ValueError, match=r"this target is 'gpt2': set model.compile=false"):
+        ModelRunner(model).compile()

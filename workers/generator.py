@@ -93,6 +93,8 @@ class Generator:
                 f"input.messages_column is set but the tokenizer of {spec.model_target} has no chat template"
             )
         self.runner = self.models.target
+        if spec.model_compile:
+            self.runner.compile()
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         self.stats_key = StatsKey(
             spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")

@@ -53,6 +53,7 @@ class WorkerSpec:
     model_storage_options: dict[str, Any] = field(default_factory=dict)
     model_exits: str | None = None
     model_cmlm: str | None = None
+    model_compile: bool = False  # model.compile
     logprobs: bool = False  # output.logprobs
     top_logprobs: int = 0  # output.top_logprobs
     token_ids: bool = False  # output.token_ids
