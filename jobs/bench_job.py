@@ -337,10 +337,8 @@ def _cold_then_warm(
     config: Any, overrides: list[str], work: Path, strategy: str, batch_size: int, round_index: int
 ) -> list[tuple[str, Timed]]:
     tag = f"{strategy}-b{batch_size}-r{round_index}"
-    if config.warm_cache_key:
-        cache = work / f"cache-{tag}"
-        cache.mkdir()
-        overrides = [*overrides, f"{config.warm_cache_key}={cache}"]
+    if config.warm_cache_key:  # a path not there yet: the cold job makes it, a file or a folder as the key wants
+        overrides = [*overrides, f"{config.warm_cache_key}={work / f'cache-{tag}'}"]
     cold = run_job(overrides, work / f"out-{tag}-cold", work / f"{tag}-cold.log")
     if not config.warm:
         return [("cold", cold)]

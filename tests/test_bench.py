@@ -140,8 +140,9 @@ def test_job_warm_job_shares_the_new_cache_of_the_cold_job_before_it(tmp_path, m
     calls = []
 
     def fake_job(overrides, output, log):
-        calls.append((overrides, output, sorted(p.name for p in Path(overrides[-1].split("=")[1]).iterdir())))
-        Path(overrides[-1].split("=")[1], output.name).write_text("")  # what the job leaves in the cache
+        cache = Path(overrides[-1].split("=")[1])  # not there before the cold job: it makes it
+        calls.append((overrides, output, cache.read_text() if cache.exists() else None))
+        cache.write_text(output.name)  # what the job leaves in the cache
         return bench_job.Timed(2.0, 1.0, 10)
 
     monkeypatch.setattr(bench_job, "run_job", fake_job)
@@ -151,5 +152,5 @@ def test_job_warm_job_shares_the_new_cache_of_the_cold_job_before_it(tmp_path, m
         assert [mode for mode, _ in passes] == ["cold", "warm"]
     caches = [overrides[-1] for overrides, _, _ in calls]
     assert caches[0] == caches[1] != caches[2] == caches[3]
-    assert [seen for _, _, seen in calls] == [[], ["out-auto-b8-r0-cold"], [], ["out-auto-b8-r1-cold"]]
+    assert [seen for _, _, seen in calls] == [None, "out-auto-b8-r0-cold", None, "out-auto-b8-r1-cold"]
     assert len({output for _, output, _ in calls}) == 4
