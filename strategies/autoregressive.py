@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
-from strategies.batch import Batch, decode_plainly, start_batch
+from strategies.batch import PLAIN_RUN_STEPS, Batch, decode_plainly, start_batch
 from strategies.runner import ModelRunner
 
 
@@ -23,7 +23,8 @@ class AutoregressiveStrategy:
 
 
 class PlainDecoding:
-    """A batch in plain decoding (`base.Decoding`): each step runs until a row finishes."""
+    """A batch in plain decoding (`base.Decoding`): a step runs until a row finishes, or
+    `PLAIN_RUN_STEPS` steps, so that waiting rows can join a batch with room."""
 
     def __init__(self, runner: ModelRunner, batch: Batch) -> None:
         self.runner = runner
@@ -34,7 +35,7 @@ class PlainDecoding:
         return len(self.batch.active)
 
     def step(self) -> None:
-        run = decode_plainly(self.runner, self.batch)
+        run = decode_plainly(self.runner, self.batch, PLAIN_RUN_STEPS)
         self.forwards += run.steps
         self.batch.keep(run.still)
 

@@ -23,6 +23,8 @@ from strategies.proposer import TargetStates
 from strategies.runner import ModelRunner
 from strategies.sampling import choose_tokens
 
+# Plain steps one `Decoding.step` takes at most: rows waiting to join a batch with room wait no longer.
+PLAIN_RUN_STEPS = 8
 RELEASED = RowRequest(prompt=[], key=0)  # in place of a reported row's request (`Batch.release`)
 
 

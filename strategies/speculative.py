@@ -24,7 +24,7 @@ import torch
 
 from strategies.acceptance import AcceptanceRule, ExactMatch
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
-from strategies.batch import Batch, decode_plainly, start_batch
+from strategies.batch import PLAIN_RUN_STEPS, Batch, decode_plainly, start_batch
 from strategies.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
 from strategies.drafts import Draft, draft_problem
 from strategies.metrics import SpecStats
@@ -139,7 +139,8 @@ class SpeculativeStrategy:
         if drafter is not None and drafter.name not in run.started and not self._start(run, drafter):
             drafter = None
         if drafter is None:
-            self._plain(run, plan.steps)
+            # Plain runs end within PLAIN_RUN_STEPS, so that waiting rows can join a batch with room.
+            self._plain(run, min(plan.steps or PLAIN_RUN_STEPS, PLAIN_RUN_STEPS))
             return
         began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
         context = ProposalContext(
