@@ -30,6 +30,10 @@ from typing import Any
 from strategies.base import Decoding, RowOutput, RowRequest, Segment
 
 SEGMENT_S = 2.0  # a throughput record closes at the first step boundary after this long
+# A batch that would open with room waits this long for more rows: an actor's units arrive together
+# but are read and tokenized one by one, and a batch opened on the first unit alone would decode
+# below `batch_size` until its rows finish.
+GATHER_S = 0.2
 
 
 @dataclass
@@ -127,6 +131,9 @@ class DecodeEngine:
                 while not self._queue:
                     self._wake.wait()
                 group = self._queue[0].group
+                deadline = time.monotonic() + GATHER_S
+                while len(self._queue) < self.batch_size and (left := deadline - time.monotonic()) > 0:
+                    self._wake.wait(left)
             first = self._take(group, self.batch_size, self.max_batch_tokens)
             if first:
                 _Run(self, group).decode(first)
