@@ -556,9 +556,10 @@ class ActorPool:
         """The actor to take an attempt of `rows` output rows, or None for now.
 
         A first attempt goes to the actor with the fewest rows in flight while it holds fewer than two
-        batches' worth (`workers.batch_size`): rows of the units there join its running batch as
-        others finish, so a batch spans units and the next unit waits ready. A retry runs alone on an
-        actor with nothing in flight: whether the unit fails again is then its own doing.
+        units or fewer than two batches' worth of rows (`workers.batch_size`): rows of the units there
+        join its running batch as others finish, so a batch spans units and the next unit waits ready,
+        however large units are. A retry runs alone on an actor with nothing in flight: whether the
+        unit fails again is then its own doing.
         """
         ready = [a for a in range(len(self.actors)) if a not in run.recovering and a not in run.alone]
         if attempt > 1:
@@ -567,7 +568,7 @@ class ActorPool:
         fits = [
             a
             for a in ready
-            if run.units_on[a] == 0 or (run.units_on[a] < MAX_UNITS_PER_ACTOR and run.rows_on[a] < room)
+            if run.units_on[a] < 2 or (run.units_on[a] < MAX_UNITS_PER_ACTOR and run.rows_on[a] < room)
         ]
         return min(fits, key=lambda a: run.rows_on[a], default=None)
 
