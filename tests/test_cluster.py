@@ -68,6 +68,7 @@ def test_a_node_removed_mid_job(tmp_path, tiny_model_dir, three_node_cluster, mo
         tmp_path,
         tiny_model_dir,
         "input.rows_per_unit=2",
+        "workers.batch_size=2",  # a unit's rows at a time: the job is mid-way when the node goes
         "generation.max_new_tokens=4",
         f"ray.address={cluster.address}",
         "workers.num_actors=2",
