@@ -169,6 +169,7 @@ class _Run:
         self.group = group
         self.admitted = 0  # rows admitted so far: the next one's request index in the decoding
         self.live: dict[int, Pending] = {}  # request index -> row, the rows decoding
+        self.cost = 0  # the live rows' costs
         self._new_segment()
 
     def decode(self, first: list[Pending]) -> None:
@@ -176,10 +177,8 @@ class _Run:
         try:
             self._join(first)
             decoding = engine.open_decoding(self.group, [p.request for p in first])
-            while True:
-                self._deliver(decoding)
-                if not decoding.active():
-                    break
+            self._deliver(decoding)  # rows that ended on their first token
+            while decoding.active():
                 self.sizes.append(decoding.active())
                 decoding.step()
                 self._deliver(decoding)
@@ -187,11 +186,11 @@ class _Run:
                     self._close(decoding)
                 room = engine.batch_size - decoding.active()
                 if decoding.active() and room > 0:
-                    cost = sum(p.cost for p in self.live.values())
-                    more = engine._take(self.group, room, engine.max_batch_tokens - cost)
+                    more = engine._take(self.group, room, engine.max_batch_tokens - self.cost)
                     if more:
                         self._join(more)
                         decoding.admit([p.request for p in more])
+                        self._deliver(decoding)
             self._close(decoding)
         except BaseException as exc:  # the units decoding here fail; the loop goes on with the next batch
             engine._fail(list(self.live.values()), exc)
@@ -201,6 +200,7 @@ class _Run:
         for row in rows:
             self.live[self.admitted] = row
             self.admitted += 1
+            self.cost += row.cost
         self.prompt_tokens += sum(len(p.request.prompt) for p in rows)
         self.units.update((p.ticket.unit_id, None) for p in rows)
         self.engine.before_join(rows)
@@ -211,6 +211,7 @@ class _Run:
         completed = []
         for index, row in decoding.finished():
             pending = self.live.pop(index)
+            self.cost -= pending.cost
             self.finished.append(row)
             self.engine.on_row(row)
             ticket = pending.ticket
