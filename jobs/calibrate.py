@@ -12,18 +12,133 @@ mean exit layer whose agreement reaches `target_agreement`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from jobs.bench import read_prompts
-from jobs.cli import SAMPLE_PROMPTS, SHIPPED_EXITS, SHIPPED_TARGET, print_keys, split_args
+from jobs.args import print_keys, split_args
+from jobs.bench.decoding import read_prompts
+from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_EXITS, SHIPPED_TARGET
 from pipeline.config import load_config, option
 from pipeline.errors import JobError
-from strategies.calm import Calibration, calibrate
+from strategies.artifacts.exits import ExitHeads
+from strategies.base import BatchOutput, GenerationParams, RowRequest, Strategy
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.decoders.calm import CalmStrategy
 from strategies.options import CalmOptions
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
 from workers.model_loading import load_models, resolve_dtype
+
+
+@dataclass
+class CurvePoint:
+    """CALM at one threshold on the calibration prompts."""
+
+    threshold: float
+    agreement: float  # share of its tokens equal to the full model's greedy choice after the same prefix
+    same_as_greedy: float  # share of output positions equal to full-model greedy decoding's
+    mean_exit_layer: float  # over every generated token (the first, the prefill's, at full depth)
+    wall_s: float
+
+
+@dataclass
+class Calibration:
+    greedy_wall_s: float  # plain greedy decoding of the same prompts, in the same batches
+    points: list[CurvePoint]
+    chosen: CurvePoint | None  # the shallowest point meeting the agreement target; None: no threshold did
+
+
+def decode(
+    strategy: Strategy, prompts: list[list[int]], params: GenerationParams, batch_size: int
+) -> tuple[list[list[int]], list[BatchOutput], float]:
+    """(outputs, batch outputs, wall seconds) of `strategy` over `prompts` in batches of `batch_size`."""
+    outputs: list[list[int]] = []
+    batches: list[BatchOutput] = []
+    started = time.perf_counter()
+    for first in range(0, len(prompts), batch_size):
+        requests = [
+            RowRequest(prompt=list(p), key=first + i) for i, p in enumerate(prompts[first : first + batch_size])
+        ]
+        batches.append(strategy.generate(requests, params))
+        outputs += [r.tokens for r in batches[-1].rows]
+    return outputs, batches, time.perf_counter() - started
+
+
+def full_model_choices(runner: ModelRunner, prompts: list[list[int]], outputs: list[list[int]]) -> list[list[int]]:
+    """Per row, the target's greedy choice after each prefix prompt + output[:j], j < len(output): what
+    the full model would have emitted at each of the row's positions (one teacher-forced forward)."""
+    sequences = [p + o[:-1] for p, o in zip(prompts, outputs, strict=True)]
+    width = max(len(s) for s in sequences)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    valid = torch.zeros(len(sequences), width, dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        ids[row, width - len(seq) :] = torch.tensor(seq)
+        valid[row, width - len(seq) :] = True
+    positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+    device = runner.device
+    kv = runner.new_kv(len(sequences))
+    logits = runner.forward(kv, ids.to(device), positions.to(device), valid.to(device)).logits  # [B, W, V]
+    argmax = logits.argmax(dim=-1).tolist()
+    return [row[width - len(o) :] for row, o in zip(argmax, outputs, strict=True)]
+
+
+def agreement(runner: ModelRunner, prompts: list[list[int]], outputs: list[list[int]], batch_size: int) -> float:
+    """The share of `outputs`' tokens equal to the full model's greedy choice after the same prefix."""
+    same = total = 0
+    for first in range(0, len(prompts), batch_size):
+        chunk = outputs[first : first + batch_size]
+        full = full_model_choices(runner, prompts[first : first + batch_size], chunk)
+        same += sum(a == b for f, o in zip(full, chunk, strict=True) for a, b in zip(f, o, strict=True))
+        total += sum(len(o) for o in chunk)
+    return same / max(1, total)
+
+
+def calibrate(
+    runner: ModelRunner,
+    exits: ExitHeads,
+    options: CalmOptions,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    thresholds: list[float],
+    target: float,
+    batch_size: int,
+    repeats: int = 1,
+) -> Calibration:
+    """CALM at each threshold on `prompts` (greedy, EOS ignored): its agreement with the full model and
+    its speed (the median of `repeats` passes, each threshold's after a greedy pass, on a machine that
+    drifts); the chosen point is the shallowest (mean exit layer) whose agreement reaches `target`."""
+    params = GenerationParams(max_new_tokens, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
+    plain = AutoregressiveStrategy(runner)
+    greedy, _, _ = decode(plain, prompts, params, batch_size)
+    greedy_walls = []
+    points = []
+    for threshold in thresholds:
+        strategy = CalmStrategy(runner, exits, dataclasses.replace(options, threshold=threshold))
+        walls = []
+        for _ in range(repeats):
+            greedy_walls.append(decode(plain, prompts, params, batch_size)[2])
+            outputs, batches, wall_s = decode(strategy, prompts, params, batch_size)
+            walls.append(wall_s)
+        positional = sum(a == b for o, g in zip(outputs, greedy, strict=True) for a, b in zip(o, g, strict=True))
+        tokens = sum(len(o) for o in outputs)
+        depth = sum(b.stats["mean_exit_layer"] * sum(len(r.tokens) for r in b.rows) for b in batches)
+        points.append(
+            CurvePoint(
+                threshold=threshold,
+                agreement=agreement(runner, prompts, outputs, batch_size),
+                same_as_greedy=positional / max(1, tokens),
+                mean_exit_layer=depth / max(1, tokens),
+                wall_s=statistics.median(walls),
+            )
+        )
+    meeting = [p for p in points if p.agreement >= target]
+    chosen = min(meeting, key=lambda p: (p.mean_exit_layer, -p.threshold)) if meeting else None
+    return Calibration(statistics.median(greedy_walls), points, chosen)
 
 
 @dataclass

@@ -13,18 +13,11 @@ A `JobError` is printed as one message and exits with status 2; an incomplete jo
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from pipeline.config import JobConfig, ModelConfig, describe, load_config
+from jobs.args import print_keys, split_args
+from jobs.shipped import default_job_config
+from pipeline.config import load_config
 from pipeline.errors import JobError
-
-ASSETS = Path(__file__).resolve().parent / "assets"
-SHIPPED_TARGET = ASSETS / "models" / "target"
-SHIPPED_DRAFT = ASSETS / "models" / "draft"
-SHIPPED_HEADS = ASSETS / "models" / "heads"
-SHIPPED_EXITS = ASSETS / "models" / "exits"
-SHIPPED_CMLM = ASSETS / "models" / "cmlm"
-SAMPLE_PROMPTS = ASSETS / "prompts" / "sample.parquet"
 
 USAGE = """usage: accelgen <command> [args]
 
@@ -36,30 +29,6 @@ commands:
   report OUTPUT_URL [--out report.html]     a finished job's report: throughput, τ, switches, errors, totals
   calibrate calm [key=value ...]            CALM's speed/agreement curve and threshold (accelgen calibrate calm --help)
 """
-
-
-def default_job_config() -> JobConfig:
-    """The schema's defaults, with the shipped model family as the default model."""
-    draft = str(SHIPPED_DRAFT) if (SHIPPED_DRAFT / "config.json").is_file() else None
-    heads = str(SHIPPED_HEADS) if (SHIPPED_HEADS / "heads.json").is_file() else None
-    exits = str(SHIPPED_EXITS) if (SHIPPED_EXITS / "exits.json").is_file() else None
-    cmlm = str(SHIPPED_CMLM) if (SHIPPED_CMLM / "cmlm.json").is_file() else None
-    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads, exits=exits, cmlm=cmlm))
-
-
-def print_keys(title: str, config: object) -> None:
-    print(title)
-    rows = describe(config)
-    width = max(len(key) for key, _, _ in rows)
-    for key, default, help_text in rows:
-        print(f"  {key:<{width}}  {help_text}\n  {'':<{width}}  default: {default}")
-
-
-def split_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """An optional leading YAML path, then key=value overrides."""
-    if args and "=" not in args[0]:
-        return args[0], args[1:]
-    return None, args
 
 
 def generate(args: list[str]) -> int:
@@ -121,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "generate":
             return generate(args)
         if command == "bench":
-            from jobs.bench import main as bench_main
+            from jobs.bench.decoding import main as bench_main
 
             return bench_main(args)
         if command == "verify":

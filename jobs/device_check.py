@@ -199,7 +199,7 @@ def pytest_configure(config) -> None:
     counted into `$ACCELGEN_RUNNER_DEVICES` at the end of the session."""
     import torch
 
-    from strategies.runner import ModelRunner
+    from strategies.runtime.runner import ModelRunner
 
     device = os.environ.get(TEST_DEVICE_ENV, "cpu")
     torch.set_default_device(device)
@@ -227,12 +227,12 @@ def profile(dry_run: bool) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, record_function
 
-    from jobs.bench import read_prompts
-    from jobs.cli import SAMPLE_PROMPTS, SHIPPED_CMLM, SHIPPED_DRAFT, SHIPPED_EXITS, SHIPPED_HEADS, SHIPPED_TARGET
-    from strategies import autoregressive, registry, speculative
+    from jobs.bench.decoding import read_prompts
+    from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_CMLM, SHIPPED_DRAFT, SHIPPED_EXITS, SHIPPED_HEADS, SHIPPED_TARGET
     from strategies.base import GenerationParams, RowRequest
+    from strategies.decoders import autoregressive, registry, speculative
     from strategies.options import StrategyOptions
-    from strategies.sampling import SamplingParams, row_key
+    from strategies.runtime.sampling import SamplingParams, row_key
     from workers import controller as controller_module
     from workers.model_loading import load_models
 

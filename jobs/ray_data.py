@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from jobs.cli import default_job_config
+from jobs.shipped import default_job_config
 from pipeline.config import JobConfig, load_config
 from pipeline.driver import validate, worker_spec
 from pipeline.errors import JobError

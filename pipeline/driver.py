@@ -566,9 +566,7 @@ class ActorPool:
             return next((a for a in ready if run.units_on[a] == 0), None)
         room = 2 * self.config.workers.batch_size
         fits = [
-            a
-            for a in ready
-            if run.units_on[a] < 2 or (run.units_on[a] < MAX_UNITS_PER_ACTOR and run.rows_on[a] < room)
+            a for a in ready if run.units_on[a] < 2 or (run.units_on[a] < MAX_UNITS_PER_ACTOR and run.rows_on[a] < room)
         ]
         return min(fits, key=lambda a: run.rows_on[a], default=None)
 

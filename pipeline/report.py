@@ -86,7 +86,7 @@ def throughput_by_actor(batches: list[dict[str, Any]]) -> dict[str, list[tuple[f
 
 def tau_by_drafter(batches: list[dict[str, Any]]) -> dict[str, float]:
     """τ per drafter over the whole job: its verify steps' emitted tokens over its verify steps
-    (strategies/metrics.py), summed from the counts, not averaged from per-batch ratios."""
+    (strategies/verification/metrics.py), summed from the counts, not averaged from per-batch ratios."""
     emitted: dict[str, int] = {}
     steps: dict[str, int] = {}
     for b in batches:

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from strategies.logprobs import TokenLogprob
-from strategies.sampling import SamplingParams
+from strategies.runtime.logprobs import TokenLogprob
+from strategies.runtime.sampling import SamplingParams
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -20,7 +20,7 @@ class GenerationParams:
     eos_token_ids: frozenset[int]
     ignore_eos: bool = False
     # None: no scores; k >= 0: each emitted token's log-probability under the target and its k best
-    # alternatives (`strategies.logprobs`).
+    # alternatives (`strategies.runtime.logprobs`).
     logprobs: int | None = None
 
 

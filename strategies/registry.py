@@ -14,28 +14,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from strategies.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
-from strategies.autoregressive import AutoregressiveStrategy
+from strategies.artifacts.cmlm import CMLM
+from strategies.artifacts.exits import ExitHeads
+from strategies.artifacts.heads import DraftHeads
 from strategies.base import Strategy
-from strategies.calm import LOGPROBS_REFUSAL, CalmStrategy
-from strategies.cmlm import CMLM
-from strategies.cmlm_proposer import CMLMProposer
-from strategies.control import AUTOREGRESSIVE, Controller
-from strategies.draft_model import DraftModelProposer
-from strategies.exits import ExitHeads
-from strategies.heads import DraftHeads
-from strategies.jacobi import INITS, JacobiProposer
-from strategies.jacobi import MODES as JACOBI_MODES
-from strategies.lookahead import MODES, LookaheadProposer
-from strategies.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
-from strategies.mask_predict import MaskPredictStrategy
-from strategies.medusa import HeadsProposer, chain_choices, check_choices
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.decoders.calm import LOGPROBS_REFUSAL, CalmStrategy
+from strategies.decoders.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
+from strategies.decoders.mask_predict import MaskPredictStrategy
 from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, DRAFTERS, MEDUSA_ACCEPTANCE, StrategyOptions
-from strategies.prompt_lookup import PromptLookupProposer
-from strategies.proposer import Proposer
-from strategies.runner import ModelRunner
-from strategies.self_speculative import SelfSpeculativeProposer
-from strategies.speculative import Drafter, SpeculativeStrategy
+from strategies.proposers.cmlm_proposer import CMLMProposer
+from strategies.proposers.draft_model import DraftModelProposer
+from strategies.proposers.jacobi import INITS, JacobiProposer
+from strategies.proposers.jacobi import MODES as JACOBI_MODES
+from strategies.proposers.lookahead import MODES, LookaheadProposer
+from strategies.proposers.medusa import HeadsProposer, chain_choices, check_choices
+from strategies.proposers.prompt_lookup import PromptLookupProposer
+from strategies.proposers.self_speculative import SelfSpeculativeProposer
+from strategies.runtime.runner import ModelRunner
+from strategies.verification.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
+from strategies.verification.control import AUTOREGRESSIVE, Controller
+from strategies.verification.proposer import Proposer
+from strategies.verification.speculative import Drafter, SpeculativeStrategy
 
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates

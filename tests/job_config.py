@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.cli import default_job_config
+from jobs.shipped import default_job_config
 from pipeline.config import JobConfig, load_config
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from strategies.drafts import Draft
-from strategies.proposer import ProposalContext
+from strategies.verification.drafts import Draft
+from strategies.verification.proposer import ProposalContext
 
 
 class ScriptedProposer:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strategies.acceptance import (
+from strategies.runtime.sampling import SamplingParams
+from strategies.verification.acceptance import (
     ExactMatch,
     RejectionSampling,
     Relaxed,
@@ -15,8 +16,7 @@ from strategies.acceptance import (
     typical_walk,
     walk,
 )
-from strategies.drafts import Draft, children_by_slot, draft_problem, tree_attention, tree_depths
-from strategies.sampling import SamplingParams
+from strategies.verification.drafts import Draft, children_by_slot, draft_problem, tree_attention, tree_depths
 
 
 def test_tree_helpers_on_a_literal_tree():

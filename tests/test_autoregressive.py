@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import FINISH_LENGTH, FINISH_STOP, GenerationParams, RowRequest
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams, row_key
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams, row_key
 
 PROMPTS = [
     "def add(a, b):",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.bench import HF_GENERATE, paired_speedup
+from jobs.bench.decoding import HF_GENERATE, paired_speedup
 from jobs.cli import main as cli
 
 
@@ -57,7 +57,7 @@ def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, t
 def test_job_input_splits_cycled_prompts_into_shards(tmp_path):
     import pyarrow.parquet as pq
 
-    from jobs.bench_job import write_input
+    from jobs.bench.job import write_input
 
     folder = write_input(["a", "b", "c"], rows=7, shards=3, folder=tmp_path / "in")
     tables = [pq.read_table(p).to_pydict() for p in sorted(folder.glob("*.parquet"))]
@@ -67,7 +67,7 @@ def test_job_input_splits_cycled_prompts_into_shards(tmp_path):
 
 
 def test_job_decoding_sums_every_batch_record(tmp_path):
-    from jobs.bench_job import decoding_of
+    from jobs.bench.job import decoding_of
 
     for unit, records in (("u0", [(0.5, 10), (0.25, 6)]), ("u1", [(1.0, 20)])):
         folder = tmp_path / "_logs" / "batches" / unit
@@ -78,7 +78,7 @@ def test_job_decoding_sums_every_batch_record(tmp_path):
 
 
 def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the_aims():
-    from jobs.bench_job import VLLM_PLAIN, Timed, aims, summarize, vllm_row
+    from jobs.bench.job import VLLM_PLAIN, Timed, aims, summarize, vllm_row
 
     runs = {
         ("autoregressive", "cold"): [Timed(20.0, 10.0, 1000), Timed(40.0, 20.0, 1000)],  # round 2: machine slowed
@@ -104,7 +104,7 @@ def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the
 
 
 def test_job_vllm_without_its_python_is_a_row_that_says_how_to_measure_it():
-    from jobs.bench_job import VLLM_NGRAM, vllm_row, vllm_runs
+    from jobs.bench.job import VLLM_NGRAM, vllm_row, vllm_runs
 
     class Config:
         vllm_python = ""
@@ -135,7 +135,7 @@ def test_device_check_counts_a_junit_report_and_names_each_failure():
 def test_job_warm_job_shares_the_new_cache_of_the_cold_job_before_it(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from jobs import bench_job
+    from jobs.bench import job as bench_job
 
     calls = []
 

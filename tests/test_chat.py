@@ -13,8 +13,8 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jobs.cli import SHIPPED_TARGET
 from jobs.cli import main as cli
+from jobs.shipped import SHIPPED_TARGET
 from workers.rows import chat_messages
 
 CHATS = [

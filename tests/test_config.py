@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.cli import default_job_config, main
+from jobs.cli import main
+from jobs.shipped import default_job_config
 from pipeline.config import JobConfig, describe, load_config, to_plain_dict
 from pipeline.errors import JobError
 

@@ -20,12 +20,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.train.cmlm import cmlm_from_target, cmlm_tokenizer_and_config
 from strategies import registry
+from strategies.artifacts.cmlm import write_config
+from strategies.artifacts.exits import untrained_exits
 from strategies.base import GenerationParams, RowOutput, RowRequest, Segment
-from strategies.cmlm import write_config
-from strategies.exits import untrained_exits
-from strategies.kv_cache import RaggedKV
 from strategies.options import StrategyOptions
-from strategies.sampling import SamplingParams
+from strategies.runtime.kv_cache import RaggedKV
+from strategies.runtime.sampling import SamplingParams
 from workers.controller import AdaptiveController
 from workers.engine import DecodeEngine
 from workers.model_loading import load_models

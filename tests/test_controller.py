@@ -10,14 +10,14 @@ from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
 
 from strategies import registry
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
-from strategies.kv_cache import SlotLayer
+from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
-from strategies.speculative import Drafter, SpeculativeStrategy
+from strategies.runtime.kv_cache import SlotLayer
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
+from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
+from strategies.verification.speculative import Drafter, SpeculativeStrategy
 from workers.controller import AdaptiveController, ControllerSettings, RecentTime, best_chain_depth, bucket
 
 LOOKUP = "lookup"

@@ -18,17 +18,18 @@ from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from jobs.calibrate import agreement, calibrate, decode
 from jobs.calibrate import main as calibrate_main
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from strategies import registry
-from strategies.autoregressive import AutoregressiveStrategy
+from strategies.artifacts.exits import ExitHeads, load_exits, untrained_exits
 from strategies.base import GenerationParams, RowRequest
-from strategies.calm import CalmStrategy, agreement, calibrate, decode
-from strategies.exits import ExitHeads, load_exits, untrained_exits
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.decoders.calm import CalmStrategy
 from strategies.options import CALM_MEASURES, CalmOptions, StrategyOptions
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
 from workers.model_loading import load_models, weights_sha256
 
 LAYERS = 4

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from jobs.cli import default_job_config
+from jobs.shipped import default_job_config
 from pipeline.commit import commit_record_name
 from pipeline.config import load_config
 from pipeline.driver import CRASHING_ROW, run_job

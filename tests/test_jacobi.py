@@ -7,11 +7,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from strategies import registry
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
+from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
 
 PROMPTS = [
     [5, 6, 7, 8, 9, 10, 11, 12],

@@ -15,16 +15,16 @@ import torch
 from job_config import job_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jobs.cli import default_job_config
+from jobs.shipped import default_job_config
 from pipeline.commit import commit_record_name
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from pipeline.verify import verify
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams, filtered_probs, row_key
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams, filtered_probs, row_key
 from workers.contract import derived_row_id, part_name, unit_id
 
 GOOD = [

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from strategies import llama_forward
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.runtime import llama_forward
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
 
 SMALL = dict(
     vocab_size=97,
@@ -78,7 +78,7 @@ def test_compiled_layers_decode_the_same_greedy_tokens_as_eager():
     from mixed_prompts import PROMPTS
     from scripted_proposer import ScriptedProposer
 
-    from strategies.speculative import Drafter, SpeculativeStrategy
+    from strategies.verification.speculative import Drafter, SpeculativeStrategy
 
     model = _models()[0]
     eager, compiled = ModelRunner(model), ModelRunner(model)

@@ -18,13 +18,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.cli import main as cli
 from strategies import registry
+from strategies.artifacts.exits import untrained_exits
 from strategies.base import GenerationParams, RowRequest
-from strategies.calm import LOGPROBS_REFUSAL
-from strategies.exits import untrained_exits
-from strategies.logprobs import score_tokens
+from strategies.decoders.calm import LOGPROBS_REFUSAL
 from strategies.options import StrategyOptions
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
+from strategies.runtime.logprobs import score_tokens
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
 from workers.contract import derived_row_id
 from workers.controller import AdaptiveController
 

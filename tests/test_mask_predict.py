@@ -17,19 +17,19 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jobs.agreement import agreement, chrf, token_accuracy
-from jobs.bench import Bench, BenchConfig
+from jobs.bench.agreement import agreement, chrf, token_accuracy
+from jobs.bench.decoding import Bench, BenchConfig
 from jobs.train.cmlm import cmlm_from_target, cmlm_tokenizer_and_config
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from strategies import registry
-from strategies.autoregressive import AutoregressiveStrategy
+from strategies.artifacts.cmlm import read_config, write_config
 from strategies.base import GenerationParams, RowRequest
-from strategies.cmlm import read_config, write_config
-from strategies.mask_predict import best_lanes, length_candidates, lowest, refine, remask_counts
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.decoders.mask_predict import best_lanes, length_candidates, lowest, refine, remask_counts
 from strategies.options import StrategyOptions
-from strategies.sampling import SamplingParams
+from strategies.runtime.sampling import SamplingParams
 from tests.job_config import job_config
 from tests.mixed_prompts import PROMPTS
 from workers.model_loading import load_models

@@ -19,16 +19,16 @@ from transformers import AutoModelForCausalLM
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from strategies import registry
-from strategies.autoregressive import AutoregressiveStrategy
+from strategies.artifacts.heads import DraftHeads, HeadsConfig
 from strategies.base import GenerationParams, RowRequest
-from strategies.drafts import Draft
-from strategies.heads import DraftHeads, HeadsConfig
-from strategies.medusa import HeadsProposer, chain_choices, check_choices
+from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import MEDUSA_TREE, StrategyOptions
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
-from strategies.speculative import Drafter, SpeculativeStrategy
-from strategies.verify import verify_inputs
+from strategies.proposers.medusa import HeadsProposer, chain_choices, check_choices
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
+from strategies.verification.drafts import Draft
+from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.verify import verify_inputs
 from workers.model_loading import load_models, weights_sha256
 
 K = 4

@@ -6,15 +6,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.drafts import tree_attention, tree_depths
-from strategies.lookahead import LookaheadProposer, TokenTrie, gather_tree
-from strategies.prompt_lookup import NgramIndex, PromptLookupProposer
-from strategies.proposer import ProposalContext
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
-from strategies.speculative import Drafter, SpeculativeStrategy
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.proposers.lookahead import LookaheadProposer, TokenTrie, gather_tree
+from strategies.proposers.prompt_lookup import NgramIndex, PromptLookupProposer
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
+from strategies.verification.drafts import tree_attention, tree_depths
+from strategies.verification.proposer import ProposalContext
+from strategies.verification.speculative import Drafter, SpeculativeStrategy
 
 
 def test_ngram_index_prefers_the_longest_then_latest_match():

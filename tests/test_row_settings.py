@@ -16,10 +16,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.driver import run_job
 from pipeline.errors import JobError
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams, keyed_uniform, row_key, seeded_key
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams, keyed_uniform, row_key, seeded_key
 from workers.contract import derived_row_id, part_name, unit_id
 from workers.row_settings import RowSettings, row_settings
 

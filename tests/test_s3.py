@@ -11,8 +11,8 @@ import pytest
 import ray
 from s3_server import CREDENTIALS, FaultyProxy, MotoS3
 
-from jobs.cli import default_job_config
 from jobs.cli import main as cli
+from jobs.shipped import default_job_config
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.verify import verify

@@ -22,11 +22,11 @@ from pipeline.driver import run_job
 from pipeline.errors import JobError
 from pipeline.verify import _sample_problems, verify
 from strategies import registry
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
+from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams, row_key
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams, row_key
 from workers.contract import derived_row_id, part_name, unit_id
 from workers.faults import FAULTS_ENV
 

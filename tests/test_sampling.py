@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from strategies.sampling import SamplingParams, filtered_probs, keyed_uniform, row_key, sample_from
+from strategies.runtime.sampling import SamplingParams, filtered_probs, keyed_uniform, row_key, sample_from
 
 
 def test_keyed_uniform_is_a_pure_function_of_its_key():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from jobs.cli import SHIPPED_DRAFT, SHIPPED_TARGET
+from jobs.shipped import SHIPPED_DRAFT, SHIPPED_TARGET
 
 CARD = (SHIPPED_TARGET.parent / "README.md").read_text()
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from jobs.cli import default_job_config
+from jobs.shipped import default_job_config
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.verify import verify

@@ -8,14 +8,14 @@ from mixed_prompts import PROMPTS
 from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
 
-from strategies.acceptance import Relaxed
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import FINISH_LENGTH, FINISH_STOP, GenerationParams, RowRequest
-from strategies.draft_model import DraftModelProposer
-from strategies.drafts import Draft
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
-from strategies.speculative import Drafter, SpeculativeStrategy
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.proposers.draft_model import DraftModelProposer
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
+from strategies.verification.acceptance import Relaxed
+from strategies.verification.drafts import Draft
+from strategies.verification.speculative import Drafter, SpeculativeStrategy
 
 K = 4
 

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from jobs.train.cli import main
 from jobs.train.cmlm import ExampleSampler, ends_at_eos, masked_batch
 from jobs.train.config import CMLMJobConfig, TrainConfig
-from strategies.cmlm import CMLMConfig, read_config
+from strategies.artifacts.cmlm import CMLMConfig, read_config
 
 TINY_CMLM = [
     "corpus.max_files=40",

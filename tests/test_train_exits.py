@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from jobs.train import checkpoint
 from jobs.train.cli import main
 from jobs.train.windows import WindowSampler
-from strategies.exits import CONFIG_FILE, WEIGHTS_FILE, load_exits, read_config
+from strategies.artifacts.exits import CONFIG_FILE, WEIGHTS_FILE, load_exits, read_config
 from workers.model_loading import load_models, weights_sha256
 
 TINY_EXITS = [

@@ -14,7 +14,7 @@ from jobs.train import checkpoint
 from jobs.train.cli import main
 from jobs.train.config import TrainConfig
 from jobs.train.heads import DATA_SUBDIR, IGNORE, SequenceSampler, head_labels, heads_loss, hidden_windows
-from strategies.heads import CONFIG_FILE, WEIGHTS_FILE, DraftHeads, HeadsConfig, load_heads, read_config
+from strategies.artifacts.heads import CONFIG_FILE, WEIGHTS_FILE, DraftHeads, HeadsConfig, load_heads, read_config
 from workers.model_loading import weights_sha256
 
 PROMPT, CONTINUATION, NUM_HEADS = 8, 16, 4

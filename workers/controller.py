@@ -46,7 +46,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from strategies.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
+from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
 
 
 @dataclass(frozen=True)

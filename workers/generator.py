@@ -24,7 +24,7 @@ from transformers.utils import logging as transformers_logging
 
 from strategies import registry
 from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput, RowRequest, Strategy
-from strategies.sampling import SamplingParams, row_key, seeded_key
+from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from workers import contract, faults
 from workers.contract import (
     FINISH_ERROR,

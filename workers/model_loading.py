@@ -21,17 +21,17 @@ import fsspec
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from strategies.cmlm import CMLM
-from strategies.cmlm import CONFIG_FILE as CMLM_CONFIG
-from strategies.cmlm import read_config as read_cmlm_config
-from strategies.exits import CONFIG_FILE as EXITS_CONFIG
-from strategies.exits import ExitHeads, load_exits
-from strategies.exits import read_config as read_exits_config
-from strategies.heads import CONFIG_FILE as HEADS_CONFIG
-from strategies.heads import DraftHeads, load_heads
-from strategies.heads import read_config as read_heads_config
+from strategies.artifacts.cmlm import CMLM
+from strategies.artifacts.cmlm import CONFIG_FILE as CMLM_CONFIG
+from strategies.artifacts.cmlm import read_config as read_cmlm_config
+from strategies.artifacts.exits import CONFIG_FILE as EXITS_CONFIG
+from strategies.artifacts.exits import ExitHeads, load_exits
+from strategies.artifacts.exits import read_config as read_exits_config
+from strategies.artifacts.heads import CONFIG_FILE as HEADS_CONFIG
+from strategies.artifacts.heads import DraftHeads, load_heads
+from strategies.artifacts.heads import read_config as read_heads_config
 from strategies.registry import Models
-from strategies.runner import ModelRunner
+from strategies.runtime.runner import ModelRunner
 
 DTYPE_NAMES = {
     "float32": torch.float32,

@@ -1,6 +1,6 @@
 """`train cllm`: a consistency LLM (CLLM, Kou et al. 2024), the target fine-tuned for Jacobi decoding.
 
-Jacobi decoding (`strategies.jacobi`) guesses a block of n tokens and refines all of them in
+Jacobi decoding (`strategies.proposers.jacobi`) guesses a block of n tokens and refines all of them in
 parallel: one iteration runs the model over [context ; guess] and position i takes the model's
 greedy choice given the guess's tokens before it. The fixed point is greedy decoding, reached in at
 most n iterations; a plain model gains little over one token per iteration, because a token after

@@ -1,6 +1,6 @@
 """`train cmlm`: a conditional masked LM (Mask-Predict's CMLM) distilled from the target.
 
-Model (`strategies.cmlm`): a Llama of the target's width, its first `shape.layers` blocks, embeddings
+Model (`strategies.artifacts.cmlm`): a Llama of the target's width, its first `shape.layers` blocks, embeddings
 and final norm copied from the target, over the target's tokenizer plus `<mask>`, `<length>` and
 `<len_1>` … `<len_L>`; the block after the context attends both ways.
 
@@ -39,12 +39,12 @@ from jobs.train.model import count_parameters, load_float32, save_model_dir
 from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
+from strategies.artifacts.cmlm import CMLM, LENGTH_TOKEN, MASK_TOKEN, CMLMConfig, length_token, write_config
 from strategies.base import GenerationParams, RowRequest
-from strategies.cmlm import CMLM, LENGTH_TOKEN, MASK_TOKEN, CMLMConfig, length_token, write_config
-from strategies.mask_predict import MaskPredictStrategy
+from strategies.decoders.mask_predict import MaskPredictStrategy
 from strategies.options import MaskPredictOptions
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
 from workers.model_loading import weights_sha256
 
 DATA_SUBDIR = "continuations"  # the collected continuations: a checkpoint of their own

@@ -1,6 +1,6 @@
 """`train exits`: exit heads at intermediate layers of the frozen target, for CALM and self-speculation.
 
-An exit (`strategies.exits`) reads the residual stream after the target's first l layers and must
+An exit (`strategies.artifacts.exits`) reads the residual stream after the target's first l layers and must
 guess what the target's last layer will say there, so its label is the target's own final next-token
 distribution at every position of a corpus window (soft labels: KL(p_L ‖ p_l), which also teaches
 the exit how sure the final layer is). The target is frozen; a step runs it once over the batch
@@ -32,9 +32,9 @@ from jobs.train.model import load_float32
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from jobs.train.windows import WindowSampler
 from pipeline.errors import JobError
-from strategies import llama_forward
-from strategies.exits import ExitHeads, untrained_exits
-from strategies.runner import ModelRunner
+from strategies.artifacts.exits import ExitHeads, untrained_exits
+from strategies.runtime import llama_forward
+from strategies.runtime.runner import ModelRunner
 from workers.model_loading import weights_sha256
 
 

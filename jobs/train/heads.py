@@ -1,6 +1,6 @@
 """`train heads` and `train heads-eval`: Medusa-style draft heads on the frozen target, by self-distillation.
 
-The heads (`strategies.heads`) read the target's last hidden state h_t and guess tokens t+2…t+1+K.
+The heads (`strategies.artifacts.heads`) read the target's last hidden state h_t and guess tokens t+2…t+1+K.
 What decoding rewards is guessing what the target will say, not what the corpus says, so the labels
 are the target's own greedy continuations: prompt windows of the corpus' training split, each
 continued by the target (`AutoregressiveStrategy`, batched, much faster than transformers' `generate`
@@ -42,7 +42,7 @@ from jobs.train.model import load_float32
 from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
-from strategies.heads import DraftHeads, HeadsConfig, load_heads
+from strategies.artifacts.heads import DraftHeads, HeadsConfig, load_heads
 from workers.model_loading import weights_sha256
 
 IGNORE = -100  # label of a position whose token t+2+i is not a generated one (cross_entropy's ignore_index)

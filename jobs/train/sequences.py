@@ -18,10 +18,10 @@ from tqdm import tqdm
 
 from jobs.train import checkpoint
 from pipeline.errors import JobError
-from strategies.autoregressive import AutoregressiveStrategy
 from strategies.base import GenerationParams, RowRequest
-from strategies.runner import ModelRunner
-from strategies.sampling import SamplingParams
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
 
 
 def draw_prompts(tokens: torch.Tensor, count: int, length: int, seed: int) -> torch.Tensor:

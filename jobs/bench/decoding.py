@@ -1,0 +1,396 @@
+"""`accelgen bench`: our strategies against transformers' `generate`, side by side in one run.
+
+Every contender decodes the same prompts (the first `num_prompts`, cycled to fill a batch) in
+batches of each batch size, for the same fixed length (EOS ignored; `min_new_tokens` for
+transformers). Repeats are interleaved, in alternating order, so drift on a noisy machine and the
+position in a round hit all contenders alike, and the table reports medians, ratios to
+`transformers.generate` and to our `autoregressive`, τ and acceptance by position
+(`strategies/verification/metrics.py`), and the share of rows whose tokens equal `generate`'s greedy output in the
+working dtype (docs/design.md, "Determinism": a different matmul shape can flip a near-tie).
+transformers' assisted generation and prompt lookup run at batch 1 only: it refuses larger batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import gzip
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from jobs.args import print_keys, split_args
+from jobs.bench.agreement import agreement
+from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_CMLM, SHIPPED_DRAFT, SHIPPED_EXITS, SHIPPED_HEADS, SHIPPED_TARGET
+from pipeline.config import load_config, option
+from pipeline.errors import JobError
+from strategies import registry
+from strategies.base import GenerationParams, RowRequest
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.options import DRAFTERS, StrategyOptions
+from strategies.runtime.sampling import SamplingParams, row_key
+from workers.controller import AdaptiveController
+from workers.model_loading import load_models, resolve_dtype
+from workers.rows import repetition_rate
+from workers.storage import filesystem
+
+HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "transformers.generate", "transformers.assisted", "transformers.prompt_lookup"
+JACOBI_COUNTS = ("iterations", "blocks", "committed", "fast_forwarded", "stationary")
+
+
+@dataclass
+class BenchConfig:
+    prompts: str = option(str(SAMPLE_PROMPTS), "Prompts: a Parquet URL, or a JSONL(.gz) file with a prompt field.")
+    prompt_column: str = option("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
+    num_prompts: int = option(16, "Prompts decoded per contender and batch size (cycled to fill a batch).")
+    model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
+    draft: str = option(str(SHIPPED_DRAFT), "Draft model for speculative strategies and assisted generation.")
+    heads: str = option(str(SHIPPED_HEADS), "Draft heads of the target for medusa and blockwise.")
+    exits: str = option(str(SHIPPED_EXITS), "Exit heads of the target for self_speculative and calm.")
+    cmlm: str = option(str(SHIPPED_CMLM), "Conditional masked LM for mask_predict and the cmlm drafter.")
+    dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
+    strategies: list[str] = option(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
+    mask_predict_iterations: list[int] = option(
+        [],
+        "With mask_predict among the strategies: time it at each of these passes T (e.g. [1,2,4,10]), one "
+        "contender each. Empty: strategy.mask_predict.iterations alone.",
+    )
+    drafters: list[str] = option(
+        [],
+        "With speculative or specdec among the strategies: time it with each of these drafters (draft_model, "
+        "cmlm), one contender each. Empty: strategy.<name>.drafter alone.",
+    )
+    transformers: list[str] = option(
+        ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
+    )
+    batch_sizes: list[int] = option([1, 32], "Batch sizes to time.")
+    max_new_tokens: int = option(64, "Tokens generated per row (fixed length).")
+    max_prompt_tokens: int = option(256, "Prompts are cut to their last this many tokens.")
+    repeats: int = option(3, "Interleaved repeats per configuration; the table shows medians.")
+    torch_threads: int = option(0, "torch threads; 0: all cores.")
+    # Fixed strategies are measured as themselves (adaptive=false); `auto` always runs its controller.
+    strategy: StrategyOptions = field(default_factory=lambda: StrategyOptions(adaptive=False))
+    report: str = option("", "Also write the table as JSON to this path.")
+    lookup_tokens: int = option(
+        0, "transformers' prompt_lookup_num_tokens; 0: strategy.num_speculative_tokens (the draft length of ours)."
+    )
+    # Whole jobs (jobs/bench/job.py): each contender runs as `accelgen generate` processes.
+    job: bool = option(False, "Time whole `accelgen generate` jobs, cold and warm, instead of in-process decoding.")
+    job_shards: int = option(3, "job=true: input shards the num_prompts rows are split into.")
+    warm: bool = option(True, "job=true: after each cold job, time a warm one (the next job, new output folder).")
+    job_overrides: list[str] = option([], "job=true: key=value given to every job (e.g. workers.torch_threads=2).")
+    warm_cache_key: str = option(
+        "",
+        "job=true: the job key of a cache shared between jobs (e.g. the controller's statistics URL): each cold job "
+        "gets a new empty one, the warm job after it the same. Empty: jobs share nothing.",
+    )
+    vllm: list[str] = option(
+        ["plain", "ngram"], "job=true: vLLM peers: plain (offline generate), ngram (its n-gram speculation)."
+    )
+    vllm_python: str = option(
+        "", "job=true: python of a virtual environment holding vLLM (README); empty: vLLM not measured."
+    )
+
+
+def read_prompts(url: str, column: str) -> list[str]:
+    fs, path = filesystem(url, {})
+    if path.endswith((".jsonl", ".jsonl.gz")):
+        with fs.open(path, "rb") as f:
+            data = gzip.decompress(f.read()) if path.endswith(".gz") else f.read()
+        return [json.loads(line)[column] for line in data.decode("utf-8").splitlines() if line.strip()]
+    import pyarrow.parquet as pq
+
+    with fs.open(path, "rb") as f:
+        return [p for p in pq.read_table(f, columns=[column]).column(column).to_pylist() if p]
+
+
+@dataclass
+class Run:
+    """One timed pass of a contender over all its batches."""
+
+    wall_s: float
+    tokens: list[list[int]]
+    stats: list[dict] = field(default_factory=list)  # ours only: each batch's speculation metrics
+
+    def tau(self) -> float | None:
+        """Tokens per verify step over the pass (`strategies.verification.metrics`); None without verify steps."""
+        steps = sum(sum(s.get("verify_steps", {}).values()) for s in self.stats)
+        emitted = sum(sum(s.get("verify_emitted", {}).values()) for s in self.stats)
+        return emitted / steps if steps else None
+
+    def acceptance_by_position(self) -> list[float]:
+        """Per draft depth d+1 (per head, for heads): verify steps accepting it over those reaching it."""
+        reached: list[int] = []
+        accepted: list[int] = []
+        for s in self.stats:
+            for counts, add in ((reached, s.get("reached_depth", [])), (accepted, s.get("accepted_at", []))):
+                counts.extend([0] * (len(add) - len(counts)))
+                for d, n in enumerate(add):
+                    counts[d] += n
+        accepted.extend([0] * (len(reached) - len(accepted)))
+        return [round(a / r, 3) for a, r in zip(accepted, reached, strict=True) if r]
+
+    def jacobi(self) -> dict[str, float] | None:
+        """Jacobi's trajectory signatures over the pass (`strategies.proposers.jacobi`), when it ran."""
+        counts = {k: sum(s.get(f"jacobi_{k}", 0) for s in self.stats) for k in JACOBI_COUNTS}
+        if not counts["iterations"]:
+            return None
+        return {
+            "iterations_per_block": round(counts["iterations"] / counts["blocks"], 3),
+            "committed_per_iteration": round(counts["committed"] / counts["iterations"], 3),
+            "fast_forwarded": counts["fast_forwarded"],
+            "stationary": counts["stationary"],
+        }
+
+
+class Bench:
+    def __init__(self, config: BenchConfig) -> None:
+        self.config = config
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = resolve_dtype(config.dtype, self.device)
+        uses = set(config.strategies)
+        variants = [v for n in uses for v in self._variants(n, dataclasses.replace(config.strategy, name=n)).values()]
+        needs = set().union(*(registry.needs_models(v.name, v) for v in variants))
+        needs_draft = "draft" in needs or "assisted" in config.transformers
+        needs_heads = "heads" in needs and config.heads
+        needs_exits = "exits" in needs and config.exits
+        loaded = load_models(
+            config.model,
+            dtype,
+            self.device,
+            draft_url=config.draft if needs_draft else None,
+            heads_url=config.heads if needs_heads else None,
+            exits_url=config.exits if needs_exits else None,
+            cmlm_url=config.cmlm if "cmlm" in needs and config.cmlm else None,
+        )
+        self.model, self.tokenizer, self.draft_model, self.models = (
+            loaded.target,
+            loaded.tokenizer,
+            loaded.draft,
+            loaded.models,
+        )
+        texts = read_prompts(config.prompts, config.prompt_column)
+        if not texts:
+            raise JobError(f"bench prompts {config.prompts} hold no prompts in {config.prompt_column!r}")
+        self.prompts = [ids[-config.max_prompt_tokens :] for ids in self.tokenizer(texts)["input_ids"]]
+        n = config.max_new_tokens
+        self.params = GenerationParams(n, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.controllers: dict[tuple[str, int], AdaptiveController] = {}
+
+    def batches(self, batch_size: int) -> list[list[list[int]]]:
+        count = max(self.config.num_prompts, batch_size)
+        rows = [self.prompts[i % len(self.prompts)] for i in range(count)]
+        return [rows[i : i + batch_size] for i in range(0, count, batch_size)]
+
+    def hf(self, batches: list[list[list[int]]], **kwargs) -> Run:
+        n, tokens = self.config.max_new_tokens, []
+        started = time.perf_counter()
+        for batch in batches:
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in batch], device=self.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.device)
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    pad_token_id=self.pad,
+                    **kwargs,
+                )
+            tokens.extend(out[:, width:].tolist())
+        return Run(time.perf_counter() - started, tokens)
+
+    def ours(self, strategy, batches: list[list[list[int]]]) -> Run:
+        tokens, stats = [], []
+        started = time.perf_counter()
+        for batch in batches:
+            out = strategy.generate([RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)], self.params)
+            tokens.extend(r.tokens for r in out.rows)
+            stats.append(out.stats)
+        return Run(time.perf_counter() - started, tokens, stats)
+
+    def _fresh(self, options: StrategyOptions, batch_size: int):
+        """A new strategy instance per timed pass: a Lookahead trie warmed by an earlier pass over the
+        same prompts would have seen the answers. The controller, which learns step costs and not
+        answers, lives on across passes as it lives on across batches in an actor."""
+        controller = None
+        if options.name == registry.AUTO or options.adaptive:
+            controller = self.controllers.setdefault((options.name, batch_size), AdaptiveController())
+        return registry.create(options, self.models, controller)
+
+    def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
+        config = self.config
+        found: dict[str, Callable[[list], Run]] = {}
+        if "generate" in config.transformers:
+            found[HF_GENERATE] = self.hf
+        if batch_size == 1 and "assisted" in config.transformers:
+            found[HF_ASSISTED] = lambda b: self.hf(b, assistant_model=self.draft_model)
+        if batch_size == 1 and "prompt_lookup" in config.transformers:
+            tokens = config.lookup_tokens or config.strategy.num_speculative_tokens
+            found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=tokens)
+        for name in config.strategies:
+            options = dataclasses.replace(config.strategy, name=name)
+            for label, variant in self._variants(name, options).items():
+                found[label] = lambda b, o=variant: self.ours(self._fresh(o, batch_size), b)
+        return found
+
+    def _variants(self, name: str, options: StrategyOptions) -> dict[str, StrategyOptions]:
+        """The contenders strategy `name` stands for: one per swept setting (passes T, drafters), or itself."""
+        config = self.config
+        if name == registry.MASK_PREDICT and config.mask_predict_iterations:
+            return {
+                f"{name} T={t}": dataclasses.replace(
+                    options, mask_predict=dataclasses.replace(options.mask_predict, iterations=t)
+                )
+                for t in config.mask_predict_iterations
+            }
+        if name in ("speculative", "specdec") and config.drafters:
+            section = getattr(options, name)
+            return {
+                f"{name} drafter={d}": dataclasses.replace(options, **{name: dataclasses.replace(section, drafter=d)})
+                for d in config.drafters
+            }
+        return {name: options}
+
+    def greedy(self, batches: list[list[list[int]]]) -> list[list[int]]:
+        """The target's greedy tokens for `batches` (not timed): what agreement is measured against."""
+        return self.ours(AutoregressiveStrategy(self.models.target), batches).tokens
+
+    def run(self, on_rows: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
+        """All batch sizes' rows; `on_rows` gets each batch size's as it completes (a long run that is
+        stopped still leaves what it measured)."""
+        rows = []
+        for batch_size in self.config.batch_sizes:
+            batches = self.batches(batch_size)
+            contenders = self.contenders(batch_size)
+            for fn in contenders.values():  # warm-up: first calls allocate and pick kernels
+                fn(batches[:1])
+            runs: dict[str, list[Run]] = {name: [] for name in contenders}
+            order = list(contenders.items())
+            for _ in range(self.config.repeats):
+                for name, fn in order:
+                    # A pass starts with no garbage of earlier ones: a Lookahead pass leaves a trie of
+                    # some 10^5 objects whose collection would otherwise land in the next pass's time.
+                    gc.collect()
+                    runs[name].append(fn(batches))
+                order.reverse()  # rounds alternate their order: a contender is not always first or last
+            done = self._rows(batch_size, runs, self.greedy(batches))
+            on_rows(done)
+            rows.extend(done)
+        return rows
+
+    def _rows(self, batch_size: int, runs: dict[str, list[Run]], greedy: list[list[int]]) -> list[dict]:
+        walls = {name: statistics.median(r.wall_s for r in rs) for name, rs in runs.items()}
+        times = {name: [r.wall_s for r in rs] for name, rs in runs.items()}
+
+        def ratio(reference: str, name: str) -> float | None:
+            return round(paired_speedup(times[reference], times[name]), 3) if reference in times else None
+
+        reference = runs[HF_GENERATE][-1].tokens if HF_GENERATE in runs else None
+        greedy_texts = self.tokenizer.batch_decode(greedy)
+        rows = []
+        for name, rs in runs.items():
+            last = rs[-1]
+            total = sum(len(t) for t in last.tokens)
+            row = {
+                "batch_size": batch_size,
+                "contender": name,
+                "median_wall_s": round(walls[name], 4),
+                "tokens_per_s": round(total / walls[name], 1),
+                "x_generate": ratio(HF_GENERATE, name),
+                "x_autoregressive": ratio("autoregressive", name),
+                # Per pass, then the median, as the times: under `auto` a pass's τ depends on its choices.
+                "tau": _median_or_none([r.tau() for r in rs]),
+                "acceptance_by_position": last.acceptance_by_position(),
+                "jacobi": last.jacobi(),
+                "rows_equal_to_generate": (
+                    sum(a == b for a, b in zip(last.tokens, reference, strict=True)) / len(reference)
+                    if reference
+                    else None
+                ),
+                "repetition_rate": round(statistics.mean(repetition_rate(t) for t in last.tokens), 3),
+                # Against the target's greedy output: 1 / 1 / 100 for every lossless strategy.
+                "agreement": agreement(last.tokens, greedy, self.tokenizer.batch_decode(last.tokens), greedy_texts),
+            }
+            rows.append(row)
+        return rows
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 3) if known else None
+
+
+def paired_speedup(reference: list[float], contender: list[float]) -> float:
+    """The median over rounds of the reference's time over the contender's in the same round.
+
+    Why not a ratio of medians: a shared 2-core machine drifts by 10-20% over minutes, and passes of
+    one round run back to back, so each round's ratio sees the same machine; the median then drops
+    a round where a pause hit one side."""
+    return statistics.median(r / c for r, c in zip(reference, contender, strict=True))
+
+
+def print_header() -> None:
+    print(
+        f"{'batch':>5}  {'contender':<28} {'wall_s':>8} {'tokens/s':>9} {'x gen':>6} {'x AR':>6} "
+        f"{'tau':>5} {'same':>5} {'rep':>5} {'tokacc':>6} {'chrF':>5}  acceptance by position",
+        flush=True,
+    )
+
+
+def print_rows(rows: list[dict]) -> None:
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    for r in rows:
+        print(
+            f"{r['batch_size']:>5}  {r['contender']:<28} {r['median_wall_s']:>8.3f} {r['tokens_per_s']:>9.1f} "
+            f"{fmt(r['x_generate'], '.2f'):>6} {fmt(r['x_autoregressive'], '.2f'):>6} "
+            f"{fmt(r['tau'], '.2f'):>5} {fmt(r['rows_equal_to_generate'], '.0%'):>5} "
+            f"{r['repetition_rate']:>5.2f} {r['agreement']['token_accuracy']:>6.3f} {r['agreement']['chrf']:>5.1f}  "
+            f"{' '.join(f'{a:.2f}' for a in r.get('acceptance_by_position') or [])}"
+            f"{'' if not r.get('jacobi') else '  jacobi ' + json.dumps(r['jacobi'])}",
+            flush=True,
+        )
+
+
+def print_legend() -> None:
+    print("x gen / x AR: speed-up over transformers.generate / our autoregressive (median of per-round ratios);")
+    print("tau: tokens per verify step (accepted draft tokens + the target's own), plain steps left out;")
+    print("same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion;")
+    print("tokacc / chrF: token accuracy and character n-gram F-score (0-100) against the target's greedy output;")
+    print("acceptance by position: share of verify steps reaching draft depth d+1 that accepted it (per head)")
+
+
+def main(args: list[str]) -> int:
+    if "-h" in args or "--help" in args:
+        print_keys("usage: accelgen bench [CONFIG.yaml] [key=value ...]\n\nkeys:", BenchConfig())
+        return 0
+    yaml_path, overrides = split_args(args)
+    config = load_config(BenchConfig(), yaml_path, overrides)
+    unknown = sorted(set(config.strategies) - set(registry.available()))
+    if unknown:
+        raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
+    if set(config.drafters) - set(DRAFTERS):
+        raise JobError(f"drafters: unknown {sorted(set(config.drafters) - set(DRAFTERS))}; use {', '.join(DRAFTERS)}")
+    if config.job:
+        from jobs.bench import job as bench_job
+
+        return bench_job.main(config)
+    bench = Bench(config)
+    print_header()
+    rows = bench.run(on_rows=print_rows)
+    print_legend()
+    if config.report:
+        with open(config.report, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0

@@ -1,0 +1,128 @@
+"""Draft heads on the target's last hidden state: Medusa's heads, which blockwise decoding shares.
+
+Head i (0-based) reads the target's last hidden state h_t at position t (after the final norm, the
+state the LM head reads) and guesses token t+2+i: the token after the pending one is the target's
+own (its LM head on h_t), so head 0 guesses the next after that. A head is `num_layers` ResBlocks
+(h + SiLU(W h + b), W zero-initialised, so an untrained head starts as the LM head itself) with
+weights of its own, then either the target's LM head (shared, frozen) or a projection of its own.
+
+The heads live in a small folder of their own, beside no model code:
+
+    heads.json          format, shape, and the target they were trained for (path, weights sha256)
+    heads.safetensors   the ResBlocks (and projections, when not shared)
+
+A job refuses heads whose `target.weights_sha256` is not its target's (`workers.model_loading`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
+
+CONFIG_FILE = "heads.json"
+WEIGHTS_FILE = "heads.safetensors"
+
+
+@dataclass
+class HeadsConfig:
+    """What `heads.json` holds: enough to rebuild the module and to check it fits a target."""
+
+    num_heads: int
+    hidden_size: int
+    vocab_size: int
+    num_layers: int = 1
+    shared_lm_head: bool = True  # False: each head has its own projection [V, H]
+    target_path: str = ""  # where the target was when the heads were trained (informative)
+    target_weights_sha256: str = ""  # `model_loading.weights_sha256` of that target
+    training: dict[str, Any] = field(default_factory=dict)  # what produced the heads (informative)
+
+
+class ResBlock(torch.nn.Module):
+    """h + SiLU(W h + b), with W and b zero at initialisation (the block starts as the identity)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_size, hidden_size)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + F.silu(self.linear(h))
+
+
+class DraftHeads(torch.nn.Module):
+    """K heads; each its own ResBlocks (never one module reused across heads), then an LM head."""
+
+    def __init__(self, config: HeadsConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(*(ResBlock(config.hidden_size) for _ in range(config.num_layers)))
+            for _ in range(config.num_heads)
+        )
+        # Own projections [V, H] per head (`start_projections` copies the target's LM head into them).
+        self.projections = (
+            None
+            if config.shared_lm_head
+            else torch.nn.ParameterList(
+                torch.nn.Parameter(torch.zeros(config.vocab_size, config.hidden_size)) for _ in range(config.num_heads)
+            )
+        )
+        # The target's LM head [V, H] when shared: not a parameter of the heads, never saved with them.
+        self.lm_head: torch.Tensor | None = None
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    def features(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """The first `num_heads` heads' states (all: None) before the LM head: [..., H] -> [k, ..., H]."""
+        return torch.stack([block(hidden) for block in self.blocks[:num_heads]])
+
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Logits of the first `num_heads` heads (all: None): `hidden` [..., H] -> [k, ..., V]; head i
+        guesses token t+2+i. A draft shallower than the heads skips the deeper ones: the LM head
+        pass over each head's state is most of their cost."""
+        states = self.features(hidden, num_heads)  # [k, ..., H]
+        if self.projections is None:
+            if self.lm_head is None:
+                raise ValueError("shared-LM-head heads need the target's LM head: attach it with use_lm_head()")
+            return F.linear(states, self.lm_head)  # one matmul for all heads
+        return torch.stack([F.linear(s, w) for s, w in zip(states, self.projections, strict=True)])
+
+    def start_projections(self, lm_head: torch.Tensor) -> None:
+        """Heads with their own projections start from the target's LM head [V, H] (as Medusa's do)."""
+        if self.projections is not None:
+            with torch.no_grad():
+                for projection in self.projections:
+                    projection.copy_(lm_head)
+
+    def use_lm_head(self, lm_head: torch.Tensor) -> None:
+        """Attach the target's LM head weight [V, H] (shared heads read it; it is never trained here)."""
+        expected = (self.config.vocab_size, self.config.hidden_size)
+        if tuple(lm_head.shape) != expected:
+            raise ValueError(f"the target's LM head is {tuple(lm_head.shape)}, the heads expect {expected}")
+        self.lm_head = lm_head.detach()  # a Parameter here would register as the heads' own and be saved
+
+    def save(self, directory: Path) -> None:
+        """Write `heads.json` and `heads.safetensors` (float32) to `directory`."""
+        save_weights_folder(directory, "heads", self.config, self)
+
+
+def read_config(directory: Path) -> HeadsConfig:
+    """The heads' config; a ValueError naming the file when it is not a heads folder of this format."""
+    return read_weights_config(directory, "heads", HeadsConfig)
+
+
+def load_heads(directory: Path, dtype: torch.dtype, device: torch.device) -> DraftHeads:
+    """The heads saved in `directory`, in eval mode; shared heads still need `use_lm_head`."""
+    config = read_config(directory)
+    heads = DraftHeads(config)
+    heads.load_state_dict(load_weights(directory, "heads"))
+    return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -1,0 +1,104 @@
+"""Medusa (Cai et al. 2024) and blockwise parallel decoding (Stern et al. 2018): drafts from heads on
+the target's own last hidden state.
+
+The row's pending token is the target's choice from its state h_t; head i guesses the token after
+that at depth i+1 (`heads.DraftHeads`). Medusa drafts a tree: `choices` are paths of ranks, (0, 1)
+being the top-1 of head 0 and below it the top-2 of head 1, whatever the row; blockwise decoding
+drafts the chain of each head's top-1, which is the tree [(0,), (0, 0), (0, 0, 0), …]. Both are one
+`HeadsProposer`: the heads cost one small forward per step, with no cache of their own, so drafting
+costs almost nothing next to a draft model and acceleration can survive larger batches.
+
+`choices` are listed most valuable first, each path after its prefix: a budget of n nodes keeps the
+first n, and a row with less room keeps the paths that fit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strategies.artifacts.heads import DraftHeads
+from strategies.base import GenerationParams
+from strategies.verification.drafts import Draft
+from strategies.verification.proposer import ProposalContext, TargetStates
+
+Path = tuple[int, ...]
+
+
+def check_choices(choices: list[list[int]], num_heads: int, vocab_size: int) -> str | None:
+    """Why `choices` cannot be a tree of these heads' candidates, or None."""
+    seen: set[Path] = set()
+    for raw in choices:
+        path = tuple(raw)
+        if not path:
+            return "an empty path (the root is the pending token, never a choice)"
+        if len(path) > num_heads:
+            return f"path {list(path)} is deeper than the {num_heads} heads"
+        if any(not 0 <= rank < vocab_size for rank in path):
+            return f"path {list(path)} has a rank outside 0..{vocab_size - 1}"
+        if path in seen:
+            return f"path {list(path)} is listed twice"
+        if len(path) > 1 and path[:-1] not in seen:
+            return f"path {list(path)} comes before its prefix {list(path[:-1])}"
+        seen.add(path)
+    return None
+
+
+def chain_choices(depth: int) -> list[list[int]]:
+    """Each head's top-1, one below the other: blockwise decoding's draft."""
+    return [[0] * d for d in range(1, depth + 1)]
+
+
+class HeadsProposer:
+    """Drafts `choices` from each row's last target state through the heads."""
+
+    wants_states = True
+
+    def __init__(self, name: str, heads: DraftHeads, choices: list[list[int]]) -> None:
+        self.name = name
+        self.heads = heads
+        self.choices: list[Path] = [tuple(c) for c in choices]
+        self.max_rank = max(max(c) for c in self.choices) + 1
+        self._shapes: dict[tuple[int, int], tuple[list[Path], list[int]]] = {}
+
+    def start(
+        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
+    ) -> None:
+        self.hidden = states.last()  # [B, H] the state that chose each row's pending token
+
+    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+        self.hidden = torch.cat([self.hidden, states.last()])
+
+    def _shape(self, depth: int, nodes: int) -> tuple[list[Path], list[int]]:
+        """The paths of a tree of at most `nodes` nodes and `depth` levels, and each one's parent index."""
+        key = (depth, nodes)
+        if key not in self._shapes:
+            paths = [p for p in self.choices if len(p) <= depth][:nodes]
+            index = {p: i for i, p in enumerate(paths)}
+            self._shapes[key] = (paths, [index.get(p[:-1], -1) for p in paths])
+        return self._shapes[key]
+
+    @torch.inference_mode()
+    def candidates(self, context: ProposalContext) -> list[list[list[int]]]:
+        """[k][B][R]: the best `max_rank` tokens of each head the draft reaches, per row, best first."""
+        depth = max(len(p) for p in self._shape(max(context.budgets), context.max_nodes)[0])
+        logits = self.heads(self.hidden, depth)  # [k, B, V]
+        return logits.topk(self.max_rank, dim=-1).indices.tolist()
+
+    def propose(self, context: ProposalContext) -> list[Draft]:
+        ranked = self.candidates(context)  # [k][B][R]
+        drafts = []
+        for row, budget in enumerate(context.budgets):
+            paths, parents = self._shape(budget, context.max_nodes)
+            tokens = [ranked[len(p) - 1][row][p[-1]] for p in paths]
+            drafts.append(Draft(tokens, list(parents)))
+        return drafts
+
+    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
+        self.hidden = states.last()
+
+    def keep_rows(self, rows: list[int]) -> None:
+        if rows:
+            self.hidden = self.hidden[torch.tensor(rows, dtype=torch.long, device=self.hidden.device)]
+
+    def stats(self) -> dict[str, float]:
+        return {}

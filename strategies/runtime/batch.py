@@ -1,0 +1,205 @@
+"""A batch in decoding, which every strategy uses: its rows and their state (`Batch`), the prefill
+that starts it (`start_batch`), and plain autoregressive steps (`decode_plainly`), the one
+implementation that the autoregressive strategy runs and that the speculative loop runs whenever it
+does not draft.
+
+Why one: a plain step of `auto` must cost what a step of the autoregressive strategy costs, on every
+device. Between plain steps the chosen tokens stay on the device and the host syncs once per step
+(to read them for the finish checks); a speculative loop that rebuilt its inputs from Python lists
+every step would pay for that in host work, which is what bounds a small model's step on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from strategies.base import GenerationParams, RowRequest, finish_reason
+from strategies.runtime.kv_cache import RaggedKV
+from strategies.runtime.logprobs import TokenLogprob, score_tokens
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import choose_tokens
+from strategies.verification.proposer import TargetStates
+
+# Plain steps one `Decoding.step` takes at most: rows waiting to join a batch with room wait no longer.
+PLAIN_RUN_STEPS = 8
+RELEASED = RowRequest(prompt=[], key=0)  # in place of a reported row's request (`Batch.release`)
+
+
+@dataclass
+class Batch:
+    """A batch in decoding: each unfinished row's newest token is pending (chosen, not yet in `kv`)."""
+
+    requests: list[RowRequest]
+    params: GenerationParams
+    kv: RaggedKV
+    outputs: list[list[int]]  # per request: generated tokens, the pending one last
+    reasons: list[str | None]  # per request: why it finished, None while it goes on
+    active: list[int]  # batch row -> request index, unfinished rows only
+    keys: torch.Tensor  # [len(active)] the active rows' sampling keys
+    max_context: int  # the model's: a row ends when its next token would not fit
+    # The target's states from its latest forward (prefill, verify or a run of plain steps), kept
+    # only when a drafter reads them (`Proposer.wants_states`).
+    states: TargetStates | None = None
+    # Per request: each generated token's score, when `params.logprobs` asks for them.
+    scores: list[list[TokenLogprob]] | None = None
+    unreported: list[int] = field(default_factory=list)  # requests whose end `finished_rows` has not told
+    generated: int = 0  # tokens emitted since `take_generated` last ran
+
+    def emit(self, request: int, token: int, score: TokenLogprob | None = None) -> bool:
+        """Append `token` (with its `score` when the batch keeps scores) to a row's output; True when
+        the row has finished with it."""
+        output = self.outputs[request]
+        output.append(token)
+        self.generated += 1
+        if self.scores is not None:
+            self.scores[request].append(score)
+        self.reasons[request] = finish_reason(self.requests[request], output, self.params, self.max_context)
+        return self.reasons[request] is not None
+
+    def score(self, logits: torch.Tensor, tokens: torch.Tensor) -> list[TokenLogprob | None]:
+        """Scores of `tokens` [N] chosen from `logits` [N, V], or Nones when the batch keeps none."""
+        if self.scores is None:
+            return [None] * len(tokens)
+        return score_tokens(logits, tokens, self.params.logprobs)
+
+    def row_scores(self, request: int) -> list[TokenLogprob] | None:
+        return None if self.scores is None else self.scores[request]
+
+    def finished_rows(self) -> list[int]:
+        """Requests that finished since the last call, in order; each is told once."""
+        done = [i for i in self.unreported if self.reasons[i] is not None]
+        if done:
+            self.unreported = [i for i in self.unreported if self.reasons[i] is None]
+        return done
+
+    def release(self, request: int) -> None:
+        """Forget a reported row's prompt and tokens: a decoding that rows keep joining would otherwise
+        hold every prompt and output it ever had."""
+        self.requests[request] = RELEASED
+        self.outputs[request] = []
+        if self.scores is not None:
+            self.scores[request] = []
+
+    def take_generated(self) -> int:
+        """Tokens emitted since the last call."""
+        generated, self.generated = self.generated, 0
+        return generated
+
+    def admit(self, joining: Batch) -> None:
+        """The rows of `joining` (a batch just started, `start_batch`) decode with this one's from now on:
+        its requests are numbered after this batch's, its active rows follow this batch's. This batch
+        must have active rows (one with none ends; the caller starts a new one instead)."""
+        if not self.active:
+            raise ValueError("rows join a batch that still decodes; start a new batch instead")
+        offset = len(self.requests)
+        self.requests += joining.requests
+        self.outputs += joining.outputs
+        self.reasons += joining.reasons
+        if self.scores is not None:
+            self.scores += joining.scores
+        self.unreported += [offset + i for i in joining.unreported]
+        self.generated += joining.take_generated()
+        if not joining.active:
+            return
+        self.kv.extend(joining.kv)
+        self.keys = torch.cat([self.keys, joining.keys])
+        self.active += [offset + i for i in joining.active]
+        if self.states is not None:
+            self.states = self.states.join(joining.states)
+
+    def keep(self, still: list[int]) -> None:
+        """Only batch rows `still` (in order) go on: the cache and keys follow."""
+        if len(still) == len(self.active):
+            return
+        if still:
+            self.kv.select_rows(torch.tensor(still, dtype=torch.long, device=self.kv.valid.device))
+        self.keys = self.keys[still]
+        self.active = [self.active[row] for row in still]
+        if self.states is not None and still:
+            self.states = self.states.rows(still)
+
+
+def start_batch(
+    runner: ModelRunner, requests: list[RowRequest], params: GenerationParams, want_states: bool = False
+) -> Batch:
+    """Prefill the prompts and choose every row's first token; rows that end on it leave the batch.
+
+    Identical prompts (the samples of one input row) are prefilled once and their cache rows copied.
+    """
+    distinct: dict[tuple[int, ...], int] = {}
+    source = [distinct.setdefault(tuple(r.prompt), len(distinct)) for r in requests]  # request -> prompt
+    kv = runner.new_kv(len(distinct))
+    out = runner.prefill(kv, [list(p) for p in distinct], want_hidden=want_states)
+    last, hidden = out.logits[:, -1], out.hidden  # [P, V], [P, L, H] per distinct prompt
+    if len(distinct) < len(requests):
+        index = torch.tensor(source, dtype=torch.long, device=kv.valid.device)
+        kv.select_rows(index)
+        last, hidden = last[index], hidden[index] if want_states else None
+    keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
+    first = choose_tokens(last, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
+    n = len(requests)
+    batch = Batch(
+        list(requests), params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context
+    )
+    batch.unreported = list(range(n))
+    if params.logprobs is not None:
+        batch.scores = [[] for _ in range(n)]
+    if want_states:
+        width = hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
+        batch.states = TargetStates(hidden, [list(range(width - len(r.prompt), width)) for r in requests])
+    scores = batch.score(last, first)
+    batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token, scores[row])])
+    return batch
+
+
+@dataclass
+class PlainRun:
+    """What a run of plain steps did, for the caller's bookkeeping."""
+
+    rows: list[int] = field(default_factory=list)  # per step: rows it decoded
+    seconds: list[float] = field(default_factory=list)  # per step: wall time
+    emitted: list[list[int]] = field(default_factory=list)  # per row at the start: tokens it gained
+    still: list[int] = field(default_factory=list)  # rows at the start that go on
+
+    @property
+    def steps(self) -> int:
+        return len(self.rows)
+
+
+def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = None) -> PlainRun:
+    """Plain steps for the batch's active rows: until `max_steps`, or until a step after which a row
+    has finished (the batch's size changes there, and a caller that chooses per batch size chooses
+    again). Finished rows are not dropped: `run.still` says which rows go on (`Batch.keep`)."""
+    params, active = batch.params, batch.active
+    device = runner.device
+    want_states = batch.states is not None
+    hidden: list[torch.Tensor] = []  # per step: [B, H] when the batch keeps the target's states
+    pending = torch.tensor([batch.outputs[i][-1] for i in active], dtype=torch.long, device=device)  # [B]
+    run = PlainRun(emitted=[[] for _ in active], still=list(range(len(active))))
+    while max_steps is None or run.steps < max_steps:
+        began = time.perf_counter()
+        ids = pending[:, None]  # [B, 1]
+        out = runner.forward(
+            batch.kv, ids, batch.kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool), want_hidden=want_states
+        )
+        if want_states:
+            hidden.append(out.hidden[:, -1])
+        # Generation index of each row's next token: keys a sampled draw (greedy needs none).
+        positions = None if params.sampling.greedy else torch.tensor([len(batch.outputs[i]) for i in active])
+        pending = choose_tokens(out.logits[:, -1], params.sampling, batch.keys, positions)  # [B]
+        scores = batch.score(out.logits[:, -1], pending)
+        finished = False
+        for row, (i, token) in enumerate(zip(active, pending.tolist(), strict=True)):
+            run.emitted[row].append(token)
+            finished |= batch.emit(i, token, scores[row])
+        run.rows.append(len(active))
+        run.seconds.append(time.perf_counter() - began)
+        if finished:
+            run.still = [row for row, i in enumerate(active) if batch.reasons[i] is None]
+            break
+    if hidden:
+        batch.states = TargetStates(torch.stack(hidden, dim=1), [list(range(len(hidden)))] * len(active))
+    return run

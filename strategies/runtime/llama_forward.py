@@ -1,0 +1,239 @@
+"""A lean forward pass for Llama-family models (Llama, Mistral without sliding window, Qwen2).
+
+Why: on a CPU, and at small batch on any device, a decode step of a small model is dominated by
+per-module overhead, not arithmetic. This forward reads the Hugging Face model's own weights and
+computes the same function with fewer, larger operations: Q, K and V in one matmul, gate and up in
+one matmul, rotary tables computed once per step for all layers, no per-call mask building.
+Numerics follow transformers' Llama code (RMSNorm and rotary tables in float32, then cast back), so
+greedy tokens equal those of the reference implementation; `tests/test_llama_forward.py` checks
+logits against it in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from strategies.runtime.kv_cache import SlotLayer
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass
+class _Layer:
+    norm_attn: torch.Tensor  # [D]
+    w_qkv: torch.Tensor  # [(Hq + 2 Hkv) * hd, D]
+    b_qkv: torch.Tensor | None
+    w_o: torch.Tensor  # [D, Hq * hd]
+    norm_mlp: torch.Tensor  # [D]
+    w_gate_up: torch.Tensor  # [2 F, D]
+    w_down: torch.Tensor  # [D, F]
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """True when this forward computes exactly what `model` computes."""
+    config = model.config
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES or config.hidden_act != "silu":
+        return False
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        return False
+    rope_type = (getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}).get(
+        "rope_type", "default"
+    )
+    inner = getattr(model, "model", None)
+    return (
+        rope_type in _STATIC_ROPE_TYPES
+        and inner is not None
+        and hasattr(inner, "rotary_emb")
+        and not hasattr(inner.layers[0].self_attn, "q_norm")
+        and getattr(inner.layers[0].mlp, "gate_proj", None) is not None
+    )
+
+
+def _fuse(params: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate parameters along dim 0 and make each a view of the result, so memory is not doubled."""
+    fused = torch.cat([p.detach() for p in params])
+    start = 0
+    for p in params:
+        p.data = fused[start : start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
+class LlamaForward:
+    """The forward of a supported model over `SlotLayer` caches; weights are shared, not copied twice."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        inner = model.model
+        config = model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.embed_weight = inner.embed_tokens.weight  # [V, D]
+        self.final_norm = inner.norm.weight
+        self.lm_head = model.lm_head.weight  # [V, D]
+        self.inv_freq = inner.rotary_emb.inv_freq.float()  # [hd / 2]
+        self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+        self.layers = []
+        with torch.no_grad():
+            for layer in inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+                w_qkv = _fuse([m.weight for m in qkv])
+                b_qkv = _fuse([m.bias for m in qkv]) if all(m.bias is not None for m in qkv) else None
+                self.layers.append(
+                    _Layer(
+                        norm_attn=layer.input_layernorm.weight,
+                        w_qkv=w_qkv,
+                        b_qkv=b_qkv,
+                        w_o=attn.o_proj.weight,
+                        norm_mlp=layer.post_attention_layernorm.weight,
+                        w_gate_up=_fuse([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                        w_down=mlp.down_proj.weight,
+                    )
+                )
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=self.eps)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # in float32, as transformers does
+        return weight * normed.to(x.dtype)
+
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, n, hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, n, hd]
+        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The residual stream entering layer 0: `input_ids` [B, n] -> [B, n, D]."""
+        return F.embedding(input_ids, self.embed_weight)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary tables of `positions` [B, n], shared by every layer of a forward: 2 x [B, 1, n, hd]."""
+        return self._rope_tables(positions, dtype)
+
+    def run_layers(
+        self,
+        x: torch.Tensor,  # [B, n, D] the residual stream entering layer `start`
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,  # [B, 1, n, S + n] additive over each layer's slots; None: all visible
+        caches: list[SlotLayer],  # every layer's cache, indexed by layer
+        start: int,
+        end: int,
+        rows: torch.Tensor | None = None,  # [R] rows whose state goes through the layers; None: all
+    ) -> torch.Tensor:
+        """Layers [start, end) over n new tokens, each appending their keys and values to its cache.
+
+        Rows outside `rows` keep their state unchanged through these layers (CALM's state
+        propagation): each layer still writes their keys and values, projected from that state, so
+        later tokens have something to attend to; their output projection and MLP are skipped (attention
+        runs for every row while any goes on: gathering rows of the cache would cost more).
+        """
+        for index in range(start, end):
+            x = self._layer(self.layers[index], x, rope, mask, caches[index], rows)
+        return x
+
+    def _layer(
+        self,
+        layer: _Layer,
+        x: torch.Tensor,  # [B, n, D]
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: SlotLayer,
+        rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        q, k, v = self._project(x, layer.norm_attn, layer.w_qkv, layer.b_qkv, *rope)
+        keys, values = cache.update(k, v)  # [B, Hkv, S+n, hd]
+        if rows is not None and rows.numel() == 0:
+            return x
+        # Attention runs for every row: gathering the going rows' cache would copy more than their
+        # queries cost. The MLP, the larger part, runs for the going rows only.
+        attn = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
+        )  # [B, Hq, n, hd]
+        inner = x
+        if rows is not None:  # only these rows go on through the layer
+            attn, inner = attn[rows], x[rows]
+        inner = self._mix(inner, attn, layer.w_o, layer.norm_mlp, layer.w_gate_up, layer.w_down)
+        return inner if rows is None else x.index_copy(0, rows, inner)
+
+    def _project(
+        self,
+        x: torch.Tensor,  # [B, n, D]
+        norm: torch.Tensor,
+        w_qkv: torch.Tensor,
+        b_qkv: torch.Tensor | None,
+        cos: torch.Tensor,  # [B, 1, n, hd]
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's rotated queries [B, Hq, n, hd], keys and values [B, Hkv, n, hd] of `x`."""
+        b, n, _ = x.shape
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv = F.linear(self._norm(x, norm), w_qkv, b_qkv)  # [B, n, (Hq+2Hkv) hd]
+        qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
+        # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
+        qk = self._rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        return q, k, v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+
+    def _mix(
+        self,
+        x: torch.Tensor,  # [R, n, D] the residual stream of the rows going on
+        attn: torch.Tensor,  # [R, Hq, n, hd] their attention output
+        w_o: torch.Tensor,
+        norm_mlp: torch.Tensor,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+    ) -> torch.Tensor:
+        """The rest of a layer after attention: output projection and MLP, each added to the stream."""
+        r, n, _ = x.shape
+        x = x + F.linear(attn.transpose(1, 2).reshape(r, n, self.num_heads * self.head_dim), w_o)
+        gate, up = F.linear(self._norm(x, norm_mlp), w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w_down)
+
+    def compile(self) -> None:
+        """`torch.compile` each layer's parts around the cache and attention (`model.compile`).
+
+        The cache append and attention stay eager: the ragged cache appends in place at a length that
+        grows every step into storage that is reallocated as it grows. The parts compiled here see
+        shapes that depend on the batch and the new tokens only, compiled with dynamic sizes (sizes of
+        1 are specialized: a few compiles per actor). Compiling the whole forward, cache included, also
+        gives the same tokens but compiled longer and saved less (`jobs/bench/compile.py`, README).
+        """
+        self._project = torch.compile(self._project, dynamic=True)
+        self._mix = torch.compile(self._mix, dynamic=True)
+
+    def final_state(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm of the last layer's output `x` [..., D]: what the LM head reads."""
+        return self._norm(x, self.final_norm)
+
+    def head(self, x: torch.Tensor, logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final norm and LM head on the last layer's output `x` [B, n, D]: (logits [B, n_kept, V],
+        last hidden states [B, n, D])."""
+        hidden = self.final_state(x)
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return F.linear(kept, self.lm_head), hidden
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,  # [B, n]
+        positions: torch.Tensor,  # [B, n]
+        mask: torch.Tensor | None,  # [B, 1, n, S + n] additive; None: every slot visible
+        caches: list[SlotLayer],
+        logits_to_keep: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, n_kept, V], last hidden states [B, n, D])."""
+        x = self.embed(input_ids)  # [B, n, D]
+        x = self.run_layers(x, self.rope(positions, x.dtype), mask, caches, 0, len(self.layers))
+        return self.head(x, logits_to_keep)

@@ -1,0 +1,270 @@
+"""Acceptance rules: which draft tokens a target forward keeps, and the one target token that follows.
+
+Output of a step = accepted draft tokens + one target token (the correction at the first rejection,
+or the bonus token when the whole path is accepted). The core is pure functions of one row's draft
+and the target's choices or probabilities at every slot (slot 0: the pending token; slot i+1: node i):
+
+- `walk`: the target's own choice at each slot (its argmax, or its keyed sample); descend while a
+  child carries that token. Greedy: exactly greedy decoding. Sampling: each emitted token is the
+  target's sample at its position, whatever drafted the tree — lossless.
+- `relaxed_walk` (SpecDec; blockwise top-k): a child is accepted when it is among the target's
+  top-β and its logit is within `tolerance` of the top-1 (β=1, tolerance 0: exactly greedy). Lossy.
+- `typical_walk` (Medusa's typical acceptance): a child x at a slot with target distribution p is
+  accepted when p(x) > min(ε, δ·exp(−H(p))); the longest accepted path wins, ties by Σ log p. Lossy.
+- `rejection_chain` (speculative sampling, Leviathan et al. / Chen et al.): accept draft token x with
+  probability min(1, p(x)/q(x)); at the first rejection draw from norm(max(0, p − q)); after a fully
+  accepted chain draw the bonus from p. The emitted tokens follow the target's distribution exactly.
+
+The rule a strategy hands the verifier (`strategies.verification.verify`) is one of the classes below, each
+applying its function to every row of a verify forward and refusing the combinations its math
+does not cover (`refusal`). Which strategies are lossy, and why, the registry says (`lossy_reason`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import torch
+
+from strategies.runtime.sampling import (
+    STREAM_ACCEPT,
+    STREAM_RESIDUAL,
+    STREAM_TARGET,
+    SamplingParams,
+    filtered_probs,
+    keyed_uniform,
+    sample_from,
+)
+from strategies.verification.drafts import Draft, children_by_slot, is_chain
+
+
+@dataclass
+class Verdict:
+    accepted_slots: list[int]  # accepted nodes as slots of the verify forward (node i is slot i+1), root to leaf
+    tokens: list[int]  # accepted draft tokens, then the target's token
+
+
+def walk(draft: Draft, chosen: list[int]) -> Verdict:
+    """`chosen[slot]`: the target's token at each slot (length N + 1)."""
+    children = children_by_slot(draft)
+    slot, path = 0, []
+    while (child := children[slot].get(chosen[slot])) is not None:
+        path.append(child)
+        slot = child
+    return Verdict(accepted_slots=path, tokens=[draft.tokens[s - 1] for s in path] + [chosen[slot]])
+
+
+def relaxed_walk(draft: Draft, logits: torch.Tensor, top_beta: int, tolerance: float) -> Verdict:
+    """`logits` [N + 1, V]. Among acceptable children the one the target ranks highest is taken."""
+    top_values, top_ids = logits.float().topk(min(top_beta, logits.shape[-1]), dim=-1)  # [N+1, β]
+    values, ids = top_values.tolist(), top_ids.tolist()
+    children = children_by_slot(draft)
+    slot, path = 0, []
+    while True:
+        best = values[slot][0]
+        child = next(
+            (
+                children[slot][t]
+                for t, v in zip(ids[slot], values[slot], strict=True)
+                if v >= best - tolerance and t in children[slot]
+            ),
+            None,
+        )
+        if child is None:
+            break
+        path.append(child)
+        slot = child
+    return Verdict(accepted_slots=path, tokens=[draft.tokens[s - 1] for s in path] + [ids[slot][0]])
+
+
+def rejection_chain(
+    draft: Draft,
+    p: torch.Tensor,  # [N + 1, V] target probabilities (after temperature / top-k / top-p)
+    accept_u: torch.Tensor,  # [N] uniforms for the acceptance tests
+    residual_u: torch.Tensor,  # [N] uniforms for a draw from the residual at a rejection
+    bonus_u: float,  # uniform for the draw from p after a fully accepted chain
+) -> Verdict:
+    """Speculative sampling over a chain with draft probabilities `draft.probs` [N, V]."""
+    q = draft.probs
+    n = len(draft)
+    if n:
+        idx = torch.arange(n)
+        tokens = torch.tensor(draft.tokens)
+        ratio = p[idx, tokens] / q[idx, tokens].clamp(min=torch.finfo(q.dtype).tiny)  # [N]
+        rejected = (accept_u.to(ratio.dtype) >= ratio.clamp(max=1.0)).tolist()
+    else:
+        rejected = []
+    for i in range(n):
+        if rejected[i]:
+            residual = (p[i] - q[i].to(p.dtype)).clamp(min=0)
+            if float(residual.sum()) <= 0:  # p == q: any draw from p is exact
+                residual = p[i]
+            token = int(sample_from((residual / residual.sum())[None], residual_u[i : i + 1])[0])
+            return Verdict(accepted_slots=list(range(1, i + 1)), tokens=[*draft.tokens[:i], token])
+    token = int(sample_from(p[n : n + 1], torch.tensor([bonus_u]))[0])
+    return Verdict(accepted_slots=list(range(1, n + 1)), tokens=[*draft.tokens, token])
+
+
+def typical_walk(draft: Draft, probs: torch.Tensor, chosen: list[int], epsilon: float, delta: float) -> Verdict:
+    """`probs` [N + 1, V] the target's distribution at each slot; `chosen[slot]` its token there.
+
+    A node passes when its parent passes (or is the pending token) and its token's probability at
+    the parent's slot exceeds min(ε, δ·exp(−H)). The deepest passing node ends the path (ties: the
+    higher Σ log p), then the target's own token at that node's slot.
+    """
+    probs = probs.double()
+    entropy = -(probs * probs.clamp(min=1e-300).log()).sum(dim=-1)  # [N + 1]
+    threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy)).tolist()
+    parent_slots = torch.tensor(draft.parents, dtype=torch.long) + 1  # [N]
+    token_p = probs[parent_slots, torch.tensor(draft.tokens, dtype=torch.long)].tolist()  # [N]
+    depth, score = [0], [0.0]  # per slot: path length and Σ log p through it; -1 depth: fails
+    best = 0
+    for i, (p, parent) in enumerate(zip(token_p, draft.parents, strict=True)):
+        passes = depth[parent + 1] >= 0 and p > threshold[parent + 1]
+        depth.append(depth[parent + 1] + 1 if passes else -1)
+        score.append(score[parent + 1] + math.log(p) if passes else -math.inf)
+        if passes and (depth[i + 1], score[i + 1]) > (depth[best], score[best]):
+            best = i + 1
+    path = []
+    while best:
+        path.append(best)
+        best = draft.parents[best - 1] + 1
+    path.reverse()
+    return Verdict(accepted_slots=path, tokens=[draft.tokens[s - 1] for s in path] + [chosen[path[-1] if path else 0]])
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Where each verify slot's token would be drawn: the keys of its sampled draws."""
+
+    seed: int
+    keys: torch.Tensor  # [B] the rows' sampling keys
+    positions: torch.Tensor  # [B, W] generation index of the token chosen at each slot (generated + depth)
+
+    def uniforms(self, stream: int) -> torch.Tensor:
+        """[B, W] keyed uniforms of `stream` at every slot."""
+        b, w = self.positions.shape
+        keys = self.keys[:, None].expand(b, w).reshape(-1)
+        return keyed_uniform(self.seed, keys, self.positions.reshape(-1), stream).view(b, w)
+
+
+class AcceptanceRule(Protocol):
+    name: str
+
+    def refusal(self, greedy: bool, trees: bool) -> str | None:
+        """Why this rule cannot verify such drafts (tree drafts or not) at this sampling, or None."""
+
+    def accept(
+        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+    ) -> list[Verdict]:
+        """Each row's verdict from the verify forward's `logits` [B, W, V] (slot s of row b: logits[b, s])."""
+
+
+def target_choices(logits: torch.Tensor, slots: Slots, sampling: SamplingParams) -> list[list[int]]:
+    """[B][W] the target's own token at every slot: its argmax, or its keyed sample (stream 0)."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1).tolist()
+    b, w, v = logits.shape
+    probs = filtered_probs(logits, sampling).reshape(b * w, v)
+    return sample_from(probs, slots.uniforms(STREAM_TARGET).reshape(-1).to(probs.device)).view(b, w).tolist()
+
+
+@dataclass(frozen=True)
+class ExactMatch:
+    """The target's own choice decides (`walk`): lossless for any draft, chain or tree, greedy or sampled."""
+
+    name: ClassVar[str] = "exact"
+
+    def refusal(self, greedy: bool, trees: bool) -> str | None:
+        return None
+
+    def accept(
+        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+    ) -> list[Verdict]:
+        chosen = target_choices(logits, slots, sampling)
+        return [walk(d, chosen[row]) for row, d in enumerate(drafts)]
+
+
+@dataclass(frozen=True)
+class RejectionSampling:
+    """Speculative sampling of chains drafted with probabilities (`rejection_chain`); greedy: `walk`.
+
+    A draft without probabilities counts as one-hot q (accepted with probability p(x)).
+    """
+
+    name: ClassVar[str] = "rejection_sampling"
+
+    def refusal(self, greedy: bool, trees: bool) -> str | None:
+        if trees and not greedy:
+            return (
+                "rejection sampling verifies chains: testing several children against one p repeats "
+                "chances and biases the output; verify trees with exact matching instead"
+            )
+        return None
+
+    def accept(
+        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+    ) -> list[Verdict]:
+        if sampling.greedy:
+            return ExactMatch().accept(logits, drafts, slots, sampling)
+        if any(not is_chain(d) for d in drafts if len(d)):
+            raise ValueError(self.refusal(greedy=False, trees=True))
+        probs = filtered_probs(logits, sampling).cpu()  # [B, W, V]
+        draws = slots.uniforms(STREAM_TARGET)
+        accept_u, residual_u = slots.uniforms(STREAM_ACCEPT), slots.uniforms(STREAM_RESIDUAL)
+        verdicts = []
+        for row, d in enumerate(drafts):
+            n = len(d)
+            if d.probs is None:  # a deterministic draft: q is one-hot
+                one_hot = torch.nn.functional.one_hot(torch.tensor(d.tokens, dtype=torch.long), probs.shape[-1])
+                d = Draft(d.tokens, d.parents, one_hot.to(probs.dtype))
+            # Draft token i is a candidate for the token drawn at slot i (generation index generated + i).
+            verdicts.append(
+                rejection_chain(d, probs[row, : n + 1], accept_u[row, :n], residual_u[row, :n], float(draws[row, n]))
+            )
+        return verdicts
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """SpecDec's relaxed verification, and blockwise decoding's top-k (`tolerance` infinite): greedy only."""
+
+    top_beta: int
+    tolerance: float = math.inf
+    name: ClassVar[str] = "relaxed"
+
+    def refusal(self, greedy: bool, trees: bool) -> str | None:
+        return None if greedy else "relaxed verification relaxes greedy decoding: use generation.temperature=0"
+
+    def accept(
+        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+    ) -> list[Verdict]:
+        return [
+            relaxed_walk(d, logits[row, : len(d) + 1], self.top_beta, self.tolerance) for row, d in enumerate(drafts)
+        ]
+
+
+@dataclass(frozen=True)
+class Typical:
+    """Medusa's typical acceptance (`typical_walk`). The probabilities are the target's after
+    temperature and filtering (at temperature 0: its softmax); the token after the accepted path
+    is the target's own choice there (argmax, or keyed sample)."""
+
+    epsilon: float
+    delta: float
+    name: ClassVar[str] = "typical"
+
+    def refusal(self, greedy: bool, trees: bool) -> str | None:
+        return None
+
+    def accept(
+        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+    ) -> list[Verdict]:
+        chosen = target_choices(logits, slots, sampling)
+        probs = logits.double().softmax(dim=-1) if sampling.greedy else filtered_probs(logits, sampling)
+        return [
+            typical_walk(d, probs[row, : len(d) + 1], chosen[row], self.epsilon, self.delta)
+            for row, d in enumerate(drafts)
+        ]

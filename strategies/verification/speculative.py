@@ -1,0 +1,350 @@
+"""Draft, then verify: the decoding loop shared by every proposer, for chains and trees alike.
+
+Each step: a drafter's proposer drafts below every row's pending token; the verifier
+(`strategies.verification.verify`) checks all rows in one target forward with the drafter's acceptance rule
+and rolls the rejected slots back, so rows of one step keep different numbers of tokens. Proposers
+that draft from the target's own states receive them after every forward. Emitted tokens go through the
+same finish checks as autoregressive decoding, one at a time, so EOS, stop strings,
+`max_new_tokens` and the context end a row exactly where plain decoding would.
+
+With a controller (`control.Controller`), each step may use any of several drafters or none, and
+rows whose drafts keep failing step plainly. Steps without drafts are the autoregressive strategy's
+own (`batch.decode_plainly`), run for as many steps as the controller's plan allows. Faults are
+fallbacks: a proposer that raises is off for the rest of the batch; a verify forward that raises (a
+CUDA out-of-memory error, say) leaves every row's cache as it was, and the step is redone plainly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
+from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, decode_plainly, start_batch
+from strategies.runtime.runner import ModelRunner
+from strategies.verification.acceptance import AcceptanceRule, ExactMatch
+from strategies.verification.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
+from strategies.verification.drafts import Draft, draft_problem
+from strategies.verification.metrics import SpecStats
+from strategies.verification.proposer import ProposalContext, Proposer
+from strategies.verification.verify import Verification, verify
+
+
+@dataclass
+class Drafter:
+    """A proposer with the limits and acceptance rule of the strategy it serves."""
+
+    name: str
+    proposer: Proposer
+    max_depth: int  # longest draft path (chain length)
+    max_nodes: int  # most nodes per row (trees); chains: max_depth
+    rule: AcceptanceRule = field(default_factory=ExactMatch)
+    trees: bool = False  # it drafts trees (several children below a node), not only chains
+    greedy_only: bool = False  # off at temperature > 0: those rows decode plainly (Jacobi's fixed point is greedy)
+    learns: bool = False  # it learns from every batch it sees (a Lookahead trie), drafting or not
+    start_depth: int | None = None  # chain length without a controller, and its first under one; None: max_depth
+
+
+@dataclass
+class _Decoding:
+    """One batch in the speculative loop: its rows, its metrics and its drafters' state (a `Decoding`)."""
+
+    strategy: SpeculativeStrategy
+    batch: Batch
+    emitted_by: list[dict[str, int]]  # per request: tokens emitted under each option
+    live: dict[str, Drafter]  # drafters not failed in this batch
+    started: set[str] = field(default_factory=set)  # drafters started in this batch
+    stats: SpecStats = field(default_factory=SpecStats)  # since the last segment
+
+    def running(self) -> list[Drafter]:
+        """The live drafters that have started, as a list: a failing callback removes its drafter."""
+        return [d for name, d in self.live.items() if name in self.started]
+
+    def active(self) -> int:
+        return len(self.batch.active)
+
+    def step(self) -> None:
+        self.strategy._step(self)
+
+    def admit(self, requests: list[RowRequest]) -> None:
+        self.strategy._admit(self, requests)
+
+    def finished(self) -> list[tuple[int, RowOutput]]:
+        done = [(i, self.strategy._row_output(self, i)) for i in self.batch.finished_rows()]
+        for i, _ in done:
+            self.batch.release(i)
+        return done
+
+    def segment(self) -> Segment:
+        extra: dict = {}
+        for d in self.running():
+            extra.update(d.proposer.stats())
+        stats, self.stats = self.stats, SpecStats()
+        return Segment(stats.target_forwards, self.batch.take_generated(), {**stats.as_dict(), **extra})
+
+
+class SpeculativeStrategy:
+    """Speculative decoding with one drafter (a fixed strategy) or several under a controller (`auto`)."""
+
+    def __init__(self, name: str, runner: ModelRunner, drafters: list[Drafter], controller: Controller | None = None):
+        if controller is None and len(drafters) != 1:
+            raise ValueError("several drafters need a controller to choose among them")
+        self.name = name
+        self.runner = runner
+        self.drafters = {d.name: d for d in drafters}
+        self.controller = controller
+        # The target's states are kept (and, off the lean forward, computed) only for drafters that read them.
+        self.want_states = any(d.proposer.wants_states for d in drafters)
+
+    def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
+        return decode_to_end(self.name, self.open(requests, params), len(requests))
+
+    def open(self, requests: list[RowRequest], params: GenerationParams) -> _Decoding:
+        """Prefill the batch, tell the controller which drafters it may plan, and start those that
+        learn from every batch. A drafter whose rule cannot verify at these settings fails the batch."""
+        for d in self.drafters.values():
+            refusal = d.rule.refusal(greedy=params.sampling.greedy, trees=d.trees)
+            if refusal is not None:
+                raise ValueError(f"{self.name}: {refusal}")
+        run = _Decoding(
+            strategy=self,
+            batch=start_batch(self.runner, requests, params, self.want_states),
+            emitted_by=[dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests],
+            live={n: d for n, d in self.drafters.items() if params.sampling.greedy or not d.greedy_only},
+        )
+        batch_size = len(run.batch.active)
+        if not batch_size:
+            return run
+        if self.controller is not None:
+            limits = {
+                name: DraftLimits(d.max_depth, d.max_nodes, d.trees, d.start_depth) for name, d in run.live.items()
+            }
+            self.controller.start_batch(limits, batch_size)
+        # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
+        # costs nothing; one that learns from every batch starts at once while the controller
+        # thinks it may pay, so that it keeps learning while off.
+        for name, d in list(run.live.items()):
+            if d.learns and (self.controller is None or self.controller.worth_learning(name, batch_size)):
+                self._start(run, d)
+        return run
+
+    def _step(self, run: _Decoding) -> None:
+        """One step as planned: draft and verify, or plain steps where nothing is drafted or it failed."""
+        batch = run.batch
+        plan = self._plan(run.live, len(batch.active))
+        drafter = run.live.get(plan.drafter)
+        if drafter is not None and drafter.name not in run.started and not self._start(run, drafter):
+            drafter = None
+        if drafter is None:
+            # Plain runs end within PLAIN_RUN_STEPS, so that waiting rows can join a batch with room.
+            self._plain(run, min(plan.steps or PLAIN_RUN_STEPS, PLAIN_RUN_STEPS))
+            return
+        began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
+        context = ProposalContext(
+            num_generated=[len(batch.outputs[i]) for i in batch.active],
+            budgets=[
+                0 if row in plan.rows_off else self._room(batch, i, plan.depth) for row, i in enumerate(batch.active)
+            ],
+            max_nodes=plan.nodes,
+        )
+        if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
+            self._plain(run, 1)
+            return
+        drafts = self._drafts(run, drafter, context)
+        if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
+            self._plain(run, 1, billed_to=drafter.name, overhead_s=time.perf_counter() - began)
+            return
+        checked = self._speculate(run, drafter, drafts, context)
+        if checked is None:  # the verify forward raised; the cache is as before the step
+            self._plain(run, 1)
+            return
+        self._drafted(run, drafter.name, drafts, checked, began)
+
+    def _admit(self, run: _Decoding, requests: list[RowRequest]) -> None:
+        """Rows join the batch (`Decoding.admit`): prefilled together, then known to the controller and to
+        every drafter that has started, after the rows there are."""
+        batch = run.batch
+        joining = start_batch(self.runner, requests, batch.params, self.want_states)
+        contexts = [joining.requests[i].prompt + joining.outputs[i] for i in joining.active]
+        keys, states = joining.keys, joining.states
+        batch.admit(joining)
+        run.emitted_by += [dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests]
+        if not contexts:
+            return
+        if self.controller is not None:
+            self.controller.add_rows(len(contexts))
+        for d in run.running():
+            self._call(run, d.name, d.proposer.add_rows, contexts, keys, states if d.proposer.wants_states else None)
+
+    def _row_output(self, run: _Decoding, i: int) -> RowOutput:
+        batch = run.batch
+        # A fixed strategy whose drafter could not run at all (greedy-only, sampling) decoded plainly.
+        fixed = self.name if run.live or run.started else AUTOREGRESSIVE
+        counts = run.emitted_by[i]
+        strategy = self._row_strategy(counts, fixed)
+        by_option = {name: n for name, n in counts.items() if n} | {AUTOREGRESSIVE: counts[AUTOREGRESSIVE] + 1}
+        return RowOutput(
+            batch.outputs[i], batch.reasons[i], strategy, logprobs=batch.row_scores(i), tokens_by_option=by_option
+        )
+
+    def _start(self, run: _Decoding, drafter: Drafter) -> bool:
+        """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
+        run.started.add(drafter.name)
+        batch = run.batch
+        if getattr(drafter.proposer, "shares_cache", False):  # self-speculation drafts in the target's cache
+            drafter.proposer.use_cache(batch.kv)
+        contexts = [batch.requests[i].prompt + batch.outputs[i] for i in batch.active]
+        states = batch.states if drafter.proposer.wants_states else None
+        return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.keys, batch.params, states)
+
+    def _speculate(
+        self, run: _Decoding, drafter: Drafter, drafts: list[Draft], context: ProposalContext
+    ) -> Verification | None:
+        """Verify the drafts in one target forward (`verify.verify`); None when it raised (a CUDA
+        out-of-memory error, say): the cache is as before the step and the drafter is off for the batch."""
+        batch = run.batch
+        pending = [batch.outputs[i][-1] for i in batch.active]
+        try:
+            checked = verify(
+                self.runner,
+                batch.kv,
+                pending,
+                drafts,
+                drafter.rule,
+                batch.params.sampling,
+                batch.keys,
+                context.num_generated,
+                want_states=self.want_states,
+            )
+        except Exception as exc:
+            run.stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
+            if self.controller is not None:
+                self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
+            run.live.pop(drafter.name, None)
+            _free_device_memory(self.runner.device)
+            return None
+        if checked.states is not None:
+            batch.states = checked.states
+        return checked
+
+    def _drafted(self, run: _Decoding, drafter: str, drafts: list[Draft], checked: Verification, began: float) -> None:
+        """Emit a drafted step's tokens through the finish checks, one at a time, and report the step.
+        Their scores come from the verify forward's logits at the slots that chose them."""
+        batch, stats, verdicts = run.batch, run.stats, checked.verdicts
+        stats.count_forwards(drafter, 1)
+        emitted = [t for v in verdicts for t in v.tokens]
+        scores = batch.score(checked.emitting_logits(), torch.tensor(emitted)) if batch.scores is not None else None
+        still, first = [], 0
+        for row, (i, draft, verdict) in enumerate(zip(batch.active, drafts, verdicts, strict=True)):
+            stats.record(drafter, draft, verdict)
+            for j, token in enumerate(verdict.tokens):
+                run.emitted_by[i][drafter] += 1
+                if batch.emit(i, token, scores[first + j] if scores is not None else None):
+                    break
+            first += len(verdict.tokens)
+            if batch.reasons[i] is None:
+                still.append(row)
+        drafted, accepted = [len(d) for d in drafts], [len(v.accepted_slots) for v in verdicts]
+        record = StepRecord(drafter, len(batch.active), time.perf_counter() - began, drafted, accepted)
+        self._after_step(run, [v.tokens for v in verdicts], still, [record])
+
+    def _plain(
+        self, run: _Decoding, max_steps: int | None, billed_to: str | None = None, overhead_s: float = 0.0
+    ) -> None:
+        """Plain steps, the autoregressive strategy's own (`batch.decode_plainly`). The controller sees
+        each as a plain step, or, after a drafter that found nothing to draft (`billed_to`), as that
+        drafter's step, its drafting time (`overhead_s`) included: steps where it finds nothing are
+        part of what the drafter is worth."""
+        active = run.batch.active
+        steps = decode_plainly(self.runner, run.batch, max_steps)
+        run.stats.count_forwards(AUTOREGRESSIVE, steps.steps)
+        run.stats.record_plain(sum(steps.rows))
+        for i, tokens in zip(active, steps.emitted, strict=True):
+            run.emitted_by[i][AUTOREGRESSIVE] += len(tokens)
+        records = [
+            StepRecord(AUTOREGRESSIVE, n, s, [0] * n, [0] * n) for n, s in zip(steps.rows, steps.seconds, strict=True)
+        ]
+        if billed_to is not None:
+            records[0].drafter, records[0].wall_s = billed_to, records[0].wall_s + overhead_s
+        self._after_step(run, steps.emitted, steps.still, records)
+
+    def _after_step(
+        self, run: _Decoding, emitted: list[list[int]], still: list[int], records: list[StepRecord]
+    ) -> None:
+        """Tell the proposers what each row emitted and which rows go on, then the controller what the
+        step(s) cost: telling the proposers is part of it, shared by the steps told about; dropping
+        finished rows is not, every option pays it."""
+        told = time.perf_counter()
+        for d in run.running():
+            states = run.batch.states if d.proposer.wants_states else None
+            self._call(run, d.name, d.proposer.emitted, emitted, states)
+        share = (time.perf_counter() - told) / len(records)
+        for record in records:
+            record.wall_s += share
+        batch_size = len(run.batch.active)
+        if len(still) < batch_size:
+            run.batch.keep(still)
+            for d in run.running():
+                self._call(run, d.name, d.proposer.keep_rows, still)
+        if self.controller is not None:
+            for record in records:
+                self.controller.observe(record)
+            if len(still) < batch_size:
+                self.controller.keep_rows(still)
+
+    def _row_strategy(self, counts: dict[str, int], fixed: str) -> str:
+        """What decoded the row: `fixed` without a controller; under one, whichever option emitted most."""
+        if self.controller is None:
+            return fixed
+        return max(counts, key=lambda name: counts[name])
+
+    def _plan(self, live: dict[str, Drafter], batch_size: int) -> Plan:
+        if self.controller is not None:
+            return self.controller.plan(batch_size)
+        if not live:
+            return Plan(AUTOREGRESSIVE, 0, 0, steps=None)
+        d = next(iter(live.values()))
+        return Plan(d.name, d.max_depth if d.start_depth is None else d.start_depth, d.max_nodes)
+
+    def _call(self, run: _Decoding, name: str, fn: Callable[..., object], *args: object) -> bool:
+        """Run a proposer callback; on an exception the drafter is off for the batch (a fallback, logged)."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:
+            run.stats.faults.append(f"proposer {name}: {type(exc).__name__}: {exc}")
+            run.live.pop(name, None)
+            if self.controller is not None:
+                self.controller.drafter_failed(name, f"proposer raised {type(exc).__name__}")
+            return False
+
+    def _room(self, batch: Batch, i: int, depth: int) -> int:
+        """Draft tokens request `i` can still emit, at most `depth`: a step emits them plus one target token."""
+        request, output = batch.requests[i], batch.outputs[i]
+        room = min(batch.params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
+        return max(0, min(depth, room))
+
+    def _drafts(self, run: _Decoding, drafter: Drafter, context: ProposalContext) -> list[Draft]:
+        """The drafter's drafts, each checked; empty drafts when it failed."""
+        empty = [Draft.empty() for _ in context.budgets]
+        drafts: list[Draft] = []
+        if not self._call(run, drafter.name, lambda: drafts.extend(drafter.proposer.propose(context))):
+            return empty
+        if len(drafts) != len(context.budgets):
+            run.stats.faults.append(f"proposer {drafter.name}: {len(drafts)} drafts for {len(context.budgets)} rows")
+            return empty
+        checked = []
+        for draft, budget in zip(drafts, context.budgets, strict=True):
+            if draft_problem(draft, self.runner.vocab_size, context.max_nodes, budget) is not None:
+                run.stats.fallbacks += 1
+                draft = Draft.empty()
+            checked.append(draft)
+        return checked
+
+
+def _free_device_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
