@@ -78,6 +78,12 @@ class BenchConfig:
     lookup_tokens: int = option(
         0, "transformers' prompt_lookup_num_tokens; 0: strategy.num_speculative_tokens (the draft length of ours)."
     )
+    # The cost table (jobs/bench/costs.py): forwards by batch x new tokens, plain and drafting steps by phase.
+    costs: bool = option(
+        False, "Print the cost table instead: forwards by batch size x new tokens, and each strategy's step by phase."
+    )
+    cost_new_tokens: list[int] = option([1, 2, 4, 8, 16], "costs=true: new tokens per row of each timed forward.")
+    cost_cache_tokens: int = option(200, "costs=true: cached tokens per row under each timed forward.")
     # Whole jobs (jobs/bench/job.py): each contender runs as `accelgen generate` processes.
     job: bool = option(False, "Time whole `accelgen generate` jobs, cold and warm, instead of in-process decoding.")
     job_shards: int = option(3, "job=true: input shards the num_prompts rows are split into.")
@@ -387,6 +393,15 @@ def main(args: list[str]) -> int:
 
         return bench_job.main(config)
     bench = Bench(config)
+    if config.costs:
+        from jobs.bench import costs
+
+        table = costs.measure(bench)
+        costs.print_table(table)
+        if config.report:
+            with open(config.report, "w") as f:
+                json.dump(table, f, indent=1)
+        return 0
     print_header()
     rows = bench.run(on_rows=print_rows)
     print_legend()

@@ -1,0 +1,313 @@
+"""`accelgen bench costs=true`: the table that decides whether drafting can pay on this machine.
+
+A drafting step pays when τ · (plain step) > (drafting step). Both sides are measured here, in one
+run, on the bench's prompts and models:
+
+- the target's forward in ms by batch size × new tokens per row (1, 2, 4, 8, 16 by default) over a
+  cache of `cost_cache_tokens` per row, beside its arithmetic bound: the forward's matmul FLOPs
+  (weights and attention over the cache) at the peak rate a large matmul reaches here. A forward far
+  above its bound is paying for launches, memory traffic or host work, not arithmetic;
+- the plain step: what an autoregressive step costs, host work included;
+- for each drafting strategy, one drafting step split into where its time goes: propose, building
+  the verify inputs, the target forward, acceptance, rollback of the rejected slots, and the rest
+  (bookkeeping: the loop, the rows' finish checks, the proposers' updates). `host/plain` is the
+  step's time outside the target forward over a plain step: what drafting costs besides the forward.
+
+The phases are timed by wrapping the loop's collaborators for the duration of the measurement (the
+proposer's `propose`, the acceptance rule's `accept`, the verifier's input builder, the runner's
+`forward`, the cache's rollback), so the decoding code carries no timers of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from jobs.bench.decoding import Bench
+from strategies.base import RowRequest
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.runtime import kv_cache
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import row_key
+from strategies.verification import speculative
+from strategies.verification import verify as verifier
+
+PHASES = ("propose", "verify_inputs", "forward", "accept", "rollback", "bookkeeping")
+
+
+def peak_matmul_gflops(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
+    """The best rate of a `size`³ matmul in `dtype`: the ceiling a forward's arithmetic could reach."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first call picks kernels
+        _sync(device)
+        started = time.perf_counter()
+        torch.mm(a, b)
+        _sync(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best / 1e9
+
+
+def forward_flops(model: torch.nn.Module, batch: int, new_tokens: int, context: int) -> float:
+    """Matmul FLOPs of one forward of `new_tokens` per row over `context` cached tokens: every linear
+    layer (the LM head included) once per token, and attention's two products over the context."""
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    config = model.config
+    attention = 4 * config.num_hidden_layers * config.hidden_size * (context + new_tokens)
+    return batch * new_tokens * (2 * linear + attention)
+
+
+def forward_ms(runner: ModelRunner, prompts: list[list[int]], new_tokens: int, repeats: int) -> float:
+    """Median ms of one forward of `new_tokens` per row (a chain, every slot's logits kept, as a verify
+    forward) over the cache `prompts` leave; the cache is rolled back after each."""
+    kv = runner.new_kv(len(prompts))
+    runner.prefill(kv, prompts)
+    device = kv.next_pos.device
+    before = kv.num_slots
+    ids = torch.randint(0, 100, (len(prompts), new_tokens), device=device)
+    valid = torch.ones(len(prompts), new_tokens, dtype=torch.bool, device=device)
+    times = []
+    for _ in range(repeats + 1):  # the first call allocates
+        positions = kv.next_pos[:, None] + torch.arange(new_tokens, device=device)
+        _sync(device)
+        started = time.perf_counter()
+        runner.forward(kv, ids, positions, valid)
+        _sync(device)
+        times.append(time.perf_counter() - started)
+        kv.truncate(before)
+    return 1e3 * statistics.median(times[1:])
+
+
+def cache_rows(prompts: list[list[int]], batch_size: int, cache_tokens: int) -> list[list[int]]:
+    """`batch_size` rows of exactly `cache_tokens` real tokens each: the prompts run together, each
+    row starting further into them, so rows differ as a batch's prompts do."""
+    stream = [t for p in prompts for t in p]
+    stream = stream * (1 + (cache_tokens + batch_size) // len(stream))
+    return [stream[i : i + cache_tokens] for i in range(batch_size)]
+
+
+class PhaseClock:
+    """Seconds spent in each phase, for the step being timed."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = defaultdict(float)
+        self.verifies = 0
+        self._depth = 0  # > 0 inside a verify call: forwards there are the verify forward
+
+    def timed(self, phase: str, fn: Callable, only_in_verify: bool = False) -> Callable:
+        def wrapper(*args, **kwargs):
+            if only_in_verify and not self._depth:
+                return fn(*args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[phase] += time.perf_counter() - started
+
+        return wrapper
+
+    def verify(self, fn: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            self.verifies += 1
+            self._depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return wrapper
+
+    def take(self) -> tuple[dict[str, float], int]:
+        spent, verifies = dict(self.spent), self.verifies
+        self.spent.clear()
+        self.verifies = 0
+        return spent, verifies
+
+
+@contextmanager
+def clocked(strategy: object, runner: ModelRunner, clock: PhaseClock) -> Iterator[None]:
+    """Wrap the speculative loop's collaborators in `clock`'s timers while the block runs."""
+    patches: list[tuple[object, str, object]] = [
+        (speculative, "verify", clock.verify(speculative.verify)),
+        (verifier, "verify_inputs", clock.timed("verify_inputs", verifier.verify_inputs)),
+        (runner, "forward", clock.timed("forward", runner.forward, only_in_verify=True)),
+        (kv_cache.RaggedKV, "invalidate", clock.timed("rollback", kv_cache.RaggedKV.invalidate, True)),
+        (
+            kv_cache.RaggedKV,
+            "compact_if_wasteful",
+            clock.timed("rollback", kv_cache.RaggedKV.compact_if_wasteful, True),
+        ),
+    ]
+    for method in getattr(strategy, "drafters", {}).values():
+        patches.append((method.proposer, "propose", clock.timed("propose", method.proposer.propose)))
+        patches.append((method.rule, "accept", clock.timed("accept", method.rule.accept)))
+    # Rules are frozen dataclasses: their attributes are set past the freeze, and put back after.
+    saved = [(owner, name, vars(owner).get(name)) for owner, name, _ in patches]
+    for owner, name, wrapped in patches:
+        _set(owner, name, wrapped)
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            if original is not None:
+                _set(owner, name, original)
+            elif isinstance(owner, type):
+                delattr(owner, name)
+            else:
+                object.__delattr__(owner, name)
+
+
+def _set(owner: object, name: str, value: object) -> None:
+    if isinstance(owner, type):
+        setattr(owner, name, value)
+    else:
+        object.__setattr__(owner, name, value)
+
+
+def _steps(bench: Bench, strategy: object, runner: ModelRunner, batch: list[list[int]]) -> dict:
+    """Decode `batch` stepwise, timing each step and its phases: totals over the drafting steps (those
+    that verified once), the plain steps' time and tokens, and the emitted tokens per verify."""
+    clock = PhaseClock()
+    requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
+    totals = dict.fromkeys((*PHASES, "step"), 0.0)
+    drafting = plain_steps = 0
+    plain_s = 0.0
+    with clocked(strategy, runner, clock):
+        decoding = strategy.open(requests, bench.params)
+        clock.take()  # the prefill is not a step
+        while True:
+            decoding.finished()
+            if not decoding.active():
+                break
+            started = time.perf_counter()
+            decoding.step()
+            step_s = time.perf_counter() - started
+            spent, verifies = clock.take()
+            if verifies == 1:
+                drafting += 1
+                totals["step"] += step_s
+                for phase in PHASES[:-1]:
+                    totals[phase] += spent.get(phase, 0.0)
+            elif verifies == 0:
+                plain_steps += 1
+                plain_s += step_s
+        stats = decoding.segment().stats
+    totals["bookkeeping"] = totals["step"] - sum(totals[p] for p in PHASES[:-1])
+    row_steps = sum(stats.get("verify_steps", {}).values())  # a row's step: τ is per row, as the bench's
+    emitted = sum(stats.get("verify_emitted", {}).values())
+    return {
+        "drafting_steps": drafting,
+        "totals_s": totals,
+        "plain_steps": plain_steps,
+        "plain_s": plain_s,
+        "tau": emitted / row_steps if row_steps else None,
+    }
+
+
+def plain_step_ms(bench: Bench, runner: ModelRunner, batch: list[list[int]]) -> float:
+    """ms per autoregressive step after the prefill (rows all run `max_new_tokens`, EOS ignored)."""
+    strategy = AutoregressiveStrategy(runner)
+    requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
+    decoding = strategy.open(requests, bench.params)
+    started = time.perf_counter()
+    while True:
+        decoding.finished()
+        if not decoding.active():
+            break
+        decoding.step()
+    return 1e3 * (time.perf_counter() - started) / max(1, bench.params.max_new_tokens - 1)
+
+
+def measure(bench: Bench) -> dict:
+    """The whole cost table for `bench`'s batch sizes and strategies (every one but autoregressive)."""
+    config = bench.config
+    runner = bench.models.target
+    model = runner.model
+    device = runner.device
+    peak = peak_matmul_gflops(device, next(model.parameters()).dtype)
+    cache = config.cost_cache_tokens
+    table: dict = {"peak_gflops": round(peak, 1), "cache_tokens": cache, "batches": []}
+    for batch_size in config.batch_sizes:
+        prompts = cache_rows(bench.prompts, batch_size, cache)
+        forwards = []
+        for n in config.cost_new_tokens:
+            ms = forward_ms(runner, prompts, n, config.repeats)
+            bound = 1e3 * forward_flops(model, batch_size, n, cache) / (peak * 1e9)
+            forwards.append({"new_tokens": n, "forward_ms": round(ms, 3), "bound_ms": round(bound, 3)})
+        batch = bench.batches(batch_size)[0]
+        plain = statistics.median(plain_step_ms(bench, runner, batch) for _ in range(config.repeats))
+        drafters = []
+        for name in config.strategies:
+            if name == "autoregressive":
+                continue
+            options = dataclasses.replace(config.strategy, name=name)
+            runs = [_steps(bench, bench._fresh(options, batch_size), runner, batch) for _ in range(config.repeats)]
+            drafters.append(_drafter_row(name, runs, plain))
+        table["batches"].append(
+            {"batch_size": batch_size, "forwards": forwards, "plain_step_ms": round(plain, 3), "drafters": drafters}
+        )
+    return table
+
+
+def _drafter_row(name: str, runs: list[dict], plain_ms: float) -> dict:
+    """Per-step ms of each phase (the median run by step time), host time over a plain step, and the
+    speed a step of this cost and τ gives over plain decoding."""
+    steps = [r for r in runs if r["drafting_steps"]]
+    if not steps:
+        return {"strategy": name, "drafting_steps": 0}
+    run = sorted(steps, key=lambda r: r["totals_s"]["step"] / r["drafting_steps"])[len(steps) // 2]
+    per_step = {p: 1e3 * run["totals_s"][p] / run["drafting_steps"] for p in (*PHASES, "step")}
+    host = per_step["step"] - per_step["forward"]
+    tau = run["tau"]
+    return {
+        "strategy": name,
+        "drafting_steps": run["drafting_steps"],
+        "tau": round(tau, 3) if tau else None,
+        "ms": {p: round(v, 3) for p, v in per_step.items()},
+        "host_over_plain": round(host / plain_ms, 3),
+        "x_plain": round(tau * plain_ms / per_step["step"], 3) if tau else None,
+    }
+
+
+def print_table(table: dict) -> None:
+    print(f"peak matmul rate {table['peak_gflops']} GFLOP/s; cache {table['cache_tokens']} tokens per row")
+    for entry in table["batches"]:
+        b = entry["batch_size"]
+        print(f"\nbatch {b}: target forward, ms (arithmetic bound at the peak rate)")
+        print(
+            "  "
+            + "  ".join(
+                f"{f['new_tokens']:>3} new: {f['forward_ms']:7.2f} ({f['bound_ms']:.2f})" for f in entry["forwards"]
+            )
+        )
+        print(f"  plain step: {entry['plain_step_ms']:.2f} ms")
+        if entry["drafters"]:
+            print(
+                f"  {'strategy':<18} {'tau':>5} {'step':>7} "
+                + " ".join(f"{p:>13}" for p in PHASES)
+                + f" {'host/plain':>10} {'x plain':>8}"
+            )
+        for d in entry["drafters"]:
+            if not d["drafting_steps"]:
+                print(f"  {d['strategy']:<18} no drafting step")
+                continue
+            ms = d["ms"]
+            print(
+                f"  {d['strategy']:<18} {d['tau'] or 0:>5.2f} {ms['step']:>7.2f} "
+                + " ".join(f"{ms[p]:>13.2f}" for p in PHASES)
+                + f" {d['host_over_plain']:>10.2f} {d['x_plain'] or 0:>8.2f}"
+            )
+    print("\nms per drafting step; host/plain: the step's time outside the target forward over a plain step;")
+    print("x plain: tau x plain step / drafting step, the speed-up this step cost and tau give.")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,71 @@
+"""`accelgen bench costs=true`: the forward grid, the plain step and each drafting step by phase."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from jobs.bench import costs
+from jobs.cli import main as cli
+from strategies.runtime import kv_cache
+from strategies.runtime.runner import ModelRunner
+from strategies.verification import speculative
+from strategies.verification import verify as verifier
+
+
+def test_cache_rows_are_exactly_the_asked_length_and_differ_by_row():
+    rows = costs.cache_rows([[1, 2, 3], [4, 5]], batch_size=3, cache_tokens=4)
+    assert rows == [[1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 1]]
+
+
+def test_forward_flops_counts_every_linear_once_per_token_and_attention_over_the_context():
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(4, 8, bias=False)  # 32 weights
+            self.head = torch.nn.Linear(8, 10, bias=False)  # 80 weights
+            self.config = type("C", (), {"num_hidden_layers": 2, "hidden_size": 4})()
+
+    # Per token: 2 * 112 for the linears, 4 * 2 layers * 4 wide * (5 cached + 3 new) for attention.
+    assert costs.forward_flops(Tiny(), batch=2, new_tokens=3, context=5) == 2 * 3 * (2 * 112 + 4 * 2 * 4 * 8)
+
+
+def test_cost_table_on_a_tiny_model_and_the_loop_left_as_it_was(tmp_path, tiny_model_dir, tiny_draft_dir, capsys):
+    """Every phase is inside the step it splits (bookkeeping is what is left, never negative), every
+    strategy drafted, and the wrapped collaborators are the originals again afterwards."""
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n"}) + "\n")
+    report = tmp_path / "costs.json"
+    originals = (speculative.verify, verifier.verify_inputs, kv_cache.RaggedKV.invalidate, ModelRunner.forward)
+    args = [
+        f"model={tiny_model_dir}",
+        f"draft={tiny_draft_dir}",
+        f"prompts={tmp_path / 'prompts.jsonl'}",
+        "num_prompts=2",
+        "dtype=float64",
+        "costs=true",
+        "strategies=[autoregressive,speculative,prompt_lookup]",
+        "batch_sizes=[1,2]",
+        "cost_new_tokens=[1,4]",
+        "cost_cache_tokens=16",
+        "max_new_tokens=10",
+        "repeats=1",
+        f"report={report}",
+    ]
+    assert cli(["bench", *args]) == 0
+    table = json.loads(report.read_text())
+    assert [b["batch_size"] for b in table["batches"]] == [1, 2]
+    for entry in table["batches"]:
+        assert [f["new_tokens"] for f in entry["forwards"]] == [1, 4]
+        assert all(f["forward_ms"] > 0 and f["bound_ms"] > 0 for f in entry["forwards"])
+        assert entry["plain_step_ms"] > 0
+        assert [d["strategy"] for d in entry["drafters"]] == ["speculative", "prompt_lookup"]
+        for d in entry["drafters"]:
+            assert d["drafting_steps"] > 0 and d["tau"] >= 1.0
+            ms = d["ms"]
+            assert ms["forward"] > 0 and ms["bookkeeping"] >= 0
+            assert sum(ms[p] for p in costs.PHASES) == pytest.approx(ms["step"], abs=0.01)
+        assert entry["drafters"][0]["ms"]["propose"] > 0  # the draft model's forwards
+    assert (speculative.verify, verifier.verify_inputs, kv_cache.RaggedKV.invalidate, ModelRunner.forward) == originals
+    assert "plain step" in capsys.readouterr().out
