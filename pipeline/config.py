@@ -132,7 +132,11 @@ class WorkersConfig:
     custom_resources: dict[str, float] = option(
         {}, "Ray custom resources each actor needs (e.g. {accelerator_type_H100: 0.001}) to pin actors to nodes."
     )
-    torch_threads: int = option(0, "torch intra-op threads per actor. 0: the node's cores shared among its actors.")
+    torch_threads: int = option(
+        0,
+        "torch intra-op threads per actor. 0: the cluster's cores less one for the driver and Ray, shared among "
+        "the actors (at least one).",
+    )
     actor_start_timeout_s: float = option(
         300.0, "Fail the job when the actors are not scheduled and loaded within this many seconds."
     )

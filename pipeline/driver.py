@@ -30,6 +30,7 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.phases import Phases, actor_start_phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
+from pipeline.threads import default_torch_threads
 from strategies import registry
 from workers import controller_stats, faults
 from workers.controller import Learned
@@ -437,7 +438,7 @@ class ActorPool:
                 "workers.num_actors"
             )
         if not use_gpus and spec.torch_threads == 0:
-            spec = dataclasses.replace(spec, torch_threads=max(1, int(cpus // n)))
+            spec = dataclasses.replace(spec, torch_threads=default_torch_threads(cpus, n))
         options: dict[str, Any] = {
             "num_cpus": w.num_cpus_per_actor,
             "num_gpus": w.num_gpus_per_actor if use_gpus else 0,
