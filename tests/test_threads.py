@@ -21,3 +21,16 @@ from pipeline.threads import default_torch_threads
 )
 def test_one_core_is_left_to_the_driver_and_ray_and_the_rest_shared(cpus, actors, threads):
     assert default_torch_threads(cpus, actors) == threads
+
+
+def test_the_job_bench_decodes_in_process_with_the_threads_of_a_jobs_actor():
+    """x bench compares a job with its own code: the in-process side runs the actor's threads."""
+    import os
+
+    from jobs.bench.decoding import BenchConfig
+    from jobs.bench.job import job_torch_threads
+
+    assert job_torch_threads(BenchConfig(job_overrides=["workers.torch_threads=3"])) == 3
+    assert job_torch_threads(BenchConfig()) == default_torch_threads(os.cpu_count() or 1, 1)
+    two = BenchConfig(job_overrides=["workers.num_actors=2"])
+    assert job_torch_threads(two) == default_torch_threads(os.cpu_count() or 1, 2)

@@ -71,7 +71,9 @@ class BenchConfig:
     max_new_tokens: int = option(64, "Tokens generated per row (fixed length).")
     max_prompt_tokens: int = option(256, "Prompts are cut to their last this many tokens.")
     repeats: int = option(3, "Interleaved repeats per configuration; the table shows medians.")
-    torch_threads: int = option(0, "torch threads; 0: all cores.")
+    torch_threads: int = option(
+        0, "torch threads; 0: all cores (job=true: as many as a job's actor runs, `workers.torch_threads`)."
+    )
     # Fixed strategies are measured as themselves (adaptive=false); `auto` always runs its controller.
     strategy: StrategyOptions = field(default_factory=lambda: StrategyOptions(adaptive=False))
     report: str = option("", "Also write the table as JSON to this path.")

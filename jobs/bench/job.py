@@ -42,7 +42,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.shipped import default_job_config
+from pipeline.config import load_config
 from pipeline.errors import JobError
+from pipeline.threads import default_torch_threads
 
 AUTOREGRESSIVE = "autoregressive"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "vllm_offline.py"
@@ -374,6 +377,13 @@ def _timed(run: Any) -> Timed:
     return Timed(run.wall_s, run.wall_s, sum(len(t) for t in run.tokens))
 
 
+def job_torch_threads(config: Any) -> int:
+    """The torch threads of the bench's jobs' CPU actors (`pipeline.threads` unless `job_overrides` set them)."""
+    keys = [*job_overrides(config, Path("."), "autoregressive", 1), "output.url=."]  # read for its workers alone
+    job = load_config(default_job_config(), None, keys)
+    return job.workers.torch_threads or default_torch_threads(os.cpu_count() or 1, job.workers.num_actors or 1)
+
+
 def main(config: Any) -> int:
     """`accelgen bench job=true` (config: `jobs.bench.decoding.BenchConfig`)."""
     from jobs.bench.decoding import Bench, read_prompts
@@ -384,8 +394,10 @@ def main(config: Any) -> int:
     unknown = sorted(set(config.vllm) - set(VLLM_PEERS))
     if unknown:
         raise JobError(f"vllm: unknown {unknown}; use {', '.join(VLLM_PEERS)}")
-    # Jobs decode whole prompts: so does the in-process bench (no cut to max_prompt_tokens).
-    bench = Bench(dataclasses.replace(config, max_prompt_tokens=sys.maxsize))
+    # Jobs decode whole prompts: so does the in-process bench (no cut to max_prompt_tokens), with the
+    # threads a job's actor runs (x bench compares the job with its own code, not with more threads).
+    threads = config.torch_threads or job_torch_threads(config)
+    bench = Bench(dataclasses.replace(config, max_prompt_tokens=sys.maxsize, torch_threads=threads))
     rows = run(config, texts, in_process_contenders(bench))
     print_legend()
     for line in aims(rows, config.num_prompts):
