@@ -89,7 +89,10 @@ class MedusaOptions:
     )
     acceptance: str = field(
         default="exact",
-        metadata={"help": f"One of {MEDUSA_ACCEPTANCE}. exact: lossless; typical: Medusa's typical rule (lossy)."},
+        metadata={
+            "help": f"One of {MEDUSA_ACCEPTANCE}. exact: lossless; typical: Medusa's typical rule (lossy at "
+            "temperature > 0; exact matching at temperature 0, as Medusa's reference)."
+        },
     )
     typical_epsilon: float = field(
         default=0.09, metadata={"help": "Typical acceptance ε: accept x when p(x) > min(ε, δ·exp(−H(p)))."}

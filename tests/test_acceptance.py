@@ -11,8 +11,10 @@ from strategies.verification.acceptance import (
     RejectionSampling,
     Relaxed,
     Slots,
+    Typical,
     rejection_chains,
     relaxed_walk,
+    target_choices,
     typical_walk,
     walk,
 )
@@ -176,6 +178,30 @@ def test_typical_walk_on_literal_distributions():
     skewed = torch.tensor([[0.1, 0.3, 0.6, 0.0], flat, flat], dtype=torch.float64)
     assert typical_walk(siblings, skewed, [2, 0, 0], epsilon=0.05, delta=0.1).accepted_slots == [2]
     assert typical_walk(Draft.empty(), skewed, [2], epsilon=0.05, delta=0.1).tokens == [2]
+
+
+def test_typical_acceptance_matches_medusas_reference():
+    """FasterDecoding/Medusa's `evaluate_posterior` (typical, fast): exact matching at temperature 0;
+    H = −Σ p·log(p + 1e-5); otherwise as `typical_walk`, the token after the path being the target's
+    keyed sample here (the reference's argmax would make every sample of a row the same)."""
+    rule = Typical(epsilon=0.09, delta=0.3)
+    # Slot 0: the target prefers token 0 (p 0.6), the draft says 1 (p 0.4): typical accepts 1, greedy does not.
+    logits = torch.log(torch.tensor([[[0.6, 0.4, 0.0], [0.1, 0.1, 0.8]]], dtype=torch.float64))
+    chain = Draft.chain([1])
+    slots = Slots(seed=5, keys=torch.tensor([3]), positions=torch.tensor([[0, 1]]))
+    assert rule.accept(logits, [chain], slots, SamplingParams()) == ExactMatch().accept(
+        logits, [chain], slots, SamplingParams()
+    )
+    assert rule.accept(logits, [chain], slots, SamplingParams())[0].tokens == [0]
+    sampled = SamplingParams(temperature=1.0, seed=5)
+    verdict = rule.accept(logits, [chain], slots, sampled)[0]
+    assert verdict.accepted_slots == [1]
+    assert verdict.tokens == [1, target_choices(logits, slots, sampled)[0][1]]
+    # The reference's entropy: nearly flat p puts δ·exp(−H) at 0.25001, above p(0) = 0.250005 (the
+    # exact entropy's would be 0.2500000000, below it): token 0 is not accepted.
+    nearly_flat = torch.tensor([[0.250005, 0.25, 0.25, 0.249995], [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert typical_walk(Draft.chain([0]), nearly_flat, [1, 0], epsilon=1.0, delta=1.0).accepted_slots == []
+    assert typical_walk(Draft.chain([0]), nearly_flat, [1, 0], epsilon=1.0, delta=0.99).accepted_slots == [1]
 
 
 def test_top_k_relaxed_acceptance_takes_any_token_among_the_targets_top_k():

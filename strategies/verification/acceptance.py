@@ -11,6 +11,13 @@ and the target's choices or probabilities at every slot (slot 0: the pending tok
   top-β and its logit is within `tolerance` of the top-1 (β=1, tolerance 0: exactly greedy). Lossy.
 - `typical_walk` (Medusa's typical acceptance): a child x at a slot with target distribution p is
   accepted when p(x) > min(ε, δ·exp(−H(p))); the longest accepted path wins, ties by Σ log p. Lossy.
+  As the reference (FasterDecoding/Medusa, `evaluate_posterior` with `sampling='typical'`,
+  `fast=True`): at temperature 0 it is exact matching (greedy decoding, lossless); H is computed as
+  −Σ p·log(p + 1e-5). Where it differs, and why: p is the target's distribution after the job's
+  top-k and top-p too (the reference's is softmax(z/T) alone), since those settings hold for every
+  emitted token; and the token after the accepted path is the target's keyed sample there, not its
+  argmax: with the argmax (and the acceptance deterministic), every sample of a row would be the same
+  text and the seed would change nothing.
 - `rejection_chains` (speculative sampling, Leviathan et al. / Chen et al.): accept draft token x with
   probability min(1, p(x)/q(x)); at the first rejection draw from norm(max(0, p − q)); after a fully
   accepted chain draw the bonus from p. The emitted tokens follow the target's distribution exactly.
@@ -123,7 +130,7 @@ def typical_walk(draft: Draft, probs: torch.Tensor, chosen: list[int], epsilon: 
     higher Σ log p), then the target's own token at that node's slot.
     """
     probs = probs.double()
-    entropy = -(probs * probs.clamp(min=1e-300).log()).sum(dim=-1)  # [N + 1]
+    entropy = -(probs * (probs + 1e-5).log()).sum(dim=-1)  # [N + 1]; the reference's guard against log 0
     threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy)).tolist()
     parent_slots = torch.tensor(draft.parents, dtype=torch.long) + 1  # [N]
     token_p = probs[parent_slots, torch.tensor(draft.tokens, dtype=torch.long)].tolist()  # [N]
@@ -279,9 +286,9 @@ class Relaxed:
 
 @dataclass(frozen=True)
 class Typical:
-    """Medusa's typical acceptance (`typical_walk`). The probabilities are the target's after
-    temperature and filtering (at temperature 0: its softmax); the token after the accepted path
-    is the target's own choice there (argmax, or keyed sample)."""
+    """Medusa's typical acceptance (`typical_walk`) at temperature > 0, on the target's probabilities
+    after temperature and filtering, then the target's keyed sample; at temperature 0 exact matching,
+    as the reference's (see the module's docstring for where it differs)."""
 
     epsilon: float
     delta: float
@@ -293,8 +300,10 @@ class Typical:
     def accept(
         self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
     ) -> list[Verdict]:
+        if sampling.greedy:
+            return ExactMatch().accept(logits, drafts, slots, sampling)
         chosen = target_choices(logits, slots, sampling)
-        probs = logits.double().softmax(dim=-1) if sampling.greedy else filtered_probs(logits, sampling)
+        probs = filtered_probs(logits, sampling)
         return [
             typical_walk(d, probs[row, : len(d) + 1], chosen[row], self.epsilon, self.delta)
             for row, d in enumerate(drafts)
