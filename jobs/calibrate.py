@@ -8,6 +8,11 @@ tokens equal to the full model's greedy choice after the same prefix, which is w
 controls) and the share of output positions equal to full greedy decoding (which falls faster: one
 differing token changes the rest of the row). The chosen threshold is the one with the shallowest
 mean exit layer whose agreement reaches `target_agreement`.
+
+The prompts are split in two halves, deterministically: prompts 0, 2, 4… (in file order) choose the
+threshold, prompts 1, 3, 5… only report on it. A threshold picked and judged on the same prompts is
+judged too kindly (the choice fits their noise); the held-out half's agreement is what to expect of
+new prompts like them. Both halves' curves are printed.
 """
 
 from __future__ import annotations
@@ -48,9 +53,12 @@ class CurvePoint:
 
 @dataclass
 class Calibration:
-    greedy_wall_s: float  # plain greedy decoding of the same prompts, in the same batches
-    points: list[CurvePoint]
+    greedy_wall_s: float  # plain greedy decoding of the calibration half, in the same batches
+    points: list[CurvePoint]  # the calibration half (prompts 0, 2, 4…), which chooses
     chosen: CurvePoint | None  # the shallowest point meeting the agreement target; None: no threshold did
+    held_out_greedy_wall_s: float  # plain greedy decoding of the held-out half
+    held_out: list[CurvePoint]  # the held-out half (prompts 1, 3, 5…) at the same thresholds, which reports
+    chosen_held_out: CurvePoint | None  # the chosen threshold on the held-out half
 
 
 def decode(
@@ -109,9 +117,35 @@ def calibrate(
     batch_size: int,
     repeats: int = 1,
 ) -> Calibration:
+    """The threshold chosen on prompts 0, 2, 4… (the shallowest mean exit layer whose agreement reaches
+    `target`), and the curve of prompts 1, 3, 5… at the same thresholds, which reports on the choice."""
+    if len(prompts) < 2:
+        raise JobError(f"calibration needs at least 2 prompts (one to choose, one to report on), got {len(prompts)}")
+    greedy_wall_s, points = curve(
+        runner, exits, options, prompts[0::2], max_new_tokens, thresholds, batch_size, repeats
+    )
+    held_wall_s, held_out = curve(
+        runner, exits, options, prompts[1::2], max_new_tokens, thresholds, batch_size, repeats
+    )
+    meeting = [p for p in points if p.agreement >= target]
+    chosen = min(meeting, key=lambda p: (p.mean_exit_layer, -p.threshold)) if meeting else None
+    chosen_held_out = None if chosen is None else held_out[points.index(chosen)]
+    return Calibration(greedy_wall_s, points, chosen, held_wall_s, held_out, chosen_held_out)
+
+
+def curve(
+    runner: ModelRunner,
+    exits: ExitHeads,
+    options: CalmOptions,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    thresholds: list[float],
+    batch_size: int,
+    repeats: int,
+) -> tuple[float, list[CurvePoint]]:
     """CALM at each threshold on `prompts` (greedy, EOS ignored): its agreement with the full model and
     its speed (the median of `repeats` passes, each threshold's after a greedy pass, on a machine that
-    drifts); the chosen point is the shallowest (mean exit layer) whose agreement reaches `target`."""
+    drifts); and plain greedy decoding's median wall time."""
     params = GenerationParams(max_new_tokens, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
     plain = AutoregressiveStrategy(runner)
     greedy, _, _ = decode(plain, prompts, params, batch_size)
@@ -136,16 +170,14 @@ def calibrate(
                 wall_s=statistics.median(walls),
             )
         )
-    meeting = [p for p in points if p.agreement >= target]
-    chosen = min(meeting, key=lambda p: (p.mean_exit_layer, -p.threshold)) if meeting else None
-    return Calibration(statistics.median(greedy_walls), points, chosen)
+    return statistics.median(greedy_walls), points
 
 
 @dataclass
 class CalibrateConfig:
     prompts: str = option(str(SAMPLE_PROMPTS), "Prompts: a Parquet URL, or a JSONL(.gz) file with a prompt field.")
     prompt_column: str = option("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
-    num_prompts: int = option(16, "The first this many prompts are decoded.")
+    num_prompts: int = option(16, "The first this many prompts are decoded: the even ones choose, the odd ones report.")
     max_prompt_tokens: int = option(256, "Prompts are cut to their last this many tokens.")
     model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
     exits: str = option(str(SHIPPED_EXITS), "Exit heads of the target (`accelgen train exits`).")
@@ -198,18 +230,31 @@ def run(config: CalibrateConfig) -> Calibration:
 
 def print_curve(result: Calibration, config: CalibrateConfig) -> None:
     print(f"calm ({config.calm.measure}, decay_tau {config.calm.decay_tau}, batch_exit {config.calm.batch_exit}):")
-    print(f"{'threshold':>9}  {'exit layer':>10}  {'x greedy':>8}  {'agreement':>9}  {'same pos':>8}  {'wall_s':>7}")
-    for p in result.points:
-        speed = result.greedy_wall_s / p.wall_s if p.wall_s > 0 else float("nan")
+    halves = [
+        ("calibration half (prompts 0, 2, 4…: chooses)", result.points, result.greedy_wall_s),
+        ("held-out half (prompts 1, 3, 5…: reports)", result.held_out, result.held_out_greedy_wall_s),
+    ]
+    for title, points, greedy_wall_s in halves:
+        print(title)
         print(
-            f"{p.threshold:>9.4g}  {p.mean_exit_layer:>10.2f}  {speed:>8.2f}  {p.agreement:>9.3f}  "
-            f"{p.same_as_greedy:>8.3f}  {p.wall_s:>7.2f}"
+            f"{'threshold':>9}  {'exit layer':>10}  {'x greedy':>8}  {'agreement':>9}  {'same pos':>8}  {'wall_s':>7}"
         )
-    print(f"greedy (full model): {result.greedy_wall_s:.2f} s")
-    if result.chosen is None:
-        print(f"no threshold reaches agreement {config.target_agreement}: try higher thresholds")
+        for p in points:
+            speed = greedy_wall_s / p.wall_s if p.wall_s > 0 else float("nan")
+            print(
+                f"{p.threshold:>9.4g}  {p.mean_exit_layer:>10.2f}  {speed:>8.2f}  {p.agreement:>9.3f}  "
+                f"{p.same_as_greedy:>8.3f}  {p.wall_s:>7.2f}"
+            )
+        print(f"greedy (full model): {greedy_wall_s:.2f} s")
+    if result.chosen is None or result.chosen_held_out is None:
+        print(
+            f"no threshold reaches agreement {config.target_agreement} on the calibration half: try higher thresholds"
+        )
     else:
-        print(f"chosen: strategy.calm.threshold={result.chosen.threshold:g} (agreement {result.chosen.agreement:.3f})")
+        print(
+            f"chosen: strategy.calm.threshold={result.chosen.threshold:g} (agreement {result.chosen.agreement:.3f} "
+            f"on the calibration half, {result.chosen_held_out.agreement:.3f} held out)"
+        )
 
 
 def main(args: list[str]) -> int:

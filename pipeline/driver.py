@@ -32,6 +32,7 @@ from pipeline.phases import Phases, actor_start_phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
 from pipeline.threads import default_torch_threads
 from strategies import registry
+from strategies.verification.metrics import tally_faults
 from workers import controller_stats, faults
 from workers.controller import Learned
 from workers.controller_stats import StatsKey
@@ -803,6 +804,10 @@ def _summary(results: list[UnitResult], committed: dict[str, Any], phases: Phase
         "phases_s": phases.rounded(),
         "generated_tokens_by_strategy": by_strategy,
         "generated_tokens_by_drafter": by_option,
+        "drafter_faults": {
+            drafter: {"faults": count, "first": first}
+            for drafter, (count, first) in tally_faults(r.drafter_faults for r in results).items()
+        },
     }
 
 
@@ -819,6 +824,13 @@ def _print_summary(summary: dict[str, Any]) -> None:
         total = sum(by_drafter.values())
         shares = ", ".join(f"{n} {t / total:.0%}" for n, t in sorted(by_drafter.items(), key=lambda kv: -kv[1]))
         print(f"  drafting rows' tokens by what emitted them: {shares}")
+    for drafter, fault in sorted(summary.get("drafter_faults", {}).items()):
+        print(
+            f"warning: drafter {drafter} faulted {fault['faults']} times (first: {fault['first']}); each time "
+            "it was off for the rest of its batch, which decoded plainly: the output is exact but not "
+            "accelerated there; see `faults` in the batch records under _logs/batches/",
+            file=sys.stderr,
+        )
     phases = summary.get("phases_s", {})
     if phases:
         print(

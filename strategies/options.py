@@ -89,7 +89,10 @@ class MedusaOptions:
     )
     acceptance: str = field(
         default="exact",
-        metadata={"help": f"One of {MEDUSA_ACCEPTANCE}. exact: lossless; typical: Medusa's typical rule (lossy)."},
+        metadata={
+            "help": f"One of {MEDUSA_ACCEPTANCE}. exact: lossless; typical: Medusa's typical rule (lossy at "
+            "temperature > 0; exact matching at temperature 0, as Medusa's reference)."
+        },
     )
     typical_epsilon: float = field(
         default=0.09, metadata={"help": "Typical acceptance ε: accept x when p(x) > min(ε, δ·exp(−H(p)))."}
@@ -173,8 +176,11 @@ class CalmOptions:
     threshold: float = field(
         default=0.9,
         metadata={
-            "help": "Exit after a layer once its confidence reaches this (decayed along the output by "
-            "decay_tau). Above 1: never exit (the target's own greedy output). `accelgen calibrate calm` picks one."
+            "help": "λ: exit after a layer once its confidence reaches λ_t = λ·(0.9 + 0.1·exp(−τ·t/N)) (decay_tau). "
+            "Every measure's confidence is at most 1 and can be exactly 1, and λ_t falls towards λ·(0.9 + "
+            "0.1·exp(−τ)) late in the output, so λ just above 1 still exits late tokens; λ ≥ 1/(0.9 + "
+            "0.1·exp(−τ)) never exits (the target's own greedy output): 1.1089 at τ = 4, 1 at τ = 0. "
+            "`accelgen calibrate calm` picks one."
         },
     )
     measure: str = field(

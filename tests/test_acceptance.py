@@ -11,8 +11,10 @@ from strategies.verification.acceptance import (
     RejectionSampling,
     Relaxed,
     Slots,
-    rejection_chain,
+    Typical,
+    rejection_chains,
     relaxed_walk,
+    target_choices,
     typical_walk,
     walk,
 )
@@ -54,16 +56,57 @@ def test_relaxed_walk_accepts_near_ties_only_within_beta_and_tolerance():
     assert relaxed_walk(chain, logits, top_beta=2, tolerance=0.1).tokens == [0]  # gap 0.5 > 0.1
 
 
-def test_rejection_chain_on_literal_numbers():
-    p = torch.tensor([[0.5, 0.5, 0.0], [0.1, 0.2, 0.7]], dtype=torch.float64)
-    q = torch.tensor([[0.25, 0.75, 0.0]], dtype=torch.float64)
-    draft = Draft.chain([1], probs=q)
-    # p/q for token 1 = 2/3: accepted when u < 2/3, then the bonus is drawn from p[1].
-    accepted = rejection_chain(draft, p, torch.tensor([0.5]), torch.tensor([0.0]), bonus_u=0.95)
-    assert accepted.tokens == [1, 2] and accepted.accepted_slots == [1]
-    # Rejected: the residual max(0, p - q) = [0.25, 0, 0] puts all mass on token 0.
-    rejected = rejection_chain(draft, p, torch.tensor([0.9]), torch.tensor([0.99]), bonus_u=0.0)
-    assert rejected.tokens == [0] and rejected.accepted_slots == []
+def test_rejection_chains_on_literal_numbers():
+    """Three rows of one forward: a chain of 1 accepted, the same chain rejected, an empty draft."""
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.1, 0.2, 0.7]], dtype=torch.float64).expand(3, 2, 3)  # [B, N + 1, V]
+    q = torch.tensor([[[0.25, 0.75, 0.0]]], dtype=torch.float64).expand(3, 1, 3)  # [B, N, V]
+    tokens, lengths = torch.tensor([[1], [1], [0]]), torch.tensor([1, 1, 0])
+    # p/q for token 1 = 2/3: row 0 accepts (u 0.5 < 2/3) and draws the bonus from p[1] with u 0.95;
+    # row 1 rejects (u 0.9) and draws from the residual max(0, p - q) = [0.25, 0, 0]: token 0;
+    # row 2 drafted nothing and draws from p[0] with u 0.6: token 1.
+    accept_u = torch.tensor([[0.5, 0.0], [0.9, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    residual_u = torch.tensor([[0.0, 0.0], [0.99, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    target_u = torch.tensor([[0.0, 0.95], [0.0, 0.0], [0.6, 0.0]], dtype=torch.float64)
+    accepted, token = rejection_chains(p, q, tokens, lengths, accept_u, residual_u, target_u)
+    assert accepted.tolist() == [1, 0, 0] and token.tolist() == [2, 0, 1]
+
+
+def test_rejection_sampling_keeps_the_target_on_its_device_and_brings_the_drafts_there():
+    """On a GPU the verify forward's logits and a draft model's probabilities live on the device, the
+    keyed uniforms on the CPU: every tensor must meet on the target's device, nothing may leave it
+    before the verdict (the rule once moved p to the CPU, so sampled speculation on a GPU raised and
+    decoded plainly). `meta` stands for the device: any tensor of the wrong device in the arithmetic raises."""
+    sampling = SamplingParams(temperature=0.8, top_p=0.9)
+    slots = Slots(seed=3, keys=torch.tensor([7, 8]), positions=torch.tensor([[4, 5, 6], [9, 10, 11]]))
+    logits = torch.randn(2, 3, 5, device="meta")
+    on_device = Draft.chain([1, 2], torch.full((2, 5), 0.2, device="meta"))
+    on_cpu = Draft.chain([3], torch.full((1, 5), 0.2))  # a draft model on another device than the target
+    decided = RejectionSampling().decide(logits, [on_device, on_cpu], slots, sampling)
+    assert decided.device.type == "meta" and decided.shape == (2, 2)
+    deterministic = Draft.chain([4])  # no probabilities: one-hot q, built on the target's device
+    assert RejectionSampling().decide(logits, [deterministic, on_device], slots, sampling).device.type == "meta"
+
+
+def test_rejection_sampling_verdicts_on_a_batch_of_mixed_chains():
+    """The rule's verdicts are `rejection_chains`' on the keyed uniforms of each row's slots."""
+    sampling = SamplingParams(temperature=1.0)
+    logits = torch.log(torch.tensor([[[0.5, 0.5, 0.0], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]]] * 2, dtype=torch.float64))
+    q = torch.tensor([[0.25, 0.75, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    drafts = [Draft.chain([1, 2], q), Draft.chain([1])]  # the second: one-hot q, accepted with p(1) = 0.5
+    slots = Slots(seed=11, keys=torch.tensor([5, 6]), positions=torch.tensor([[0, 1, 2], [0, 1, 1]]))
+    verdicts = RejectionSampling().accept(logits, drafts, slots, sampling)
+    one_hot = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]], dtype=torch.float64)
+    expected = rejection_chains(
+        logits.exp(),
+        torch.cat([q[None], one_hot]),
+        torch.tensor([[1, 2], [1, 0]]),
+        torch.tensor([2, 1]),
+        slots.uniforms(1),
+        slots.uniforms(2),
+        slots.uniforms(0),
+    )
+    for v, d, a, t in zip(verdicts, drafts, *(x.tolist() for x in expected), strict=True):
+        assert v.accepted_slots == list(range(1, a + 1)) and v.tokens == [*d.tokens[:a], t]
 
 
 def test_speculative_sampling_preserves_the_target_distribution_along_the_whole_chain():
@@ -72,6 +115,7 @@ def test_speculative_sampling_preserves_the_target_distribution_along_the_whole_
 
     A step emits 1 to 3 tokens; the rest of the 3 are then drawn from the target itself, as the next
     steps would. The joint of the 3 tokens must be the target's: p0(x1) p1(x2 | x1) p2(x3 | x1, x2).
+    The 8000 steps are the rows of one batch.
     """
     generator = torch.Generator().manual_seed(0)
 
@@ -86,17 +130,26 @@ def test_speculative_sampling_preserves_the_target_distribution_along_the_whole_
         """The token whose share of [0, 1) holds `u`."""
         return sum(u >= c for c in probs.cumsum(0)[:-1].tolist())
 
-    # Per drafted prefix: the target at each slot of the chain [3, V], and the draft's [2, V].
-    p = {(a, b): torch.stack([p0, p1[a], p2[a, b]]) for a in range(3) for b in range(3)}
-    q = {a: torch.stack([q0, q1[a]]) for a in range(3)}
     trials = 8000  # the least likely of the 27 outcomes is still expected 95 times
     uniforms = torch.rand(trials, 9, generator=generator, dtype=torch.float64)
+    first = [draw(q0, float(u[0])) for u in uniforms]
+    second = [draw(q1[a], float(u[1])) for a, u in zip(first, uniforms, strict=True)]
+    # Per row: the target at each slot of the chain [3, V], and the draft's [2, V].
+    p = torch.stack([torch.stack([p0, p1[a], p2[a, b]]) for a, b in zip(first, second, strict=True)])
+    q = torch.stack([torch.stack([q0, q1[a]]) for a in first])
+    zeros = torch.zeros(trials, 1, dtype=torch.float64)
+    accepted, token = rejection_chains(
+        p,
+        q,
+        torch.tensor([first, second]).T,
+        torch.full((trials,), 2),
+        torch.cat([uniforms[:, 2:4], zeros], dim=1),
+        torch.cat([uniforms[:, 4:6], zeros], dim=1),
+        torch.cat([zeros, zeros, uniforms[:, 6:7]], dim=1),
+    )
     counts = torch.zeros(3, 3, 3, dtype=torch.float64)
-    for u in uniforms:
-        first = draw(q0, float(u[0]))
-        second = draw(q1[first], float(u[1]))
-        draft = Draft.chain([first, second], q[first])
-        tokens = rejection_chain(draft, p[first, second], u[2:4], u[4:6], float(u[6])).tokens
+    for a, b, n, t, u in zip(first, second, accepted.tolist(), token.tolist(), uniforms, strict=True):
+        tokens = [*[a, b][:n], t]
         if len(tokens) < 2:
             tokens.append(draw(p1[tokens[0]], float(u[7])))
         if len(tokens) < 3:
@@ -125,6 +178,30 @@ def test_typical_walk_on_literal_distributions():
     skewed = torch.tensor([[0.1, 0.3, 0.6, 0.0], flat, flat], dtype=torch.float64)
     assert typical_walk(siblings, skewed, [2, 0, 0], epsilon=0.05, delta=0.1).accepted_slots == [2]
     assert typical_walk(Draft.empty(), skewed, [2], epsilon=0.05, delta=0.1).tokens == [2]
+
+
+def test_typical_acceptance_matches_medusas_reference():
+    """FasterDecoding/Medusa's `evaluate_posterior` (typical, fast): exact matching at temperature 0;
+    H = −Σ p·log(p + 1e-5); otherwise as `typical_walk`, the token after the path being the target's
+    keyed sample here (the reference's argmax would make every sample of a row the same)."""
+    rule = Typical(epsilon=0.09, delta=0.3)
+    # Slot 0: the target prefers token 0 (p 0.6), the draft says 1 (p 0.4): typical accepts 1, greedy does not.
+    logits = torch.log(torch.tensor([[[0.6, 0.4, 0.0], [0.1, 0.1, 0.8]]], dtype=torch.float64))
+    chain = Draft.chain([1])
+    slots = Slots(seed=5, keys=torch.tensor([3]), positions=torch.tensor([[0, 1]]))
+    assert rule.accept(logits, [chain], slots, SamplingParams()) == ExactMatch().accept(
+        logits, [chain], slots, SamplingParams()
+    )
+    assert rule.accept(logits, [chain], slots, SamplingParams())[0].tokens == [0]
+    sampled = SamplingParams(temperature=1.0, seed=5)
+    verdict = rule.accept(logits, [chain], slots, sampled)[0]
+    assert verdict.accepted_slots == [1]
+    assert verdict.tokens == [1, target_choices(logits, slots, sampled)[0][1]]
+    # The reference's entropy: nearly flat p puts δ·exp(−H) at 0.25001, above p(0) = 0.250005 (the
+    # exact entropy's would be 0.2500000000, below it): token 0 is not accepted.
+    nearly_flat = torch.tensor([[0.250005, 0.25, 0.25, 0.249995], [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert typical_walk(Draft.chain([0]), nearly_flat, [1, 0], epsilon=1.0, delta=1.0).accepted_slots == []
+    assert typical_walk(Draft.chain([0]), nearly_flat, [1, 0], epsilon=1.0, delta=0.99).accepted_slots == [1]
 
 
 def test_top_k_relaxed_acceptance_takes_any_token_among_the_targets_top_k():

@@ -292,7 +292,7 @@ def test_a_raising_proposer_falls_back_with_exact_output(runner, reference):
     strategy, controller = _adaptive(runner, ScriptedProposer(reference, 300, fail_at=3))
     out = strategy.generate(_requests(), PARAMS)
     assert [r.tokens for r in out.rows] == reference
-    assert any("proposer broke" in f for f in out.stats["faults"])
+    assert any("proposer broke" in f for f in out.stats["faults"]["scripted"])
     assert any(e["from"] == "scripted" and "raised" in e["reason"] for e in controller.drain_events())
 
 
@@ -320,7 +320,7 @@ def test_out_of_memory_inside_the_verify_forward_leaves_caches_intact(runner, re
         out = strategy.generate(_requests()[:1], PARAMS)
         assert state["raised"] >= 1
         assert out.rows[0].tokens == reference[0]
-        assert any("OutOfMemoryError" in f for f in out.stats["faults"])
+        assert any("OutOfMemoryError" in f for f in out.stats["faults"]["scripted"])
 
 
 class ScheduleController(AdaptiveController):

@@ -4,6 +4,7 @@ layers' slots as a hand computation does, and calibration meets its agreement ta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from strategies import registry
 from strategies.artifacts.exits import ExitHeads, load_exits, untrained_exits
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
-from strategies.decoders.calm import CalmStrategy
+from strategies.decoders.calm import CalmStrategy, never_exiting_threshold, threshold_at
 from strategies.options import CALM_MEASURES, CalmOptions, StrategyOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
@@ -197,10 +198,23 @@ def test_calm_with_a_threshold_no_layer_reaches_equals_greedy(model, target, mea
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
     exits = trained_like_exits(model, classifier=True)
-    options = CalmOptions(threshold=2.0, measure=measure)
+    options = CalmOptions(threshold=never_exiting_threshold(CalmOptions().decay_tau), measure=measure)
     out = CalmStrategy(target, exits, options).generate(_requests(PROMPTS), params)
     assert [r.tokens for r in out.rows] == reference
     assert {r.mean_exit_layer for r in out.rows} == {float(LAYERS)}
+
+
+def test_the_thresholds_that_never_exit_are_the_ones_the_help_names():
+    """Confidence can be exactly 1, and a token exits when it reaches λ_t: λ never exits when λ_t > 1
+    for every token t < N of every length N, i.e. λ ≥ 1/(0.9 + 0.1·exp(−τ)); just above 1 late tokens exit."""
+    help_text = next(f for f in dataclasses.fields(CalmOptions) if f.name == "threshold").metadata["help"]
+    assert CalmOptions().decay_tau == 4.0 and f"{never_exiting_threshold(4.0):.4f} at τ = 4" in help_text
+    assert never_exiting_threshold(0.0) == 1.0 and "1 at τ = 0" in help_text
+    for n in (2, 64, 4096):
+        tokens = torch.arange(1, n)  # the prefill chooses token 0 with the full model
+        assert float(threshold_at(never_exiting_threshold(4.0), 4.0, tokens, n).min()) > 1.0
+    late = threshold_at(1.05, 4.0, torch.arange(1, 64), 64)
+    assert float(late[0]) > 1.0 and float(late[-1]) < 1.0  # a confidence of exactly 1 exits late tokens
 
 
 def test_calm_rows_exit_at_their_own_layers(model, target):
@@ -231,13 +245,18 @@ def test_calibration_meets_its_agreement_target(model, target):
     prompts = PROMPTS[:4]
     result = calibrate(target, exits, CalmOptions(measure="state"), prompts, 16, [0.9, 0.99, 0.999, 2.0], 0.95, 4)
     assert [p.threshold for p in result.points] == [0.9, 0.99, 0.999, 2.0]
+    assert [p.threshold for p in result.held_out] == [0.9, 0.99, 0.999, 2.0]
     assert result.points[-1].agreement == 1.0 and result.points[-1].mean_exit_layer == LAYERS
     chosen = result.chosen
     assert chosen is not None and chosen.agreement >= 0.95
     assert all(p.agreement < 0.95 or p.mean_exit_layer >= chosen.mean_exit_layer for p in result.points)
+    # Chosen on prompts 0 and 2, reported on prompts 1 and 3: each half's agreement is its own.
     strategy = CalmStrategy(target, exits, CalmOptions(threshold=chosen.threshold, measure="state"))
-    outputs, _, _ = decode(strategy, prompts, _params(16), 4)
-    assert agreement(target, prompts, outputs, 4) >= 0.95
+    for half, point in ((prompts[0::2], chosen), (prompts[1::2], result.chosen_held_out)):
+        outputs, _, _ = decode(strategy, half, _params(16), 4)
+        assert agreement(target, half, outputs, 4) == point.agreement and point.threshold == chosen.threshold
+    with pytest.raises(JobError, match="at least 2 prompts"):
+        calibrate(target, exits, CalmOptions(measure="state"), prompts[:1], 16, [0.9], 0.95, 4)
 
 
 def test_calibrate_command_prints_the_curve_and_its_choice(tmp_path, model_dir, model, capsys):
@@ -257,9 +276,12 @@ def test_calibrate_command_prints_the_curve_and_its_choice(tmp_path, model_dir, 
     ]
     assert calibrate_main(args) == 0
     out = capsys.readouterr().out
-    assert "chosen: strategy.calm.threshold=" in out and "agreement" in out
+    assert "chosen: strategy.calm.threshold=" in out and "on the calibration half" in out and "held out)" in out
+    assert "calibration half (prompts 0, 2, 4…: chooses)" in out and "held-out half (prompts 1, 3, 5…: reports)" in out
     report = json.loads((tmp_path / "curve.json").read_text())
     assert [p["threshold"] for p in report["points"]] == [0.9, 2.0] and report["chosen"]["agreement"] >= 0.95
+    assert [p["threshold"] for p in report["held_out"]] == [0.9, 2.0]
+    assert report["chosen_held_out"]["threshold"] == report["chosen"]["threshold"]
 
 
 def test_other_architectures_refuse_early_exit(model_dir, model):

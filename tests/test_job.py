@@ -18,14 +18,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from jobs.shipped import default_job_config
 from pipeline.commit import commit_record_name
 from pipeline.config import load_config
-from pipeline.driver import run_job
+from pipeline.driver import _print_summary, _summary, run_job
 from pipeline.errors import JobError
+from pipeline.phases import Phases
 from pipeline.verify import verify
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams, filtered_probs, row_key
 from workers.contract import derived_row_id, part_name, unit_id
+from workers.spec import UnitResult
 
 GOOD = [
     "def add(a, b):",
@@ -287,8 +289,10 @@ def test_sampled_speculative_job_keeps_the_targets_distribution(tmp_path, tiny_m
         f"generation.top_k={sampling.top_k}",
         f"generation.seed={sampling.seed}",
     )
-    assert run_job(config).status == "succeeded"
+    outcome = run_job(config)
+    assert outcome.status == "succeeded" and outcome.summary["drafter_faults"] == {}
     logs = _read_logs(tmp_path / "out")
+    assert not any(r["faults"] for r in logs)  # no fault turned speculation off
     drafted, accepted = sum(r["draft_tokens"] for r in logs), sum(r["accepted_tokens"] for r in logs)
     assert drafted == n and 0 < accepted < n  # the draft is right only sometimes: both paths are taken
 
@@ -301,6 +305,26 @@ def test_sampled_speculative_job_keeps_the_targets_distribution(tmp_path, tiny_m
     cells = [(texts, p) for texts, p in cells if p > 0]
     chi2 = sum((sum(observed[t] for t in texts) - p * n) ** 2 / (p * n) for texts, p in cells)
     assert chi2 < _chi2_critical(len(cells) - 1), (chi2, observed, expected)
+
+
+def test_the_job_summary_warns_of_drafter_faults(capsys):
+    """Faults of a drafter leave exact output but cost its speed-up: the summary counts them per
+    drafter over the units, with the first message, and points at the batch records."""
+
+    def unit(name: str, faults: dict[str, tuple[int, str]]) -> UnitResult:
+        return UnitResult(name, 1, "", 1, 0, "", 0, 1, 1, 0.1, "a", "cuda:0", drafter_faults=faults)
+
+    first = "verify with draft_model: RuntimeError: Expected all tensors to be on the same device"
+    results = [unit("00000-00000", {"draft_model": (2, first)}), unit("00001-00000", {}), unit("00002-00000", {})]
+    results[2].drafter_faults = {"draft_model": (3, "proposer draft_model: later")}
+    summary = _summary(results, {}, Phases(), 3)
+    assert summary["drafter_faults"] == {"draft_model": {"faults": 5, "first": first}}
+    _print_summary(summary)
+    warning = capsys.readouterr().err
+    assert f"warning: drafter draft_model faulted 5 times (first: {first})" in warning
+    assert "_logs/batches/" in warning
+    _print_summary(_summary(results[1:2], {}, Phases(), 1))
+    assert "warning" not in capsys.readouterr().err
 
 
 def _completion_probabilities(model_dir: Path, prompt: str, sampling: SamplingParams, length: int) -> dict[str, float]:

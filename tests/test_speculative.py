@@ -15,6 +15,7 @@ from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.acceptance import Relaxed
 from strategies.verification.drafts import Draft
+from strategies.verification.metrics import tally_faults
 from strategies.verification.speculative import Drafter, SpeculativeStrategy
 
 K = 4
@@ -144,6 +145,17 @@ def test_seeded_sampling_is_deterministic_and_independent_of_the_batch(target, r
     assert first != _tokens(spec, PROMPTS, _params(16, temperature=0.8, top_k=40, seed=4))
     alone = spec.generate([_requests(PROMPTS)[3]], params).rows[0].tokens
     assert alone == first[3]
+    out = spec.generate(_requests(PROMPTS), params)  # speculation ran: no fault turned it off, no draft refused
+    assert not out.stats["faults"] and out.stats["fallbacks"] == 0 and out.stats["draft_tokens"] > 0
+
+
+def test_faults_are_tallied_per_drafter_with_the_first_message():
+    batches = [{"draft_model": (1, "verify with draft_model: RuntimeError: a")}, {}]
+    batches.append({"draft_model": (2, "proposer draft_model: ValueError: b"), "lookahead": (1, "proposer c")})
+    assert tally_faults(batches) == {
+        "draft_model": (3, "verify with draft_model: RuntimeError: a"),
+        "lookahead": (1, "proposer c"),
+    }
 
 
 class InvalidProposer(ScriptedProposer):
@@ -168,3 +180,5 @@ def test_proposer_faults_fall_back_to_autoregressive_steps(target, mode):
     assert [r.tokens for r in out.rows] == reference
     if mode == "invalid":
         assert out.stats["fallbacks"] > 0
+    else:
+        assert list(out.stats["faults"]) == ["scripted"] and "proposer scripted" in out.stats["faults"]["scripted"][0]

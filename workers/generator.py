@@ -25,6 +25,7 @@ from transformers.utils import logging as transformers_logging
 from strategies import registry
 from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput, RowRequest, Strategy
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
+from strategies.verification.metrics import tally_faults
 from workers import contract, faults
 from workers.contract import (
     FINISH_ERROR,
@@ -191,6 +192,7 @@ class Generator:
             device=str(self.device),
             tokens_by_strategy=by_strategy,
             tokens_by_option=by_option,
+            drafter_faults=tally_faults({d: (len(m), m[0]) for d, m in r.get("faults", {}).items()} for r in records),
         )
 
     def probe_rows(self, unit: WorkUnit, rows: list[int]) -> bool:

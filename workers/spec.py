@@ -91,3 +91,5 @@ class UnitResult:
     device: str
     tokens_by_strategy: dict[str, int] = field(default_factory=dict)
     tokens_by_option: dict[str, int] = field(default_factory=dict)  # drafting rows: tokens per drafter
+    # Per drafter: (faults in the unit's batch records, the first one's message); see `metrics.tally_faults`.
+    drafter_faults: dict[str, tuple[int, str]] = field(default_factory=dict)

@@ -32,6 +32,8 @@ output (`RowOutput.mean_exit_layer`, the `mean_exit_layer` column); the batch's,
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -53,6 +55,12 @@ LOGPROBS_REFUSAL = (
 def threshold_at(threshold: float, tau: float, index: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """CALM's decaying threshold λ_t for generation indices `index` [B] -> [B] float64."""
     return threshold * (DECAY_FLOOR + (1 - DECAY_FLOOR) * torch.exp(-tau * index.double() / max_new_tokens))
+
+
+def never_exiting_threshold(tau: float) -> float:
+    """The least λ that never exits, whatever `max_new_tokens`: every measure's confidence is at most 1
+    (and can be exactly 1), and λ_t > λ·(0.9 + 0.1·exp(−τ)) for every token (t < N)."""
+    return 1 / (DECAY_FLOOR + (1 - DECAY_FLOOR) * math.exp(-tau))
 
 
 class CalmStrategy:

@@ -11,9 +11,18 @@ and the target's choices or probabilities at every slot (slot 0: the pending tok
   top-β and its logit is within `tolerance` of the top-1 (β=1, tolerance 0: exactly greedy). Lossy.
 - `typical_walk` (Medusa's typical acceptance): a child x at a slot with target distribution p is
   accepted when p(x) > min(ε, δ·exp(−H(p))); the longest accepted path wins, ties by Σ log p. Lossy.
-- `rejection_chain` (speculative sampling, Leviathan et al. / Chen et al.): accept draft token x with
+  As the reference (FasterDecoding/Medusa, `evaluate_posterior` with `sampling='typical'`,
+  `fast=True`): at temperature 0 it is exact matching (greedy decoding, lossless); H is computed as
+  −Σ p·log(p + 1e-5). Where it differs, and why: p is the target's distribution after the job's
+  top-k and top-p too (the reference's is softmax(z/T) alone), since those settings hold for every
+  emitted token; and the token after the accepted path is the target's keyed sample there, not its
+  argmax: with the argmax (and the acceptance deterministic), every sample of a row would be the same
+  text and the seed would change nothing.
+- `rejection_chains` (speculative sampling, Leviathan et al. / Chen et al.): accept draft token x with
   probability min(1, p(x)/q(x)); at the first rejection draw from norm(max(0, p − q)); after a fully
   accepted chain draw the bonus from p. The emitted tokens follow the target's distribution exactly.
+  It runs on every row at once on the target's device (the drafts' probabilities and the keyed
+  uniforms are moved there), so a GPU step reads back two integers per row.
 
 The rule a strategy hands the verifier (`strategies.verification.verify`) is one of the classes below, each
 applying its function to every row of a verify forward and refusing the combinations its math
@@ -79,32 +88,38 @@ def relaxed_walk(draft: Draft, logits: torch.Tensor, top_beta: int, tolerance: f
     return Verdict(accepted_slots=path, tokens=[draft.tokens[s - 1] for s in path] + [ids[slot][0]])
 
 
-def rejection_chain(
-    draft: Draft,
-    p: torch.Tensor,  # [N + 1, V] target probabilities (after temperature / top-k / top-p)
-    accept_u: torch.Tensor,  # [N] uniforms for the acceptance tests
-    residual_u: torch.Tensor,  # [N] uniforms for a draw from the residual at a rejection
-    bonus_u: float,  # uniform for the draw from p after a fully accepted chain
-) -> Verdict:
-    """Speculative sampling over a chain with draft probabilities `draft.probs` [N, V]."""
-    q = draft.probs
-    n = len(draft)
-    if n:
-        idx = torch.arange(n)
-        tokens = torch.tensor(draft.tokens)
-        ratio = p[idx, tokens] / q[idx, tokens].clamp(min=torch.finfo(q.dtype).tiny)  # [N]
-        rejected = (accept_u.to(ratio.dtype) >= ratio.clamp(max=1.0)).tolist()
-    else:
-        rejected = []
-    for i in range(n):
-        if rejected[i]:
-            residual = (p[i] - q[i].to(p.dtype)).clamp(min=0)
-            if float(residual.sum()) <= 0:  # p == q: any draw from p is exact
-                residual = p[i]
-            token = int(sample_from((residual / residual.sum())[None], residual_u[i : i + 1])[0])
-            return Verdict(accepted_slots=list(range(1, i + 1)), tokens=[*draft.tokens[:i], token])
-    token = int(sample_from(p[n : n + 1], torch.tensor([bonus_u]))[0])
-    return Verdict(accepted_slots=list(range(1, n + 1)), tokens=[*draft.tokens, token])
+def rejection_chains(
+    p: torch.Tensor,  # [B, N + 1, V] target probabilities (after temperature / top-k / top-p)
+    q: torch.Tensor,  # [B, N, V] draft probabilities, rows past a chain's length unused
+    tokens: torch.Tensor,  # [B, N] draft tokens, rows past a chain's length unused
+    lengths: torch.Tensor,  # [B] each row's chain length
+    accept_u: torch.Tensor,  # [B, N + 1] uniforms for the acceptance test of the token drawn at each slot
+    residual_u: torch.Tensor,  # [B, N + 1] uniforms for a draw from the residual at a rejection there
+    target_u: torch.Tensor,  # [B, N + 1] uniforms for a draw from p there (the bonus after a whole chain)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling over every row's chain at once: ([B] accepted draft tokens, [B] the token after).
+
+    Every tensor must be on one device (the target's: `RejectionSampling` moves the rest there), and the
+    arithmetic stays there, so a step reads back two integers per row. q is compared in p's dtype.
+    """
+    b, width, _ = p.shape
+    rows, slots = torch.arange(b, device=p.device), torch.arange(width, device=p.device)
+    q = q.to(p.dtype)
+    p_drafted = p[:, :-1].gather(-1, tokens[..., None])[..., 0]  # [B, N]
+    q_drafted = q.gather(-1, tokens[..., None])[..., 0].clamp(min=torch.finfo(q.dtype).tiny)  # [B, N]
+    ratio = torch.cat([p_drafted / q_drafted, torch.ones_like(p_drafted[:, :1])], dim=-1)  # [B, N + 1]
+    # A chain stops at its first rejected token, else at its end; argmax takes the first stop.
+    rejected = (slots[None] < lengths[:, None]) & (accept_u.to(ratio.dtype) >= ratio.clamp(max=1.0))  # [B, N + 1]
+    accepted = (rejected | (slots[None] >= lengths[:, None])).int().argmax(dim=-1)  # [B]
+    was_rejected = (accepted < lengths)[:, None]  # [B, 1]
+    p_there = p[rows, accepted]  # [B, V]
+    q_there = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted]  # [B, V]; zeros past the chain
+    residual = (p_there - q_there).clamp(min=0)
+    # p == q leaves no residual: any draw from p is exact.
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_there)
+    dist = torch.where(was_rejected, residual / residual.sum(dim=-1, keepdim=True), p_there)
+    u = torch.where(was_rejected[:, 0], residual_u[rows, accepted], target_u[rows, accepted])
+    return accepted, sample_from(dist, u)
 
 
 def typical_walk(draft: Draft, probs: torch.Tensor, chosen: list[int], epsilon: float, delta: float) -> Verdict:
@@ -115,7 +130,7 @@ def typical_walk(draft: Draft, probs: torch.Tensor, chosen: list[int], epsilon: 
     higher Σ log p), then the target's own token at that node's slot.
     """
     probs = probs.double()
-    entropy = -(probs * probs.clamp(min=1e-300).log()).sum(dim=-1)  # [N + 1]
+    entropy = -(probs * (probs + 1e-5).log()).sum(dim=-1)  # [N + 1]; the reference's guard against log 0
     threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy)).tolist()
     parent_slots = torch.tensor(draft.parents, dtype=torch.long) + 1  # [N]
     token_p = probs[parent_slots, torch.tensor(draft.tokens, dtype=torch.long)].tolist()  # [N]
@@ -189,7 +204,7 @@ class ExactMatch:
 
 @dataclass(frozen=True)
 class RejectionSampling:
-    """Speculative sampling of chains drafted with probabilities (`rejection_chain`); greedy: `walk`.
+    """Speculative sampling of chains drafted with probabilities (`rejection_chains`); greedy: `walk`.
 
     A draft without probabilities counts as one-hot q (accepted with probability p(x)).
     """
@@ -211,20 +226,43 @@ class RejectionSampling:
             return ExactMatch().accept(logits, drafts, slots, sampling)
         if any(not is_chain(d) for d in drafts if len(d)):
             raise ValueError(self.refusal(greedy=False, trees=True))
-        probs = filtered_probs(logits, sampling).cpu()  # [B, W, V]
-        draws = slots.uniforms(STREAM_TARGET)
-        accept_u, residual_u = slots.uniforms(STREAM_ACCEPT), slots.uniforms(STREAM_RESIDUAL)
-        verdicts = []
+        accepted, tokens = self.decide(logits, drafts, slots, sampling).tolist()
+        return [
+            Verdict(accepted_slots=list(range(1, a + 1)), tokens=[*d.tokens[:a], t])
+            for d, a, t in zip(drafts, accepted, tokens, strict=True)
+        ]
+
+    def decide(self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams) -> torch.Tensor:
+        """[2, B] on the logits' device: each row's accepted draft tokens, and the token after them.
+
+        The target's probabilities stay where the verify forward left them; the drafts' probabilities
+        (a draft model may run on another device) and the keyed uniforms (made on the CPU, the same
+        on every device) go there.
+        """
+        probs = filtered_probs(logits, sampling)  # [B, W, V]
+        b, width, vocab = probs.shape
+        device = probs.device
+        q = torch.zeros(b, width - 1, vocab, dtype=probs.dtype, device=device)  # [B, N, V]
+        tokens = torch.zeros(b, width - 1, dtype=torch.long)  # [B, N]
         for row, d in enumerate(drafts):
             n = len(d)
+            tokens[row, :n] = torch.tensor(d.tokens, dtype=torch.long)
             if d.probs is None:  # a deterministic draft: q is one-hot
-                one_hot = torch.nn.functional.one_hot(torch.tensor(d.tokens, dtype=torch.long), probs.shape[-1])
-                d = Draft(d.tokens, d.parents, one_hot.to(probs.dtype))
-            # Draft token i is a candidate for the token drawn at slot i (generation index generated + i).
-            verdicts.append(
-                rejection_chain(d, probs[row, : n + 1], accept_u[row, :n], residual_u[row, :n], float(draws[row, n]))
-            )
-        return verdicts
+                q[row, torch.arange(n, device=device), tokens[row, :n].to(device)] = 1.0
+            elif n:
+                q[row, :n] = d.probs.to(device, probs.dtype)
+        lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=device)
+        # Draft token i is a candidate for the token drawn at slot i (generation index generated + i).
+        accepted, token = rejection_chains(
+            probs,
+            q,
+            tokens.to(device),
+            lengths,
+            slots.uniforms(STREAM_ACCEPT).to(device),
+            slots.uniforms(STREAM_RESIDUAL).to(device),
+            slots.uniforms(STREAM_TARGET).to(device),
+        )
+        return torch.stack([accepted, token])
 
 
 @dataclass(frozen=True)
@@ -248,9 +286,9 @@ class Relaxed:
 
 @dataclass(frozen=True)
 class Typical:
-    """Medusa's typical acceptance (`typical_walk`). The probabilities are the target's after
-    temperature and filtering (at temperature 0: its softmax); the token after the accepted path
-    is the target's own choice there (argmax, or keyed sample)."""
+    """Medusa's typical acceptance (`typical_walk`) at temperature > 0, on the target's probabilities
+    after temperature and filtering, then the target's keyed sample; at temperature 0 exact matching,
+    as the reference's (see the module's docstring for where it differs)."""
 
     epsilon: float
     delta: float
@@ -262,8 +300,10 @@ class Typical:
     def accept(
         self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
     ) -> list[Verdict]:
+        if sampling.greedy:
+            return ExactMatch().accept(logits, drafts, slots, sampling)
         chosen = target_choices(logits, slots, sampling)
-        probs = logits.double().softmax(dim=-1) if sampling.greedy else filtered_probs(logits, sampling)
+        probs = filtered_probs(logits, sampling)
         return [
             typical_walk(d, probs[row, : len(d) + 1], chosen[row], self.epsilon, self.delta)
             for row, d in enumerate(drafts)

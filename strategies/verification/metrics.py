@@ -15,11 +15,14 @@ the controller's events) uses these words in these senses.
 - **fallbacks**: drafts refused as invalid (`drafts.draft_problem`: a token outside the vocabulary,
   more nodes or a deeper path than the step allows, a malformed tree); the row's verify step goes on
   with an empty draft and emits the target's one token. A proposer or a verify forward that raises
-  is a fault (`faults`): the step is decoded plainly.
+  is a fault (`faults`, per drafter: its messages): the step is decoded plainly and the drafter is off
+  for the rest of the batch, so the output stays exact but loses that drafter's speed-up. The job
+  summary counts them per drafter (`tally_faults`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from strategies.verification.acceptance import Verdict
@@ -37,7 +40,7 @@ class SpecStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     fallbacks: int = 0  # invalid drafts replaced by empty ones (see "fallbacks" above)
-    faults: list[str] = field(default_factory=list)  # drafter and verify faults, with their reason
+    faults: dict[str, list[str]] = field(default_factory=dict)  # per drafter: its proposer's and verify faults
     reached_depth: list[int] = field(default_factory=list)  # [d]: verify steps with a node at depth d+1
     accepted_at: list[int] = field(default_factory=list)  # [d]: verify steps accepting depth d+1
     steps_by_drafter: dict[str, int] = field(default_factory=dict)  # target forwards per option
@@ -55,6 +58,10 @@ class SpecStats:
             _bump(self.reached_depth, d)
         for d in range(len(verdict.accepted_slots)):
             _bump(self.accepted_at, d)
+
+    def fault(self, drafter: str, message: str) -> None:
+        """A fault of `drafter` (see "fallbacks" above); `message` says where and what was raised."""
+        self.faults.setdefault(drafter, []).append(message)
 
     def record_plain(self, row_steps: int) -> None:
         """Plain steps: each row emitted one token a step."""
@@ -85,6 +92,17 @@ class SpecStats:
             "reached_depth": self.reached_depth,
             "accepted_at": self.accepted_at,
         }
+
+
+def tally_faults(tallies: Iterable[dict[str, tuple[int, str]]]) -> dict[str, tuple[int, str]]:
+    """Per drafter: (faults, the first fault's message), summed over `tallies` in order. A batch
+    record's tally is `{drafter: (len(messages), messages[0])}` of its `faults`."""
+    total: dict[str, tuple[int, str]] = {}
+    for tally in tallies:
+        for drafter, (count, first) in tally.items():
+            before, message = total.get(drafter, (0, first))
+            total[drafter] = (before + count, message)
+    return total
 
 
 def _bump(counts: list[int], index: int) -> None:

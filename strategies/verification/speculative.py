@@ -220,7 +220,7 @@ class SpeculativeStrategy:
                 want_states=self.want_states,
             )
         except Exception as exc:
-            run.stats.faults.append(f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
+            run.stats.fault(drafter.name, f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
             if self.controller is not None:
                 self.controller.drafter_failed(drafter.name, f"verify forward raised {type(exc).__name__}")
             run.live.pop(drafter.name, None)
@@ -315,7 +315,7 @@ class SpeculativeStrategy:
             fn(*args)
             return True
         except Exception as exc:
-            run.stats.faults.append(f"proposer {name}: {type(exc).__name__}: {exc}")
+            run.stats.fault(name, f"proposer {name}: {type(exc).__name__}: {exc}")
             run.live.pop(name, None)
             if self.controller is not None:
                 self.controller.drafter_failed(name, f"proposer raised {type(exc).__name__}")
@@ -334,7 +334,8 @@ class SpeculativeStrategy:
         if not self._call(run, drafter.name, lambda: drafts.extend(drafter.proposer.propose(context))):
             return empty
         if len(drafts) != len(context.budgets):
-            run.stats.faults.append(f"proposer {drafter.name}: {len(drafts)} drafts for {len(context.budgets)} rows")
+            message = f"proposer {drafter.name}: {len(drafts)} drafts for {len(context.budgets)} rows"
+            run.stats.fault(drafter.name, message)
             return empty
         checked = []
         for draft, budget in zip(drafts, context.budgets, strict=True):
