@@ -147,6 +147,7 @@ class OutputFolder:
             "sha256": result.sha256,
             "bytes": result.num_bytes,
             "attempt": result.attempt,
+            "strategies": sorted(result.tokens_by_strategy),  # what decoded its rows: the manifest's `lossy`
         }
         self.write_json(commit_record_name(result.unit_id), record)
         self.publish_s += time.perf_counter() - began

@@ -28,6 +28,7 @@ from pipeline.commit import OutputFolder
 from pipeline.config import DTYPES, JobConfig, to_plain_dict
 from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
+from pipeline.lossy import lossy_strategies, strategies_of_parts
 from pipeline.phases import Phases, actor_start_phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
 from pipeline.threads import default_torch_threads
@@ -216,7 +217,10 @@ def _plan_and_run(config: JobConfig, output: OutputFolder, pool: ActorPool | Non
     if failures or len(committed) != len(units):
         return _incomplete(job_id, summary, failures, len(units) - len(committed), len(units))
     parts = [committed[u.unit_id] for u in units]
-    output.finish({**job_record, "parts": parts, "total_rows": sum(p["rows"] for p in parts), "summary": summary})
+    lossy = lossy_strategies(config.strategy, strategies_of_parts(parts))
+    output.finish(
+        {**job_record, "lossy": lossy, "parts": parts, "total_rows": sum(p["rows"] for p in parts), "summary": summary}
+    )
     _print_summary(summary)
     return JobOutcome("succeeded", summary)
 
@@ -236,7 +240,7 @@ def _job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
         "identity": ident,
         "config": to_plain_dict(config),
         "versions": _versions(),
-        "lossy": _lossy(config),
+        "lossy": lossy_strategies(config.strategy),
     }
 
 
@@ -343,14 +347,6 @@ def _optional_models(config: JobConfig) -> list[str]:
     else:
         wanted = registry.needs_models(config.strategy.name, config.strategy)
     return sorted(m for m in wanted if getattr(config.model, m))
-
-
-def _lossy(config: JobConfig) -> dict[str, str]:
-    """Strategies of the job that may emit other tokens than the target would, and why (the manifest
-    says so: empty means every row is the target's own output)."""
-    names = [config.strategy.name, *(config.strategy.candidates if config.strategy.name == registry.AUTO else [])]
-    reasons = {n: registry.lossy_reason(n, config.strategy) for n in names}
-    return {n: r for n, r in reasons.items() if r is not None}
 
 
 def _model_hash(config: JobConfig, url: str, key: str) -> str:

@@ -32,14 +32,19 @@ class RowRequest:
     stop: Callable[[list[int]], bool] | None = None
 
 
+# An output column a strategy fills for its rows: its name and the Python type of its values (float,
+# int, list[int]). A strategy class declares its columns as `output_columns: ClassVar[OutputColumns]`;
+# the output contract (`workers/contract.py`) makes them nullable columns of every part.
+OutputColumns = dict[str, object]
+
+
 @dataclass
 class RowOutput:
     tokens: list[int]
     finish_reason: str  # FINISH_STOP | FINISH_LENGTH
     strategy: str | None = None  # what decoded the row when it differs from the batch's strategy
-    mean_exit_layer: float | None = None  # early exit (calm): layers its tokens went through, on average
-    iterations: int | None = None  # mask_predict: CMLM passes over the row's blocks, all blocks together
-    block_lengths: list[int] | None = None  # mask_predict: the length chosen for each of the row's blocks
+    # Values of the output columns its strategy declares (`OutputColumns`), by column name.
+    columns: dict[str, object] = field(default_factory=dict)
     logprobs: list[TokenLogprob] | None = None  # one per token, when `GenerationParams.logprobs` asks
     # Drafting strategies: tokens each option emitted (a drafter's name, or autoregressive for plain
     # steps and the prefill's token), only options that emitted any.

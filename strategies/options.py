@@ -220,6 +220,13 @@ class StrategyOptions:
         default_factory=list,
         metadata={"help": "Drafting strategies `auto` chooses among. Empty: every lossless one whose models exist."},
     )
+    allow_lossy_candidates: bool = field(
+        default=False,
+        metadata={
+            "help": "Let strategy.candidates name lossy strategies (specdec, medusa with typical acceptance, "
+            "blockwise top-k). `auto` picks them by timing, so a row's tokens may differ from run to run."
+        },
+    )
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)
     specdec: SpecDecOptions = field(default_factory=SpecDecOptions)
     prompt_lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)

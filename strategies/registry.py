@@ -1,10 +1,13 @@
-"""Strategy names -> constructors, and each strategy's own option checks. An unknown name fails
+"""Every strategy, declared once: its options' checks, the models it needs, how it is built, whether it is
+lossless and the output columns it fills (`StrategySpec`, one entry of `_SPECS`). An unknown name fails
 loudly with the list of known ones.
 
 Every drafting strategy is the speculative loop (`speculative.py`) with one drafter: a proposer,
-its limits and the acceptance rule it is verified with (`acceptance.py`, through `verify.py`);
-`auto` is the loop with several drafters under the controller, which also chooses plain
-autoregressive steps. A new method of the field is one proposer file and one entry in `_DRAFTERS`.
+its limits and the acceptance rule it is verified with (`acceptance.py`, through `verify.py`). Such a
+strategy is lossless exactly when its rule under the options is (`AcceptanceRule.lossless`), so no
+table of names can disagree with the rule that runs. `auto` is the loop with several drafters under
+the controller, which also chooses plain autoregressive steps. A new method of the field is one
+proposer file and one `_drafting(...)` entry in `_SPECS`.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from typing import Any
 from strategies.artifacts.cmlm import CMLM
 from strategies.artifacts.exits import ExitHeads
 from strategies.artifacts.heads import DraftHeads
-from strategies.base import Strategy
+from strategies.base import OutputColumns, Strategy
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.decoders.calm import LOGPROBS_REFUSAL, CalmStrategy
 from strategies.decoders.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
 from strategies.decoders.mask_predict import MaskPredictStrategy
-from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, DRAFTERS, MEDUSA_ACCEPTANCE, StrategyOptions
+from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, MEDUSA_ACCEPTANCE, StrategyOptions
 from strategies.proposers.cmlm_proposer import CMLMProposer
 from strategies.proposers.draft_model import DraftModelProposer
 from strategies.proposers.jacobi import INITS, JacobiProposer
@@ -32,14 +35,20 @@ from strategies.proposers.medusa import HeadsProposer, chain_choices, check_choi
 from strategies.proposers.prompt_lookup import PromptLookupProposer
 from strategies.proposers.self_speculative import SelfSpeculativeProposer
 from strategies.runtime.runner import ModelRunner
-from strategies.verification.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
-from strategies.verification.control import AUTOREGRESSIVE, Controller
-from strategies.verification.proposer import Proposer
+from strategies.verification.acceptance import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
+from strategies.verification.control import Controller
 from strategies.verification.speculative import Drafter, SpeculativeStrategy
 
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
 MASK_PREDICT = "mask_predict"  # not a drafter either: the CMLM alone, lossy, never among `auto`'s candidates
+OPTIONAL_MODELS = ("draft", "heads", "exits", "cmlm")  # model kinds, each the `model.<kind>` key that sets it
+_MODEL_ROLES = {
+    "draft": "a draft model",
+    "heads": "heads trained on the target",
+    "exits": "exit heads trained on the target",
+    "cmlm": "a conditional masked LM (accelgen train cmlm)",
+}
 
 
 @dataclass
@@ -73,107 +82,11 @@ class Models:
         return getattr(self, model)
 
 
-def _drafter_of(name: str, options: StrategyOptions) -> str:
-    """The model the speculative or specdec strategy drafts with (`strategy.<name>.drafter`)."""
-    return options.speculative.drafter if name == "speculative" else options.specdec.drafter
-
-
-def _chain_proposer(name: str, options: StrategyOptions, models: Models) -> Proposer:
-    if _drafter_of(name, options) == "cmlm":
-        return CMLMProposer(_need_cmlm(models, name), models.target.vocab_size)
-    return DraftModelProposer(_need_draft(models, name), models.target.vocab_size)
-
-
-def _speculative(options: StrategyOptions, models: Models) -> Drafter:
-    k = options.num_speculative_tokens
-    proposer = _chain_proposer("speculative", options, models)
-    # The CMLM drafts argmax tokens, without probabilities: exact matching keeps it lossless.
-    rule = ExactMatch() if proposer.name == "cmlm" else RejectionSampling()
-    return Drafter("speculative", proposer, k, k, rule)
-
-
-def _specdec(options: StrategyOptions, models: Models) -> Drafter:
-    k = options.num_speculative_tokens
-    rule = Relaxed(options.specdec.top_beta, options.specdec.tolerance)
-    return Drafter("specdec", _chain_proposer("specdec", options, models), k, k, rule)
-
-
-def _prompt_lookup(options: StrategyOptions, models: Models) -> Drafter:
-    """Copied text is accepted whole more often than a model's guesses: drafts start at k tokens and
-    the controller may lengthen them up to `max_speculative_tokens` where they keep being accepted."""
-    k, o = options.num_speculative_tokens, options.prompt_lookup
-    cap = max(k, o.max_speculative_tokens)
-    return Drafter("prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), cap, cap, start_depth=k)
-
-
-def _lookahead(options: StrategyOptions, models: Models) -> Drafter:
-    o = options.lookahead
-    proposer = LookaheadProposer(
-        o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
-    )
-    return Drafter("lookahead", proposer, o.branch_length, o.decoding_length, trees=proposer.drafts_trees, learns=True)
-
-
-def _medusa(options: StrategyOptions, models: Models) -> Drafter:
-    o, heads = options.medusa, _need_heads(models, "medusa")
-    problem = check_choices(o.choices, heads.num_heads, models.target.vocab_size)
-    if problem is not None:
-        raise ValueError(f"strategy.medusa.choices: {problem}")
-    rule = Typical(o.typical_epsilon, o.typical_delta) if o.acceptance == "typical" else ExactMatch()
-    depth = max(len(c) for c in o.choices)
-    branching = len({tuple(c) for c in o.choices}) > depth
-    return Drafter("medusa", HeadsProposer("medusa", heads, o.choices), depth, len(o.choices), rule, trees=branching)
-
-
-def _blockwise(options: StrategyOptions, models: Models) -> Drafter:
-    heads = _need_heads(models, "blockwise")
-    k = min(options.num_speculative_tokens, heads.num_heads)
-    top_k = options.blockwise.top_k
-    rule = Relaxed(top_k) if top_k > 1 else ExactMatch()
-    return Drafter("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
-
-
-def _jacobi(options: StrategyOptions, models: Models) -> Drafter:
-    o = options.jacobi
-    depth = models.target.max_context if o.mode == "pj" else o.block_size
-    proposer = JacobiProposer(o.mode, o.block_size, o.init)
-    return Drafter("jacobi", proposer, depth, depth, greedy_only=True)
-
-
-def _self_speculative(options: StrategyOptions, models: Models) -> Drafter:
-    k = options.num_speculative_tokens
-    o = options.self_speculative
-    proposer = SelfSpeculativeProposer(
-        models.target, _need_exits(models, "self_speculative"), o.exit_layer, o.min_confidence
-    )
-    return Drafter("self_speculative", proposer, k, k, RejectionSampling())
-
-
-def _need_draft(models: Models, name: str) -> ModelRunner:
-    found = models.get("draft")
+def _need(models: Models, model: str, strategy: str) -> Any:
+    """Optional model `model` (a kind of `OPTIONAL_MODELS`) for `strategy`, or an error naming its key."""
+    found = models.get(model)
     if found is None:
-        raise ValueError(_missing_model(name, "draft"))
-    return found
-
-
-def _need_cmlm(models: Models, name: str) -> CMLM:
-    found = models.get("cmlm")
-    if found is None:
-        raise ValueError(_missing_model(name, "cmlm"))
-    return found
-
-
-def _need_heads(models: Models, name: str) -> DraftHeads:
-    found = models.get("heads")
-    if found is None:
-        raise ValueError(_missing_model(name, "heads"))
-    return found
-
-
-def _need_exits(models: Models, name: str) -> ExitHeads:
-    found = models.get("exits")
-    if found is None:
-        raise ValueError(_missing_model(name, "exits"))
+        raise ValueError(_missing_model(strategy, model))
     return found
 
 
@@ -181,55 +94,335 @@ def _missing_model(name: str, model: str) -> str:
     return f"strategy {name} needs {_MODEL_ROLES[model]}: set model.{model}"
 
 
-_DRAFTERS: dict[str, Callable[[StrategyOptions, Models], Drafter]] = {
-    "speculative": _speculative,
-    "specdec": _specdec,
-    "prompt_lookup": _prompt_lookup,
-    "lookahead": _lookahead,
-    "medusa": _medusa,
-    "blockwise": _blockwise,
-    "jacobi": _jacobi,
-    "self_speculative": _self_speculative,
-}
-NEEDS_HEADS = frozenset({"medusa", "blockwise"})
-NEEDS_EXITS = frozenset({"self_speculative", CALM})
-OPTIONAL_MODELS = ("draft", "heads", "exits", "cmlm")
-_MODEL_ROLES = {
-    "draft": "a draft model",
-    "heads": "heads trained on the target",
-    "exits": "exit heads trained on the target",
-    "cmlm": "a conditional masked LM (accelgen train cmlm)",
+@dataclass(frozen=True)
+class StrategySpec:
+    """One strategy, in one place. Built by `_drafting` or `_decoder`, which derive what can be derived.
+
+    `needs`: the model kinds it uses under these options (`model.<kind>` keys). `check`: what is wrong
+    with its own options (`strategy.<name>.*`), each naming its key; checked for every job, since a
+    strategy column may name any strategy. `refusal`: why it cannot decode rows of this job (greedy or
+    not, log-probabilities asked or not), or None. `lossy`: why it may emit other tokens than the
+    target would, or None. `build`: the strategy, from loaded models and the actor's controller.
+    `drafter`: drafting strategies only, the drafter `auto` runs it as. `output_columns`: the columns
+    it fills for its rows (`strategies.base.OutputColumns`).
+    """
+
+    name: str
+    needs: Callable[[StrategyOptions], tuple[str, ...]]
+    check: Callable[[StrategyOptions], list[str]]
+    refusal: Callable[[StrategyOptions, bool, bool], str | None]
+    lossy: Callable[[StrategyOptions], str | None]
+    build: Callable[[StrategyOptions, Models, Controller | None], Strategy]
+    drafter: Callable[[StrategyOptions, Models], Drafter] | None = None
+    output_columns: OutputColumns = field(default_factory=dict)
+
+
+def _drafting(
+    name: str,
+    needs: Callable[[StrategyOptions], tuple[str, ...]],
+    rule: Callable[[StrategyOptions], AcceptanceRule],
+    drafter: Callable[[StrategyOptions, Models, AcceptanceRule], Drafter],
+    check: Callable[[StrategyOptions], list[str]],
+) -> StrategySpec:
+    """A drafting strategy: `rule` is the acceptance rule it verifies with under the options, which alone
+    decides whether it is lossless and whether it can sample."""
+
+    def lossy(options: StrategyOptions) -> str | None:
+        verifier = rule(options)
+        if verifier.lossless:
+            return None
+        return f"{verifier.name} acceptance ({verifier!r}, strategy.{name}) may keep tokens the target would not choose"
+
+    def refusal(options: StrategyOptions, greedy: bool, logprobs: bool) -> str | None:
+        refused = rule(options).refusal(greedy, trees=False)
+        return None if refused is None else f"strategy.name={name}: {refused}"
+
+    def built(options: StrategyOptions, models: Models) -> Drafter:
+        return drafter(options, models, rule(options))
+
+    return StrategySpec(
+        name,
+        needs,
+        check,
+        refusal,
+        lossy,
+        lambda options, models, controller: SpeculativeStrategy(
+            name, models.target, [built(options, models)], controller
+        ),
+        drafter=built,
+    )
+
+
+def _decoder(
+    strategy: type,
+    needs: tuple[str, ...],
+    lossy: Callable[[StrategyOptions], str | None],
+    build: Callable[[StrategyOptions, Models], Strategy],
+    check: Callable[[StrategyOptions], list[str]] = lambda options: [],
+    refusal: Callable[[StrategyOptions, bool, bool], str | None] = lambda options, greedy, logprobs: None,
+) -> StrategySpec:
+    """A strategy with a loop of its own (`strategy`, a class that declares its `output_columns` if any)."""
+    return StrategySpec(
+        strategy.name,
+        lambda options: needs,
+        check,
+        refusal,
+        lossy,
+        lambda options, models, controller: build(options, models),
+        output_columns=dict(getattr(strategy, "output_columns", {})),
+    )
+
+
+_CHAIN_PROPOSERS = {p.name: p for p in (DraftModelProposer, CMLMProposer)}  # `strategy.<name>.drafter` values
+
+
+def _chain_proposer(name: str, options: StrategyOptions) -> type[DraftModelProposer] | type[CMLMProposer]:
+    """The proposer class `strategy.<name>.drafter` names (speculative or specdec); an unknown one is the
+    default's, after `check` has reported it."""
+    return _CHAIN_PROPOSERS.get(getattr(options, name).drafter, DraftModelProposer)
+
+
+def _check_drafter(name: str) -> Callable[[StrategyOptions], list[str]]:
+    def check(options: StrategyOptions) -> list[str]:
+        drafter = getattr(options, name).drafter
+        if drafter not in _CHAIN_PROPOSERS:
+            return [f"strategy.{name}.drafter={drafter!r}: use one of {', '.join(_CHAIN_PROPOSERS)}"]
+        return []
+
+    return check
+
+
+def _chain_drafter(name: str) -> Callable[[StrategyOptions, Models, AcceptanceRule], Drafter]:
+    def drafter(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+        k = options.num_speculative_tokens
+        proposer = _chain_proposer(name, options)
+        return Drafter(name, proposer(_need(models, proposer.model, name), models.target.vocab_size), k, k, rule)
+
+    return drafter
+
+
+def _speculative_rule(options: StrategyOptions) -> AcceptanceRule:
+    # A drafter without draft probabilities (the CMLM's argmax tokens) is verified exactly.
+    return RejectionSampling() if _chain_proposer("speculative", options).draft_probabilities else ExactMatch()
+
+
+def _check_specdec(options: StrategyOptions) -> list[str]:
+    found = _check_drafter("specdec")(options)
+    if options.specdec.top_beta < 1:
+        found.append(f"strategy.specdec.top_beta={options.specdec.top_beta}: use 1 or more")
+    return found
+
+
+def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+    """Copied text is accepted whole more often than a model's guesses: drafts start at k tokens and
+    the controller may lengthen them up to `max_speculative_tokens` where they keep being accepted."""
+    k, o = options.num_speculative_tokens, options.prompt_lookup
+    cap = max(k, o.max_speculative_tokens)
+    return Drafter("prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), cap, cap, rule, start_depth=k)
+
+
+def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
+    pl = options.prompt_lookup
+    return [] if 1 <= pl.min_ngram <= pl.max_ngram else ["strategy.prompt_lookup: need 1 <= min_ngram <= max_ngram"]
+
+
+def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+    o = options.lookahead
+    proposer = LookaheadProposer(
+        o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
+    )
+    return Drafter(
+        "lookahead", proposer, o.branch_length, o.decoding_length, rule, trees=proposer.drafts_trees, learns=True
+    )
+
+
+def _check_lookahead(options: StrategyOptions) -> list[str]:
+    la = options.lookahead
+    if la.mode not in MODES or min(la.decoding_length, la.branch_length, la.max_query_length, la.max_nodes) < 1:
+        return [f"strategy.lookahead: mode must be one of {', '.join(MODES)}; lengths and max_nodes >= 1"]
+    return []
+
+
+def _medusa_rule(options: StrategyOptions) -> AcceptanceRule:
+    o = options.medusa
+    return Typical(o.typical_epsilon, o.typical_delta) if o.acceptance == "typical" else ExactMatch()
+
+
+def _medusa(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+    o, heads = options.medusa, _need(models, "heads", "medusa")
+    problem = check_choices(o.choices, heads.num_heads, models.target.vocab_size)
+    if problem is not None:
+        raise ValueError(f"strategy.medusa.choices: {problem}")
+    depth = max(len(c) for c in o.choices)
+    branching = len({tuple(c) for c in o.choices}) > depth
+    return Drafter("medusa", HeadsProposer("medusa", heads, o.choices), depth, len(o.choices), rule, trees=branching)
+
+
+def _check_medusa(options: StrategyOptions) -> list[str]:
+    md, found = options.medusa, []
+    if md.acceptance not in MEDUSA_ACCEPTANCE:
+        found.append(f"strategy.medusa.acceptance={md.acceptance!r}: use one of {', '.join(MEDUSA_ACCEPTANCE)}")
+    if not md.choices:
+        found.append("strategy.medusa.choices is empty: give at least one path, e.g. [[0]]")
+    return found
+
+
+def _blockwise_rule(options: StrategyOptions) -> AcceptanceRule:
+    top_k = options.blockwise.top_k
+    return Relaxed(top_k) if top_k > 1 else ExactMatch()
+
+
+def _blockwise(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+    heads = _need(models, "heads", "blockwise")
+    k = min(options.num_speculative_tokens, heads.num_heads)
+    return Drafter("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
+
+
+def _check_blockwise(options: StrategyOptions) -> list[str]:
+    top_k = options.blockwise.top_k
+    return [] if top_k >= 1 else [f"strategy.blockwise.top_k={top_k}: use 1 (exact) or more"]
+
+
+def _jacobi(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+    o = options.jacobi
+    depth = models.target.max_context if o.mode == "pj" else o.block_size
+    return Drafter("jacobi", JacobiProposer(o.mode, o.block_size, o.init), depth, depth, rule, greedy_only=True)
+
+
+def _check_jacobi(options: StrategyOptions) -> list[str]:
+    jc = options.jacobi
+    if jc.mode not in JACOBI_MODES or jc.init not in INITS or jc.block_size < 1:
+        return [
+            f"strategy.jacobi: mode must be one of {', '.join(JACOBI_MODES)}, init one of {', '.join(INITS)}, "
+            "block_size >= 1"
+        ]
+    return []
+
+
+def _self_speculative(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+    k, o = options.num_speculative_tokens, options.self_speculative
+    exits = _need(models, "exits", "self_speculative")
+    proposer = SelfSpeculativeProposer(models.target, exits, o.exit_layer, o.min_confidence)
+    return Drafter("self_speculative", proposer, k, k, rule)
+
+
+def _check_self_speculative(options: StrategyOptions) -> list[str]:
+    layer = options.self_speculative.exit_layer
+    return [] if layer >= 1 else [f"strategy.self_speculative.exit_layer={layer}: use 1 or more"]
+
+
+def _calm_lossy(options: StrategyOptions) -> str:
+    return (
+        "CALM's early exit (strategy.calm): a token may be an intermediate layer's guess, chosen where its "
+        f"{options.calm.measure} confidence reached {options.calm.threshold}"
+    )
+
+
+def _check_calm(options: StrategyOptions) -> list[str]:
+    cm, found = options.calm, []
+    if cm.measure not in CALM_MEASURES or cm.batch_exit not in CALM_BATCH_EXITS:
+        found.append(
+            f"strategy.calm: measure must be one of {', '.join(CALM_MEASURES)}, "
+            f"batch_exit one of {', '.join(CALM_BATCH_EXITS)}"
+        )
+    if cm.threshold <= 0 or cm.decay_tau < 0 or cm.min_layer < 1:
+        found.append("strategy.calm: threshold must be > 0, decay_tau >= 0 and min_layer >= 1")
+    return found
+
+
+def _check_mask_predict(options: StrategyOptions) -> list[str]:
+    mp = options.mask_predict
+    if mp.iterations < 1 or mp.length_beam < 1 or mp.max_length < 0:
+        return ["strategy.mask_predict: iterations and length_beam must be >= 1, max_length >= 0 (0: the CMLM's)"]
+    return []
+
+
+def _mask_predict_refusal(options: StrategyOptions, greedy: bool, logprobs: bool) -> str | None:
+    if logprobs:
+        return MASK_PREDICT_LOGPROBS_REFUSAL
+    if not greedy:
+        return (
+            "strategy.name=mask_predict fills blocks with the CMLM's most likely tokens and has no sampling "
+            "variant: use temperature 0"
+        )
+    return None
+
+
+_SPECS: dict[str, StrategySpec] = {
+    spec.name: spec
+    for spec in (
+        _decoder(AutoregressiveStrategy, (), lambda o: None, lambda o, models: AutoregressiveStrategy(models.target)),
+        _drafting(
+            "speculative",
+            lambda o: (_chain_proposer("speculative", o).model,),
+            _speculative_rule,
+            _chain_drafter("speculative"),
+            _check_drafter("speculative"),
+        ),
+        _drafting(
+            "specdec",
+            lambda o: (_chain_proposer("specdec", o).model,),
+            lambda o: Relaxed(o.specdec.top_beta, o.specdec.tolerance),
+            _chain_drafter("specdec"),
+            _check_specdec,
+        ),
+        _drafting("prompt_lookup", lambda o: (), lambda o: ExactMatch(), _prompt_lookup, _check_prompt_lookup),
+        _drafting("lookahead", lambda o: (), lambda o: ExactMatch(), _lookahead, _check_lookahead),
+        _drafting("medusa", lambda o: ("heads",), _medusa_rule, _medusa, _check_medusa),
+        _drafting("blockwise", lambda o: ("heads",), _blockwise_rule, _blockwise, _check_blockwise),
+        _drafting("jacobi", lambda o: (), lambda o: ExactMatch(), _jacobi, _check_jacobi),
+        _drafting(
+            "self_speculative",
+            lambda o: ("exits",),
+            lambda o: RejectionSampling(),
+            _self_speculative,
+            _check_self_speculative,
+        ),
+        _decoder(
+            CalmStrategy,
+            ("exits",),
+            _calm_lossy,
+            lambda o, models: CalmStrategy(models.target, _need(models, "exits", CALM), o.calm),
+            _check_calm,
+            lambda o, greedy, logprobs: LOGPROBS_REFUSAL if logprobs else None,
+        ),
+        _decoder(
+            MaskPredictStrategy,
+            ("cmlm",),
+            lambda o: (
+                "Mask-Predict (strategy.mask_predict): the conditional masked LM's parallel guesses, never checked "
+                "against the target"
+            ),
+            lambda o, models: MaskPredictStrategy(_need(models, "cmlm", MASK_PREDICT), o.mask_predict),
+            _check_mask_predict,
+            _mask_predict_refusal,
+        ),
+    )
 }
 
 
 def available() -> list[str]:
-    return sorted([AUTOREGRESSIVE, AUTO, CALM, MASK_PREDICT, *_DRAFTERS])
+    return sorted([AUTO, *_SPECS])
 
 
 def drafting() -> list[str]:
     """Strategies that draft and verify: what `auto` can choose among."""
-    return sorted(_DRAFTERS)
+    return sorted(name for name, spec in _SPECS.items() if spec.drafter is not None)
+
+
+def output_columns() -> OutputColumns:
+    """Every output column a strategy declares (name -> Python type of its values), in `_SPECS` order."""
+    return {column: kind for spec in _SPECS.values() for column, kind in spec.output_columns.items()}
 
 
 def lossy_reason(name: str, options: StrategyOptions) -> str | None:
-    """Why strategy `name` with these options may emit other tokens than the target would, or None."""
-    if name == "specdec":
-        return "SpecDec's relaxed verification (strategy.specdec)"
-    if name == "medusa" and options.medusa.acceptance == "typical":
-        return "Medusa's typical acceptance (strategy.medusa.acceptance=typical)"
-    if name == "blockwise" and options.blockwise.top_k > 1:
-        return f"blockwise top-{options.blockwise.top_k} acceptance (strategy.blockwise.top_k)"
-    if name == CALM:
-        return (
-            "CALM's early exit (strategy.calm): a token may be an intermediate layer's guess, chosen where its "
-            f"{options.calm.measure} confidence reached {options.calm.threshold}"
-        )
-    if name == MASK_PREDICT:
-        return (
-            "Mask-Predict (strategy.mask_predict): the conditional masked LM's parallel guesses, never checked "
-            "against the target"
-        )
-    return None
+    """Why strategy `name` with these options may emit other tokens than the target would, or None;
+    `auto` is lossy through its lossy `strategy.candidates` (only with `strategy.allow_lossy_candidates`)."""
+    if name == AUTO:
+        reasons = [f"{c}: {r}" for c in options.candidates if c in _SPECS and (r := lossy_reason(c, options))]
+        return f"auto chooses by timing among lossy candidates ({'; '.join(reasons)})" if reasons else None
+    spec = _SPECS.get(name)
+    return None if spec is None else spec.lossy(options)
 
 
 def needs_models(name: str, options: StrategyOptions) -> set[str]:
@@ -239,12 +432,13 @@ def needs_models(name: str, options: StrategyOptions) -> set[str]:
         if options.candidates:
             return set().union(*(needs_models(c, options) for c in options.candidates if c != AUTO))
         return set(OPTIONAL_MODELS)
-    if name in ("speculative", "specdec"):
-        return {"cmlm" if _drafter_of(name, options) == "cmlm" else "draft"}
-    if name == MASK_PREDICT:
-        return {"cmlm"}
-    needs = {"heads": NEEDS_HEADS, "exits": NEEDS_EXITS}
-    return {model for model, names in needs.items() if name in names}
+    spec = _SPECS.get(name)
+    return set() if spec is None else set(spec.needs(options))
+
+
+def models_needed(options: StrategyOptions) -> set[str]:
+    """The model kinds (`model.<kind>` keys) the strategy `options.name` uses under its options."""
+    return needs_models(options.name, options)
 
 
 def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
@@ -264,84 +458,61 @@ def missing_models(options: StrategyOptions, models: set[str]) -> list[str]:
 
 def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> list[str]:
     """What is wrong with the strategy options for this job (`logprobs`: it reports the target's
-    log-probabilities), each naming its key (empty: nothing)."""
+    log-probabilities), each naming its key (empty: nothing). Every strategy's own options are checked,
+    since a strategy column may name any of them."""
     found = []
-    if logprobs and options.name == CALM:
-        found.append(LOGPROBS_REFUSAL)
-    if logprobs and options.name == MASK_PREDICT:
-        found.append(MASK_PREDICT_LOGPROBS_REFUSAL)
-    if options.name not in available():
-        found.append(f"strategy.name {options.name!r} is unknown; available: {', '.join(available())}")
-    if options.name == AUTO and not options.adaptive:
+    name = options.name
+    if name not in available():
+        found.append(f"strategy.name {name!r} is unknown; available: {', '.join(available())}")
+    elif name == AUTO:
+        found.extend(_auto_problems(options))
+    else:
+        refused = _SPECS[name].refusal(options, greedy, logprobs)
+        found.extend([refused] if refused else [])
+    if options.num_speculative_tokens < 0:
+        found.append(f"strategy.num_speculative_tokens={options.num_speculative_tokens}: use 0 or more")
+    for spec in _SPECS.values():
+        found.extend(spec.check(options))
+    return found
+
+
+def _auto_problems(options: StrategyOptions) -> list[str]:
+    found = []
+    if not options.adaptive:
         found.append("strategy.name=auto chooses per step with the controller: keep strategy.adaptive=true")
     unknown = sorted(set(options.candidates) - set(drafting()))
     if unknown:
         found.append(f"strategy.candidates {unknown} are unknown; available: {', '.join(drafting())}")
-    if options.num_speculative_tokens < 0 or options.specdec.top_beta < 1:
-        found.append("strategy.num_speculative_tokens must be >= 0 and strategy.specdec.top_beta >= 1")
-    la, pl, md = options.lookahead, options.prompt_lookup, options.medusa
-    if la.mode not in MODES or min(la.decoding_length, la.branch_length, la.max_query_length, la.max_nodes) < 1:
-        found.append(f"strategy.lookahead: mode must be one of {', '.join(MODES)}; lengths and max_nodes >= 1")
-    if not 1 <= pl.min_ngram <= pl.max_ngram:
-        found.append("strategy.prompt_lookup: need 1 <= min_ngram <= max_ngram")
-    if md.acceptance not in MEDUSA_ACCEPTANCE:
-        found.append(f"strategy.medusa.acceptance={md.acceptance!r}: use one of {', '.join(MEDUSA_ACCEPTANCE)}")
-    if not md.choices:
-        found.append("strategy.medusa.choices is empty: give at least one path, e.g. [[0]]")
-    jc = options.jacobi
-    if jc.mode not in JACOBI_MODES or jc.init not in INITS or jc.block_size < 1:
+    lossy = [c for c in options.candidates if c in drafting() and lossy_reason(c, options) is not None]
+    if lossy and not options.allow_lossy_candidates:
         found.append(
-            f"strategy.jacobi: mode must be one of {', '.join(JACOBI_MODES)}, init one of {', '.join(INITS)}, "
-            "block_size >= 1"
+            f"strategy.candidates {lossy} are lossy: `auto` would choose among them by timing, so a row's tokens "
+            "could change from run to run; drop them from strategy.candidates, or set "
+            "strategy.allow_lossy_candidates=true to accept that"
         )
-    if options.blockwise.top_k < 1:
-        found.append(f"strategy.blockwise.top_k={options.blockwise.top_k}: use 1 (exact) or more")
-    if options.self_speculative.exit_layer < 1:
-        found.append(f"strategy.self_speculative.exit_layer={options.self_speculative.exit_layer}: use 1 or more")
-    cm = options.calm
-    if cm.measure not in CALM_MEASURES or cm.batch_exit not in CALM_BATCH_EXITS:
-        found.append(
-            f"strategy.calm: measure must be one of {', '.join(CALM_MEASURES)}, "
-            f"batch_exit one of {', '.join(CALM_BATCH_EXITS)}"
-        )
-    if cm.threshold <= 0 or cm.decay_tau < 0 or cm.min_layer < 1:
-        found.append("strategy.calm: threshold must be > 0, decay_tau >= 0 and min_layer >= 1")
-    for key, drafter in (("speculative", options.speculative.drafter), ("specdec", options.specdec.drafter)):
-        if drafter not in DRAFTERS:
-            found.append(f"strategy.{key}.drafter={drafter!r}: use one of {', '.join(DRAFTERS)}")
-    mp = options.mask_predict
-    if mp.iterations < 1 or mp.length_beam < 1 or mp.max_length < 0:
-        found.append("strategy.mask_predict: iterations and length_beam must be >= 1, max_length >= 0 (0: the CMLM's)")
-    if options.name == MASK_PREDICT and not greedy:
-        found.append(
-            "strategy.name=mask_predict fills blocks with the CMLM's most likely tokens and has no sampling "
-            "variant: use temperature 0"
-        )
-    relaxed = options.name == "specdec" or (options.name == "blockwise" and options.blockwise.top_k > 1)
-    if relaxed and not greedy:
-        reason = lossy_reason(options.name, options)
-        found.append(f"strategy.name={options.name} uses {reason}, which relaxes greedy decoding: use temperature 0")
     return found
 
 
 def create(options: StrategyOptions, models: Models, controller: Controller | None = None) -> Strategy:
     """The strategy `options.name`; drafting strategies run under `controller` when one is given."""
     name = options.name
-    if name == AUTOREGRESSIVE:
-        return AutoregressiveStrategy(models.target)
-    if name == CALM:
-        return CalmStrategy(models.target, _need_exits(models, CALM), options.calm)
-    if name == MASK_PREDICT:
-        return MaskPredictStrategy(_need_cmlm(models, MASK_PREDICT), options.mask_predict)
     if name == AUTO:
         if controller is None:
             raise ValueError("strategy 'auto' chooses per step: it needs the controller (strategy.adaptive=true)")
-        has = models.available()
-        names = auto_candidates(options, has)
-        unknown = sorted(set(names) - set(_DRAFTERS))
+        names = auto_candidates(options, models.available())
+        unknown = sorted(set(names) - set(drafting()))
         if unknown:
             raise KeyError(f"strategy.candidates {unknown} are unknown; available: {', '.join(drafting())}")
-        return SpeculativeStrategy(AUTO, models.target, [_DRAFTERS[n](options, models) for n in names], controller)
-    if name not in _DRAFTERS:
+        drafters = [_checked(_SPECS[n], options).drafter(options, models) for n in names]
+        return SpeculativeStrategy(AUTO, models.target, drafters, controller)
+    if name not in _SPECS:
         raise KeyError(f"unknown strategy {name!r}; available: {', '.join(available())}")
-    return SpeculativeStrategy(name, models.target, [_DRAFTERS[name](options, models)], controller)
+    return _checked(_SPECS[name], options).build(options, models, controller)
+
+
+def _checked(spec: StrategySpec, options: StrategyOptions) -> StrategySpec:
+    """`spec`, once its options pass its checks (the constructors do not repeat them)."""
+    found = spec.check(options)
+    if found:
+        raise ValueError("; ".join(found))
+    return spec

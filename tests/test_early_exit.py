@@ -201,7 +201,7 @@ def test_calm_with_a_threshold_no_layer_reaches_equals_greedy(model, target, mea
     options = CalmOptions(threshold=never_exiting_threshold(CalmOptions().decay_tau), measure=measure)
     out = CalmStrategy(target, exits, options).generate(_requests(PROMPTS), params)
     assert [r.tokens for r in out.rows] == reference
-    assert {r.mean_exit_layer for r in out.rows} == {float(LAYERS)}
+    assert {r.columns["mean_exit_layer"] for r in out.rows} == {float(LAYERS)}
 
 
 def test_the_thresholds_that_never_exit_are_the_ones_the_help_names():
@@ -223,7 +223,7 @@ def test_calm_rows_exit_at_their_own_layers(model, target):
     rows = CalmStrategy(target, exits, CalmOptions(threshold=0.995, measure="state")).generate(
         _requests(PROMPTS), params
     )
-    depths = [r.mean_exit_layer for r in rows.rows]
+    depths = [r.columns["mean_exit_layer"] for r in rows.rows]
     assert len(set(depths)) > 1 and min(depths) < LAYERS
     # The reference's rule: the batch exits together, so no row exits earlier than under the row rule.
     together = CalmStrategy(target, exits, CalmOptions(threshold=0.995, measure="state", batch_exit="batch"))
@@ -232,7 +232,7 @@ def test_calm_rows_exit_at_their_own_layers(model, target):
     for measure in ("softmax", "gap", "classifier"):
         calm = CalmStrategy(target, trained_like_exits(model, classifier=True), CalmOptions(1e-9, measure))
         out = calm.generate(_requests(PROMPTS[:3]), params)
-        assert all(r.mean_exit_layer == (LAYERS + len(r.tokens) - 1) / len(r.tokens) for r in out.rows)
+        assert all(r.columns["mean_exit_layer"] == (LAYERS + len(r.tokens) - 1) / len(r.tokens) for r in out.rows)
     assert registry.lossy_reason("calm", StrategyOptions(name="calm")) is not None
     assert "calm" not in registry.auto_candidates(StrategyOptions(name="auto"), {"exits"})
     assert "self_speculative" in registry.auto_candidates(StrategyOptions(name="auto"), {"exits"})

@@ -497,3 +497,25 @@ def test_resume_over_a_changed_listing(tmp_path, tiny_model_dir):
     (tmp_path / "in" / "shard-2.parquet").touch()  # changed, but none of its units is committed
     outcome = run_job(config)
     assert outcome.status == "succeeded" and outcome.summary["rows_this_run"] == 2
+
+
+def test_manifest_lossy_lists_the_lossy_strategies_rows_picked(tmp_path, tiny_model_dir, tiny_draft_dir):
+    """A plain job whose strategy column routes a row to specdec is lossy there, and the manifest says so."""
+    (tmp_path / "in").mkdir()
+    table = pa.table({"prompt": ["def f(x):", "import os", "class A:"], "how": ["specdec", None, "autoregressive"]})
+    pq.write_table(table, tmp_path / "in" / "a.parquet")
+    config = job_config(
+        tmp_path,
+        tiny_model_dir,
+        "input.strategy_column=how",
+        f"model.draft={tiny_draft_dir}",
+        "generation.max_new_tokens=6",
+    )
+    assert run_job(config).status == "succeeded"
+    assert sorted(r["strategy"] for r in _read_output(tmp_path / "out").to_pylist()) == [
+        "autoregressive",
+        "autoregressive",
+        "specdec",
+    ]
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert list(manifest["lossy"]) == ["specdec"] and "strategy.specdec" in manifest["lossy"]["specdec"]

@@ -146,18 +146,20 @@ def test_rows_of_different_lengths_decode_the_same_alone_and_together(models):
     together = strategy.generate(_requests(PROMPTS), params).rows
     alone = [strategy.generate(_requests([p]), params).rows[0] for p in PROMPTS]
     assert [r.tokens for r in together] == [r.tokens for r in alone]
-    assert [r.block_lengths for r in together] == [r.block_lengths for r in alone]
-    assert [r.iterations for r in together] == [r.iterations for r in alone]
-    first_lengths = {r.block_lengths[0] for r in together}
+    assert [r.columns["block_lengths"] for r in together] == [r.columns["block_lengths"] for r in alone]
+    assert [r.columns["iterations"] for r in together] == [r.columns["iterations"] for r in alone]
+    first_lengths = {r.columns["block_lengths"][0] for r in together}
     assert len(first_lengths) > 1, "the batch should mix block lengths"
     for row in together:  # a block shorter than asked for ends the row only at an EOS; else blocks go on
-        assert sum(row.block_lengths) >= len(row.tokens) and 1 <= row.iterations <= 4 * len(row.block_lengths)
+        assert sum(row.columns["block_lengths"]) >= len(row.tokens) and 1 <= row.columns["iterations"] <= 4 * len(
+            row.columns["block_lengths"]
+        )
 
 
 def test_ignore_eos_fills_max_new_tokens_in_blocks_of_the_longest_length(models):
     params = GenerationParams(20, SamplingParams(), eos_token_ids=frozenset({0}), ignore_eos=True)
     rows = _mask_predict(models).generate(_requests(PROMPTS[:3]), params).rows
-    assert all(len(r.tokens) == 20 and r.block_lengths == [BLOCK, BLOCK, 4] for r in rows)
+    assert all(len(r.tokens) == 20 and r.columns["block_lengths"] == [BLOCK, BLOCK, 4] for r in rows)
 
 
 def test_the_folder_loads_with_plain_transformers_and_the_block_pass_is_a_4d_mask(cmlm_dir: Path, models):

@@ -12,9 +12,25 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strategies import registry
+
 FINISH_ERROR = "error"  # a row that was not decoded; `error` says why (the others: strategies.base)
 
-OUTPUT_SCHEMA = pa.schema(
+# The Python types strategies declare their output columns' values with, as Arrow types.
+_ARROW_TYPES = {float: pa.float64(), int: pa.int64(), list[int]: pa.list_(pa.int64())}
+
+
+def _strategy_field(name: str, kind: object) -> pa.Field:
+    if kind not in _ARROW_TYPES:
+        raise TypeError(
+            f"output column {name!r} is declared with type {kind!r}, which the output contract cannot store: "
+            f"declare one of {', '.join(map(repr, _ARROW_TYPES))} (workers/contract.py, _ARROW_TYPES)"
+        )
+    return pa.field(name, _ARROW_TYPES[kind])
+
+
+# Filled for every row, whatever decoded it.
+COMMON_SCHEMA = pa.schema(
     [
         ("row_id", pa.string()),
         ("sample_index", pa.int64()),  # 0 .. generation.n - 1
@@ -24,11 +40,12 @@ OUTPUT_SCHEMA = pa.schema(
         ("num_prompt_tokens", pa.int64()),
         ("num_generated_tokens", pa.int64()),
         ("strategy", pa.string()),
-        ("mean_exit_layer", pa.float64()),  # early exit (calm): the row's mean exit layer; else null
-        ("iterations", pa.int64()),  # mask_predict: the CMLM passes the row took; else null
-        ("block_lengths", pa.list_(pa.int64())),  # mask_predict: the length chosen for each block; else null
     ]
 )
+# Then the columns strategies declare (`output_columns` of the strategy class, e.g. calm's
+# `mean_exit_layer`, mask_predict's `iterations` and `block_lengths`): null on other strategies' rows.
+STRATEGY_COLUMNS = pa.schema([_strategy_field(name, kind) for name, kind in registry.output_columns().items()])
+OUTPUT_SCHEMA = pa.schema([*COMMON_SCHEMA, *STRATEGY_COLUMNS])
 # Columns added on request (output.token_ids, output.logprobs, output.top_logprobs): one entry per
 # generated token, the same tokens `num_generated_tokens` counts.
 SCORE_COLUMNS = pa.schema(

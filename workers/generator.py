@@ -312,9 +312,8 @@ class Generator:
         columns["finish_reason"][o] = row.finish_reason
         columns["num_generated_tokens"][o] = len(row.tokens)
         columns["strategy"][o] = row.strategy or strategy
-        columns["mean_exit_layer"][o] = row.mean_exit_layer
-        columns["iterations"][o] = row.iterations
-        columns["block_lengths"][o] = row.block_lengths
+        for name, value in row.columns.items():
+            columns[name][o] = value
         _fill_scores(columns, o, row)
 
     def _open_decoding(self, group: tuple[str, tuple], requests: list[RowRequest]) -> Decoding:

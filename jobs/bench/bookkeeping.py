@@ -141,16 +141,15 @@ def run_driver(root: str, options: dict[str, Any], bench: BookkeepingBench) -> d
 def _simulated_attempt(unit: WorkUnit, output: OutputFolder) -> UnitResult:
     """What an actor stages for a unit when every row generates one token, without the model."""
     n = unit.num_rows
-    columns = {
+    columns: dict[str, list] = {name: [None] * n for name in OUTPUT_SCHEMA.names}  # strategies' columns: null
+    columns |= {
         "row_id": [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(n)],
         "sample_index": [0] * n,
         "completion": ["x"] * n,
         "finish_reason": ["length"] * n,
-        "error": [None] * n,
         "num_prompt_tokens": [4] * n,
         "num_generated_tokens": [1] * n,
         "strategy": ["autoregressive"] * n,
-        "mean_exit_layer": [None] * n,
     }
     buffer = io.BytesIO()
     pq.write_table(pa.table(columns, schema=OUTPUT_SCHEMA), buffer)

@@ -27,19 +27,20 @@ already computed). The reference's rule (`batch_exit=batch`: the
 batch exits only when every row passes, the slowest row sets the depth) is there to compare.
 
 Each row's mean exit layer (its first token, chosen by the prefill, counts at full depth) is in its
-output (`RowOutput.mean_exit_layer`, the `mean_exit_layer` column); the batch's, in its statistics.
+output (the `mean_exit_layer` column it declares); the batch's, in its statistics.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from strategies.artifacts.exits import ExitHeads
-from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
-from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, CalmOptions
+from strategies.base import BatchOutput, GenerationParams, OutputColumns, RowOutput, RowRequest, Segment, decode_to_end
+from strategies.options import CalmOptions
 from strategies.runtime.batch import Batch, start_batch
 from strategies.runtime.runner import LayerPass, ModelRunner
 from strategies.runtime.sampling import choose_tokens
@@ -67,14 +68,10 @@ class CalmStrategy:
     """Early exit per row and per token; skipped layers' keys and values filled by state propagation."""
 
     name = "calm"
+    output_columns: ClassVar[OutputColumns] = {"mean_exit_layer": float}  # the row's mean exit layer
 
     def __init__(self, runner: ModelRunner, exits: ExitHeads, options: CalmOptions) -> None:
         runner.need_layers()
-        if options.measure not in CALM_MEASURES or options.batch_exit not in CALM_BATCH_EXITS:
-            raise ValueError(
-                f"strategy.calm: measure must be one of {', '.join(CALM_MEASURES)}, "
-                f"batch_exit one of {', '.join(CALM_BATCH_EXITS)}"
-            )
         if options.measure == "classifier" and not exits.has_classifier:
             raise ValueError(
                 "strategy.calm.measure=classifier needs exits trained with their confidence classifier "
@@ -210,7 +207,7 @@ class CalmDecoding:
         for i in batch.finished_rows():
             tokens = batch.outputs[i]
             mean = round(self.depth_sum[i] / max(1, len(tokens)), 3)
-            done.append((i, RowOutput(tokens=tokens, finish_reason=batch.reasons[i], mean_exit_layer=mean)))
+            done.append((i, RowOutput(tokens, batch.reasons[i], columns={"mean_exit_layer": mean})))
             batch.release(i)
         return done
 

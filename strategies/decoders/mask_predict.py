@@ -8,19 +8,29 @@ the one of highest mean log-probability wins. Outputs longer than the CMLM's lon
 decoded block after block, each block's tokens joining the context of the next.
 
 Lossy: nothing checks the tokens against the target, which is never run. The job records it
-(`registry.lossy_reason`), `auto` never picks it, and it decodes greedily only. Each row records
-the passes it took and the lengths chosen (`RowOutput.iterations`, `RowOutput.block_lengths`).
+(the manifest's `lossy`), `auto` never picks it, and it decodes greedily only. Each row records
+the passes it took and the lengths chosen (the `iterations` and `block_lengths` columns it declares).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from strategies.artifacts.cmlm import CMLM
-from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end, finish_reason
+from strategies.base import (
+    BatchOutput,
+    GenerationParams,
+    OutputColumns,
+    RowOutput,
+    RowRequest,
+    Segment,
+    decode_to_end,
+    finish_reason,
+)
 from strategies.options import MaskPredictOptions
 from strategies.runtime.batch import RELEASED
 
@@ -105,6 +115,8 @@ class MaskPredictStrategy:
     """Rows of one batch decoded block by block with the CMLM; the target is not run."""
 
     name = NAME
+    # The CMLM passes the row took, all blocks together; the length chosen for each of its blocks.
+    output_columns: ClassVar[OutputColumns] = {"iterations": int, "block_lengths": list[int]}
 
     def __init__(self, cmlm: CMLM, options: MaskPredictOptions) -> None:
         if options.max_length > cmlm.max_length:
@@ -226,7 +238,9 @@ class MaskPredictDecoding:
                 (
                     i,
                     RowOutput(
-                        self.outputs[i], self.reasons[i], iterations=self.passes[i], block_lengths=self.lengths[i]
+                        self.outputs[i],
+                        self.reasons[i],
+                        columns={"iterations": self.passes[i], "block_lengths": self.lengths[i]},
                     ),
                 )
             )

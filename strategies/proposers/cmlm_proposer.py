@@ -12,6 +12,8 @@ with `strategy.specdec.drafter=cmlm`, greedy only).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from strategies.artifacts.cmlm import CMLM
@@ -23,6 +25,8 @@ from strategies.verification.proposer import ProposalContext, TargetStates
 class CMLMProposer:
     name = "cmlm"
     wants_states = False
+    model: ClassVar[str] = "cmlm"  # the `model.<kind>` it drafts with
+    draft_probabilities: ClassVar[bool] = False  # drafts carry q, as speculative sampling needs
 
     def __init__(self, cmlm: CMLM, vocab_size: int) -> None:
         if cmlm.config.content_vocab_size > vocab_size:

@@ -8,6 +8,8 @@ drafted tokens that the target rejected are invalidated.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from strategies.base import GenerationParams
@@ -21,6 +23,8 @@ from strategies.verification.proposer import ProposalContext, TargetStates
 class DraftModelProposer:
     name = "draft_model"
     wants_states = False
+    model: ClassVar[str] = "draft"  # the `model.<kind>` it drafts with
+    draft_probabilities: ClassVar[bool] = True  # drafts carry q, as speculative sampling needs
 
     def __init__(self, draft: ModelRunner, vocab_size: int) -> None:
         self.draft = draft

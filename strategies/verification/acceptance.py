@@ -26,14 +26,17 @@ and the target's choices or probabilities at every slot (slot 0: the pending tok
 
 The rule a strategy hands the verifier (`strategies.verification.verify`) is one of the classes below, each
 applying its function to every row of a verify forward and refusing the combinations its math
-does not cover (`refusal`). Which strategies are lossy, and why, the registry says (`lossy_reason`).
+does not cover (`refusal`). Each rule class declares `lossless`: a drafting strategy is lossless exactly
+when its rule is (`strategies.registry`), so a new rule cannot slip into `auto`'s defaults or out of the
+manifest's `lossy` without saying which it is.
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import torch
 
@@ -165,12 +168,27 @@ class Slots:
         return keyed_uniform(self.seed, keys, self.positions.reshape(-1), stream).view(b, w)
 
 
-class AcceptanceRule(Protocol):
-    name: str
+class AcceptanceRule(ABC):
+    """A rule of the verifier. `lossless`: every token it emits is the target's own (greedy: its argmax;
+    sampling: a draw from its distribution), whatever was drafted. Required of every rule class: one
+    that does not declare it in its own body fails when it is defined."""
 
+    name: ClassVar[str]
+    lossless: ClassVar[bool]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(cls.__dict__.get("lossless"), bool):
+            raise TypeError(
+                f"acceptance rule {cls.__name__} must declare `lossless: ClassVar[bool] = ...` in its class body: "
+                "True only if every token it emits is the target's own choice"
+            )
+
+    @abstractmethod
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         """Why this rule cannot verify such drafts (tree drafts or not) at this sampling, or None."""
 
+    @abstractmethod
     def accept(
         self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
     ) -> list[Verdict]:
@@ -187,10 +205,11 @@ def target_choices(logits: torch.Tensor, slots: Slots, sampling: SamplingParams)
 
 
 @dataclass(frozen=True)
-class ExactMatch:
+class ExactMatch(AcceptanceRule):
     """The target's own choice decides (`walk`): lossless for any draft, chain or tree, greedy or sampled."""
 
     name: ClassVar[str] = "exact"
+    lossless: ClassVar[bool] = True
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         return None
@@ -203,13 +222,14 @@ class ExactMatch:
 
 
 @dataclass(frozen=True)
-class RejectionSampling:
+class RejectionSampling(AcceptanceRule):
     """Speculative sampling of chains drafted with probabilities (`rejection_chains`); greedy: `walk`.
 
     A draft without probabilities counts as one-hot q (accepted with probability p(x)).
     """
 
     name: ClassVar[str] = "rejection_sampling"
+    lossless: ClassVar[bool] = True
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         if trees and not greedy:
@@ -266,12 +286,13 @@ class RejectionSampling:
 
 
 @dataclass(frozen=True)
-class Relaxed:
+class Relaxed(AcceptanceRule):
     """SpecDec's relaxed verification, and blockwise decoding's top-k (`tolerance` infinite): greedy only."""
 
     top_beta: int
     tolerance: float = math.inf
     name: ClassVar[str] = "relaxed"
+    lossless: ClassVar[bool] = False
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         return None if greedy else "relaxed verification relaxes greedy decoding: use generation.temperature=0"
@@ -285,7 +306,7 @@ class Relaxed:
 
 
 @dataclass(frozen=True)
-class Typical:
+class Typical(AcceptanceRule):
     """Medusa's typical acceptance (`typical_walk`) at temperature > 0, on the target's probabilities
     after temperature and filtering, then the target's keyed sample; at temperature 0 exact matching,
     as the reference's (see the module's docstring for where it differs)."""
@@ -293,6 +314,7 @@ class Typical:
     epsilon: float
     delta: float
     name: ClassVar[str] = "typical"
+    lossless: ClassVar[bool] = False
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         return None
