@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install browser run test lint bench soak device-wheels device-check clean
+.PHONY: install browser run test lint bench soak mutate device-wheels device-check clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,11 @@ bench: install
 RUNS ?= 20
 soak: install
 	ACCELGEN_SOAK_RUNS=$(RUNS) $(BIN)/python -m pytest -q -s -m slow tests/test_soak.py
+
+# Mutation testing of the decoding cores against their fast tests ([tool.mutmut]); long, not part of `make test`.
+mutate: install
+	nice -n 19 $(BIN)/mutmut run --max-children 1
+	$(BIN)/mutmut results
 
 # A GPU machine without internet: wheels of what its image lacks, downloaded here into .whl/ (carried there).
 device-wheels:
