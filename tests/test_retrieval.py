@@ -65,13 +65,14 @@ def test_pruning_keeps_the_trie_under_its_cap_and_keeps_live_prompts():
 def test_lookahead_retrieves_the_longest_suffix_first():
     proposer = LookaheadProposer(decoding_length=1, branch_length=2, max_query_length=3)
     context = [1, 2, 3, 4, 9, 3, 5, 5, 9, 3, 5, 5, 2, 3]  # prompt, then the pending token 3
-    proposer.start([context], torch.zeros(1, dtype=torch.long), None, None)
+    proposer.start([context], None, None)
     # The context ends 5, 2, 3: [5, 2, 3] is unknown; [2, 3] was followed by 4 (once) — taken over
     # the bare [3], which was followed by 5 twice.
-    draft = proposer.propose(ProposalContext(num_generated=[1], budgets=[2], max_nodes=1))[0]
+    keys = torch.zeros(1, dtype=torch.long)
+    draft = proposer.propose(ProposalContext(num_generated=[1], budgets=[2], max_nodes=1, keys=keys))[0]
     assert draft.tokens == [4]
     proposer.emitted([[4, 6]], None)  # context now ends ... 3, 4, 6: [6] is unknown, nothing to draft
-    assert proposer.propose(ProposalContext(num_generated=[3], budgets=[2], max_nodes=1))[0].tokens == []
+    assert proposer.propose(ProposalContext(num_generated=[3], budgets=[2], max_nodes=1, keys=keys))[0].tokens == []
 
 
 PROMPTS = [
