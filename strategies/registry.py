@@ -35,7 +35,7 @@ from strategies.runtime.runner import ModelRunner
 from strategies.verification.acceptance import ExactMatch, RejectionSampling, Relaxed, Typical
 from strategies.verification.control import AUTOREGRESSIVE, Controller
 from strategies.verification.proposer import Proposer
-from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
@@ -84,37 +84,39 @@ def _chain_proposer(name: str, options: StrategyOptions, models: Models) -> Prop
     return DraftModelProposer(_need_draft(models, name), models.target.vocab_size)
 
 
-def _speculative(options: StrategyOptions, models: Models) -> Drafter:
+def _speculative(options: StrategyOptions, models: Models) -> DraftingMethod:
     k = options.num_speculative_tokens
     proposer = _chain_proposer("speculative", options, models)
     # The CMLM drafts argmax tokens, without probabilities: exact matching keeps it lossless.
     rule = ExactMatch() if proposer.name == "cmlm" else RejectionSampling()
-    return Drafter("speculative", proposer, k, k, rule)
+    return DraftingMethod("speculative", proposer, k, k, rule)
 
 
-def _specdec(options: StrategyOptions, models: Models) -> Drafter:
+def _specdec(options: StrategyOptions, models: Models) -> DraftingMethod:
     k = options.num_speculative_tokens
     rule = Relaxed(options.specdec.top_beta, options.specdec.tolerance)
-    return Drafter("specdec", _chain_proposer("specdec", options, models), k, k, rule)
+    return DraftingMethod("specdec", _chain_proposer("specdec", options, models), k, k, rule)
 
 
-def _prompt_lookup(options: StrategyOptions, models: Models) -> Drafter:
+def _prompt_lookup(options: StrategyOptions, models: Models) -> DraftingMethod:
     """Copied text is accepted whole more often than a model's guesses: drafts start at k tokens and
     the controller may lengthen them up to `max_speculative_tokens` where they keep being accepted."""
     k, o = options.num_speculative_tokens, options.prompt_lookup
     cap = max(k, o.max_speculative_tokens)
-    return Drafter("prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), cap, cap, start_depth=k)
+    return DraftingMethod("prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), cap, cap, start_depth=k)
 
 
-def _lookahead(options: StrategyOptions, models: Models) -> Drafter:
+def _lookahead(options: StrategyOptions, models: Models) -> DraftingMethod:
     o = options.lookahead
     proposer = LookaheadProposer(
         o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
     )
-    return Drafter("lookahead", proposer, o.branch_length, o.decoding_length, trees=proposer.drafts_trees, learns=True)
+    return DraftingMethod(
+        "lookahead", proposer, o.branch_length, o.decoding_length, trees=proposer.drafts_trees, learns=True
+    )
 
 
-def _medusa(options: StrategyOptions, models: Models) -> Drafter:
+def _medusa(options: StrategyOptions, models: Models) -> DraftingMethod:
     o, heads = options.medusa, _need_heads(models, "medusa")
     problem = check_choices(o.choices, heads.num_heads, models.target.vocab_size)
     if problem is not None:
@@ -122,31 +124,33 @@ def _medusa(options: StrategyOptions, models: Models) -> Drafter:
     rule = Typical(o.typical_epsilon, o.typical_delta) if o.acceptance == "typical" else ExactMatch()
     depth = max(len(c) for c in o.choices)
     branching = len({tuple(c) for c in o.choices}) > depth
-    return Drafter("medusa", HeadsProposer("medusa", heads, o.choices), depth, len(o.choices), rule, trees=branching)
+    return DraftingMethod(
+        "medusa", HeadsProposer("medusa", heads, o.choices), depth, len(o.choices), rule, trees=branching
+    )
 
 
-def _blockwise(options: StrategyOptions, models: Models) -> Drafter:
+def _blockwise(options: StrategyOptions, models: Models) -> DraftingMethod:
     heads = _need_heads(models, "blockwise")
     k = min(options.num_speculative_tokens, heads.num_heads)
     top_k = options.blockwise.top_k
     rule = Relaxed(top_k) if top_k > 1 else ExactMatch()
-    return Drafter("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
+    return DraftingMethod("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
 
 
-def _jacobi(options: StrategyOptions, models: Models) -> Drafter:
+def _jacobi(options: StrategyOptions, models: Models) -> DraftingMethod:
     o = options.jacobi
     depth = models.target.max_context if o.mode == "pj" else o.block_size
     proposer = JacobiProposer(o.mode, o.block_size, o.init)
-    return Drafter("jacobi", proposer, depth, depth, greedy_only=True)
+    return DraftingMethod("jacobi", proposer, depth, depth, greedy_only=True)
 
 
-def _self_speculative(options: StrategyOptions, models: Models) -> Drafter:
+def _self_speculative(options: StrategyOptions, models: Models) -> DraftingMethod:
     k = options.num_speculative_tokens
     o = options.self_speculative
     proposer = SelfSpeculativeProposer(
         models.target, _need_exits(models, "self_speculative"), o.exit_layer, o.min_confidence
     )
-    return Drafter("self_speculative", proposer, k, k, RejectionSampling())
+    return DraftingMethod("self_speculative", proposer, k, k, RejectionSampling())
 
 
 def _need_draft(models: Models, name: str) -> ModelRunner:
@@ -181,7 +185,7 @@ def _missing_model(name: str, model: str) -> str:
     return f"strategy {name} needs {_MODEL_ROLES[model]}: set model.{model}"
 
 
-_DRAFTERS: dict[str, Callable[[StrategyOptions, Models], Drafter]] = {
+_DRAFTERS: dict[str, Callable[[StrategyOptions, Models], DraftingMethod]] = {
     "speculative": _speculative,
     "specdec": _specdec,
     "prompt_lookup": _prompt_lookup,

@@ -28,7 +28,7 @@ from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import Proposer
-from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 from strategies.verification.verify import verify_inputs
 from workers.model_loading import load_models, weights_sha256
 
@@ -97,7 +97,9 @@ class ScriptedHeads(HeadsProposer):
 
 def _scripted(target, proposer, choices):
     depth = max(len(c) for c in choices)
-    return SpeculativeStrategy("scripted", target, [Drafter("scripted", proposer, depth, len(choices), trees=True)])
+    return SpeculativeStrategy(
+        "scripted", target, [DraftingMethod("scripted", proposer, depth, len(choices), trees=True)]
+    )
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
@@ -212,7 +214,7 @@ def test_states_handed_to_a_proposer_equal_a_plain_forward(tiny_model_dir, path)
     params = _params(14)
     reference = _tokens(AutoregressiveStrategy(runner), PROMPTS[:4], params)
     recorder = RecordingProposer(reference)
-    strategy = SpeculativeStrategy("recorder", runner, [Drafter("recorder", recorder, K, K)])
+    strategy = SpeculativeStrategy("recorder", runner, [DraftingMethod("recorder", recorder, K, K)])
     out = strategy.generate(_requests(PROMPTS[:4]), params)
     assert [r.tokens for r in out.rows] == reference
     assert out.stats["steps_by_drafter"].get("autoregressive", 0) > 0 and out.stats["tau"] > 1

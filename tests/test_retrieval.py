@@ -14,7 +14,7 @@ from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.drafts import tree_attention, tree_depths
 from strategies.verification.proposer import ProposalContext
-from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 
 
 def test_ngram_index_prefers_the_longest_then_latest_match():
@@ -93,10 +93,12 @@ def runner(tiny_model_dir):
 
 
 def _strategies(runner):
-    yield SpeculativeStrategy("prompt_lookup", runner, [Drafter("prompt_lookup", PromptLookupProposer(1, 3), 4, 4)])
+    yield SpeculativeStrategy(
+        "prompt_lookup", runner, [DraftingMethod("prompt_lookup", PromptLookupProposer(1, 3), 4, 4)]
+    )
     for mode in ("hier", "one"):
         proposer = LookaheadProposer(decoding_length=12, branch_length=4, max_query_length=4, mode=mode)
-        yield SpeculativeStrategy("lookahead", runner, [Drafter("lookahead", proposer, 4, 12)])
+        yield SpeculativeStrategy("lookahead", runner, [DraftingMethod("lookahead", proposer, 4, 12)])
 
 
 @pytest.mark.parametrize("batch", [1, 8])

@@ -34,8 +34,9 @@ from strategies.verification.verify import Verification, verify
 
 
 @dataclass
-class Drafter:
-    """A proposer with the limits and acceptance rule of the strategy it serves."""
+class DraftingMethod:
+    """A drafting method: a proposer with the limits and acceptance rule of the strategy it serves,
+    under the name the controller plans and the records count by."""
 
     name: str
     proposer: Proposer
@@ -55,11 +56,11 @@ class _Decoding:
     strategy: SpeculativeStrategy
     batch: Batch
     emitted_by: list[dict[str, int]]  # per request: tokens emitted under each option
-    live: dict[str, Drafter]  # drafters not failed in this batch
+    live: dict[str, DraftingMethod]  # drafters not failed in this batch
     started: set[str] = field(default_factory=set)  # drafters started in this batch
     stats: SpecStats = field(default_factory=SpecStats)  # since the last segment
 
-    def running(self) -> list[Drafter]:
+    def running(self) -> list[DraftingMethod]:
         """The live drafters that have started, as a list: a failing callback removes its drafter."""
         return [d for name, d in self.live.items() if name in self.started]
 
@@ -89,7 +90,9 @@ class _Decoding:
 class SpeculativeStrategy:
     """Speculative decoding with one drafter (a fixed strategy) or several under a controller (`auto`)."""
 
-    def __init__(self, name: str, runner: ModelRunner, drafters: list[Drafter], controller: Controller | None = None):
+    def __init__(
+        self, name: str, runner: ModelRunner, drafters: list[DraftingMethod], controller: Controller | None = None
+    ):
         if controller is None and len(drafters) != 1:
             raise ValueError("several drafters need a controller to choose among them")
         self.name = name
@@ -194,7 +197,7 @@ class SpeculativeStrategy:
             batch.outputs[i], batch.reasons[i], strategy, logprobs=batch.row_scores(i), tokens_by_option=by_option
         )
 
-    def _start(self, run: _Decoding, drafter: Drafter) -> bool:
+    def _start(self, run: _Decoding, drafter: DraftingMethod) -> bool:
         """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
         run.started.add(drafter.name)
         batch = run.batch
@@ -205,7 +208,7 @@ class SpeculativeStrategy:
         return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.params, states)
 
     def _speculate(
-        self, run: _Decoding, drafter: Drafter, drafts: list[Draft], context: ProposalContext
+        self, run: _Decoding, drafter: DraftingMethod, drafts: list[Draft], context: ProposalContext
     ) -> Verification | None:
         """Verify the drafts in one target forward (`verify.verify`); None when it raised (a CUDA
         out-of-memory error, say): the cache is as before the step and the drafter is off for the batch."""
@@ -316,7 +319,7 @@ class SpeculativeStrategy:
             return fixed
         return max(counts, key=lambda name: counts[name])
 
-    def _plan(self, live: dict[str, Drafter], batch_size: int) -> Plan:
+    def _plan(self, live: dict[str, DraftingMethod], batch_size: int) -> Plan:
         if self.controller is not None:
             return self.controller.plan(batch_size)
         if not live:
@@ -342,7 +345,7 @@ class SpeculativeStrategy:
         room = min(batch.params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
         return max(0, min(depth, room))
 
-    def _drafts(self, run: _Decoding, drafter: Drafter, context: ProposalContext) -> list[Draft]:
+    def _drafts(self, run: _Decoding, drafter: DraftingMethod, context: ProposalContext) -> list[Draft]:
         """The drafter's drafts, each checked; empty drafts when it failed."""
         empty = [Draft.empty() for _ in context.budgets]
         drafts: list[Draft] = []
