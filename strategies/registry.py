@@ -37,7 +37,7 @@ from strategies.proposers.self_speculative import SelfSpeculativeProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.verification.acceptance import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
 from strategies.verification.control import Controller
-from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
@@ -113,7 +113,7 @@ class StrategySpec:
     refusal: Callable[[StrategyOptions, bool, bool], str | None]
     lossy: Callable[[StrategyOptions], str | None]
     build: Callable[[StrategyOptions, Models, Controller | None], Strategy]
-    drafter: Callable[[StrategyOptions, Models], Drafter] | None = None
+    drafter: Callable[[StrategyOptions, Models], DraftingMethod] | None = None
     output_columns: OutputColumns = field(default_factory=dict)
 
 
@@ -121,7 +121,7 @@ def _drafting(
     name: str,
     needs: Callable[[StrategyOptions], tuple[str, ...]],
     rule: Callable[[StrategyOptions], AcceptanceRule],
-    drafter: Callable[[StrategyOptions, Models, AcceptanceRule], Drafter],
+    drafter: Callable[[StrategyOptions, Models, AcceptanceRule], DraftingMethod],
     check: Callable[[StrategyOptions], list[str]],
 ) -> StrategySpec:
     """A drafting strategy: `rule` is the acceptance rule it verifies with under the options, which alone
@@ -137,7 +137,7 @@ def _drafting(
         refused = rule(options).refusal(greedy, trees=False)
         return None if refused is None else f"strategy.name={name}: {refused}"
 
-    def built(options: StrategyOptions, models: Models) -> Drafter:
+    def built(options: StrategyOptions, models: Models) -> DraftingMethod:
         return drafter(options, models, rule(options))
 
     return StrategySpec(
@@ -192,11 +192,11 @@ def _check_drafter(name: str) -> Callable[[StrategyOptions], list[str]]:
     return check
 
 
-def _chain_drafter(name: str) -> Callable[[StrategyOptions, Models, AcceptanceRule], Drafter]:
-    def drafter(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+def _chain_drafter(name: str) -> Callable[[StrategyOptions, Models, AcceptanceRule], DraftingMethod]:
+    def drafter(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
         k = options.num_speculative_tokens
         proposer = _chain_proposer(name, options)
-        return Drafter(name, proposer(_need(models, proposer.model, name), models.target.vocab_size), k, k, rule)
+        return DraftingMethod(name, proposer(_need(models, proposer.model, name), models.target.vocab_size), k, k, rule)
 
     return drafter
 
@@ -213,12 +213,14 @@ def _check_specdec(options: StrategyOptions) -> list[str]:
     return found
 
 
-def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     """Copied text is accepted whole more often than a model's guesses: drafts start at k tokens and
     the controller may lengthen them up to `max_speculative_tokens` where they keep being accepted."""
     k, o = options.num_speculative_tokens, options.prompt_lookup
     cap = max(k, o.max_speculative_tokens)
-    return Drafter("prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), cap, cap, rule, start_depth=k)
+    return DraftingMethod(
+        "prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), cap, cap, rule, start_depth=k
+    )
 
 
 def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
@@ -226,12 +228,12 @@ def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
     return [] if 1 <= pl.min_ngram <= pl.max_ngram else ["strategy.prompt_lookup: need 1 <= min_ngram <= max_ngram"]
 
 
-def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     o = options.lookahead
     proposer = LookaheadProposer(
         o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
     )
-    return Drafter(
+    return DraftingMethod(
         "lookahead", proposer, o.branch_length, o.decoding_length, rule, trees=proposer.drafts_trees, learns=True
     )
 
@@ -248,14 +250,16 @@ def _medusa_rule(options: StrategyOptions) -> AcceptanceRule:
     return Typical(o.typical_epsilon, o.typical_delta) if o.acceptance == "typical" else ExactMatch()
 
 
-def _medusa(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+def _medusa(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     o, heads = options.medusa, _need(models, "heads", "medusa")
     problem = check_choices(o.choices, heads.num_heads, models.target.vocab_size)
     if problem is not None:
         raise ValueError(f"strategy.medusa.choices: {problem}")
     depth = max(len(c) for c in o.choices)
     branching = len({tuple(c) for c in o.choices}) > depth
-    return Drafter("medusa", HeadsProposer("medusa", heads, o.choices), depth, len(o.choices), rule, trees=branching)
+    return DraftingMethod(
+        "medusa", HeadsProposer("medusa", heads, o.choices), depth, len(o.choices), rule, trees=branching
+    )
 
 
 def _check_medusa(options: StrategyOptions) -> list[str]:
@@ -272,10 +276,10 @@ def _blockwise_rule(options: StrategyOptions) -> AcceptanceRule:
     return Relaxed(top_k) if top_k > 1 else ExactMatch()
 
 
-def _blockwise(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+def _blockwise(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     heads = _need(models, "heads", "blockwise")
     k = min(options.num_speculative_tokens, heads.num_heads)
-    return Drafter("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
+    return DraftingMethod("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
 
 
 def _check_blockwise(options: StrategyOptions) -> list[str]:
@@ -283,10 +287,10 @@ def _check_blockwise(options: StrategyOptions) -> list[str]:
     return [] if top_k >= 1 else [f"strategy.blockwise.top_k={top_k}: use 1 (exact) or more"]
 
 
-def _jacobi(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+def _jacobi(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     o = options.jacobi
     depth = models.target.max_context if o.mode == "pj" else o.block_size
-    return Drafter("jacobi", JacobiProposer(o.mode, o.block_size, o.init), depth, depth, rule, greedy_only=True)
+    return DraftingMethod("jacobi", JacobiProposer(o.mode, o.block_size, o.init), depth, depth, rule, greedy_only=True)
 
 
 def _check_jacobi(options: StrategyOptions) -> list[str]:
@@ -299,11 +303,11 @@ def _check_jacobi(options: StrategyOptions) -> list[str]:
     return []
 
 
-def _self_speculative(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Drafter:
+def _self_speculative(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     k, o = options.num_speculative_tokens, options.self_speculative
     exits = _need(models, "exits", "self_speculative")
     proposer = SelfSpeculativeProposer(models.target, exits, o.exit_layer, o.min_confidence)
-    return Drafter("self_speculative", proposer, k, k, rule)
+    return DraftingMethod("self_speculative", proposer, k, k, rule)
 
 
 def _check_self_speculative(options: StrategyOptions) -> list[str]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext
+from strategies.verification.proposer import ProposalContext, Proposer
 
 
-class ScriptedProposer:
+class ScriptedProposer(Proposer[int]):
     """Drafts `reference[row][generated : generated + budget]` (right) or each of those tokens + 1 (wrong).
 
     `fail_at`: the number of the `propose` call that raises instead. Rows are known by their batch
@@ -14,14 +14,13 @@ class ScriptedProposer:
     """
 
     name = "scripted"
-    wants_states = False
 
     def __init__(self, reference: list[list[int]], vocab_size: int, right: bool = True, fail_at: int | None = None):
         self.reference, self.vocab_size, self.right, self.fail_at = reference, vocab_size, right, fail_at
         self.calls = 0
 
-    def start(self, contexts, keys, params, states) -> None:
-        self.rows = list(range(len(contexts)))
+    def start(self, contexts, params, states) -> None:
+        self.rows = list(range(len(contexts)))  # each row's index in `reference`
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         self.calls += 1
@@ -32,12 +31,3 @@ class ScriptedProposer:
             truth = self.reference[row][g : g + budget]
             drafts.append(Draft.chain(truth if self.right else [(t + 1) % self.vocab_size for t in truth]))
         return drafts
-
-    def emitted(self, emitted: list[list[int]], states) -> None:
-        pass
-
-    def keep_rows(self, rows: list[int]) -> None:
-        self.rows = [self.rows[r] for r in rows]
-
-    def stats(self) -> dict[str, float]:
-        return {}

@@ -17,7 +17,7 @@ from strategies.runtime.kv_cache import SlotLayer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
-from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 from workers.controller import AdaptiveController, ControllerSettings, RecentTime, best_chain_depth, bucket
 
 LOOKUP = "lookup"
@@ -267,7 +267,7 @@ class CostModelController(AdaptiveController):
 
 def _adaptive(runner, proposer, **settings):
     controller = CostModelController(ControllerSettings(explore_steps=1, probe_every=1000, **settings))
-    return SpeculativeStrategy("scripted", runner, [Drafter("scripted", proposer, 4, 4)], controller), controller
+    return SpeculativeStrategy("scripted", runner, [DraftingMethod("scripted", proposer, 4, 4)], controller), controller
 
 
 def test_an_always_wrong_proposer_is_switched_off_quickly(runner, reference):
@@ -315,7 +315,7 @@ def test_out_of_memory_inside_the_verify_forward_leaves_caches_intact(runner, re
             strategy, _ = _adaptive(runner, ScriptedProposer(reference, 300))
         else:
             strategy = SpeculativeStrategy(
-                "scripted", runner, [Drafter("scripted", ScriptedProposer(reference, 300), 4, 4)]
+                "scripted", runner, [DraftingMethod("scripted", ScriptedProposer(reference, 300), 4, 4)]
             )
         out = strategy.generate(_requests()[:1], PARAMS)
         assert state["raised"] >= 1

@@ -81,3 +81,23 @@ def test_jacobi_samples_plainly_and_says_so(target):
         rows = _jacobi(target, "pgj", adaptive=adaptive).generate(_requests(PROMPTS), params).rows
         assert [r.tokens for r in rows] == [r.tokens for r in reference]
         assert {r.strategy for r in rows} == {"autoregressive"}
+
+
+def test_jacobi_reads_the_verify_logits_without_asking_for_hidden_states(target, monkeypatch):
+    """Jacobi's next iterate is the target's choice at every verify slot: the logits are enough, so
+    no forward of its batches (prefill, verify or plain) computes the hidden states."""
+    asked: list[bool] = []
+    forward = target.forward
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("want_hidden", False))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", recording)
+    params = _params()
+    reference = [r.tokens for r in AutoregressiveStrategy(target).generate(_requests(PROMPTS), params).rows]
+    asked.clear()
+    out = _jacobi(target, "pgj", "repeat").generate(_requests(PROMPTS), params)
+    assert [r.tokens for r in out.rows] == reference
+    assert out.stats["jacobi_iterations"] > 0 and out.stats["jacobi_committed_per_iteration"] > 1
+    assert asked and not any(asked)

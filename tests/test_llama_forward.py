@@ -78,7 +78,7 @@ def test_compiled_layers_decode_the_same_greedy_tokens_as_eager():
     from mixed_prompts import PROMPTS
     from scripted_proposer import ScriptedProposer
 
-    from strategies.verification.speculative import Drafter, SpeculativeStrategy
+    from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 
     model = _models()[0]
     eager, compiled = ModelRunner(model), ModelRunner(model)
@@ -89,7 +89,7 @@ def test_compiled_layers_decode_the_same_greedy_tokens_as_eager():
         expected = [r.tokens for r in AutoregressiveStrategy(eager).generate(requests, params).rows]
         assert [r.tokens for r in AutoregressiveStrategy(compiled).generate(requests, params).rows] == expected
         for right in (True, False):  # verify chains all accepted, or all rejected
-            drafter = Drafter("speculative", ScriptedProposer(expected, compiled.vocab_size, right), 4, 4)
+            drafter = DraftingMethod("speculative", ScriptedProposer(expected, compiled.vocab_size, right), 4, 4)
             speculative = SpeculativeStrategy("speculative", compiled, [drafter])
             assert [r.tokens for r in speculative.generate(requests, params).rows] == expected
 

@@ -27,7 +27,8 @@ from strategies.proposers.medusa import HeadsProposer, chain_choices, check_choi
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.drafts import Draft
-from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.proposer import Proposer
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 from strategies.verification.verify import verify_inputs
 from workers.model_loading import load_models, weights_sha256
 
@@ -75,9 +76,9 @@ class ScriptedHeads(HeadsProposer):
         self.reference, self.vocab_size, self.right = reference, vocab_size, right
         self.truth_rank = truth_rank or {}
 
-    def start(self, contexts, keys, params, states):
-        super().start(contexts, keys, params, states)
-        self.rows = list(range(len(contexts)))
+    def start(self, contexts, params, states):
+        super().start(contexts, params, states)
+        self.rows = list(range(len(contexts)))  # each row's index in `reference`
 
     def candidates(self, context):
         heads = max(len(c) for c in self.choices)
@@ -93,14 +94,12 @@ class ScriptedHeads(HeadsProposer):
             ranked.append(per_row)
         return ranked
 
-    def keep_rows(self, rows):
-        super().keep_rows(rows)
-        self.rows = [self.rows[r] for r in rows]
-
 
 def _scripted(target, proposer, choices):
     depth = max(len(c) for c in choices)
-    return SpeculativeStrategy("scripted", target, [Drafter("scripted", proposer, depth, len(choices), trees=True)])
+    return SpeculativeStrategy(
+        "scripted", target, [DraftingMethod("scripted", proposer, depth, len(choices), trees=True)]
+    )
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
@@ -166,17 +165,17 @@ def test_relaxed_and_typical_modes_refuse_or_run_as_documented(target, tiny_mode
     assert "medusa" not in registry.auto_candidates(typical, {"heads", "draft"})
 
 
-class RecordingProposer:
+class RecordingProposer(Proposer):
     """Drafts the greedy continuation (every third call: nothing, so a plain step follows) and keeps,
     for every state it is handed, the context tokens that state belongs to."""
 
     name = "recorder"
-    wants_states = True
+    wants_hidden_states = True
 
     def __init__(self, reference):
         self.reference, self.calls, self.seen = reference, 0, []
 
-    def start(self, contexts, keys, params, states):
+    def start(self, contexts, params, states):
         self.rows = list(range(len(contexts)))
         self.contexts = [list(c) for c in contexts]
         self._record(states)
@@ -205,9 +204,6 @@ class RecordingProposer:
         self.rows = [self.rows[r] for r in rows]
         self.contexts = [self.contexts[r] for r in rows]
 
-    def stats(self):
-        return {}
-
 
 @pytest.mark.parametrize("path", ["lean", "transformers"])
 def test_states_handed_to_a_proposer_equal_a_plain_forward(tiny_model_dir, path):
@@ -218,7 +214,7 @@ def test_states_handed_to_a_proposer_equal_a_plain_forward(tiny_model_dir, path)
     params = _params(14)
     reference = _tokens(AutoregressiveStrategy(runner), PROMPTS[:4], params)
     recorder = RecordingProposer(reference)
-    strategy = SpeculativeStrategy("recorder", runner, [Drafter("recorder", recorder, K, K)])
+    strategy = SpeculativeStrategy("recorder", runner, [DraftingMethod("recorder", recorder, K, K)])
     out = strategy.generate(_requests(PROMPTS[:4]), params)
     assert [r.tokens for r in out.rows] == reference
     assert out.stats["steps_by_drafter"].get("autoregressive", 0) > 0 and out.stats["tau"] > 1

@@ -14,7 +14,7 @@ from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.drafts import tree_attention, tree_depths
 from strategies.verification.proposer import ProposalContext
-from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 
 
 def test_ngram_index_prefers_the_longest_then_latest_match():
@@ -65,13 +65,14 @@ def test_pruning_keeps_the_trie_under_its_cap_and_keeps_live_prompts():
 def test_lookahead_retrieves_the_longest_suffix_first():
     proposer = LookaheadProposer(decoding_length=1, branch_length=2, max_query_length=3)
     context = [1, 2, 3, 4, 9, 3, 5, 5, 9, 3, 5, 5, 2, 3]  # prompt, then the pending token 3
-    proposer.start([context], torch.zeros(1, dtype=torch.long), None, None)
+    proposer.start([context], None, None)
     # The context ends 5, 2, 3: [5, 2, 3] is unknown; [2, 3] was followed by 4 (once) — taken over
     # the bare [3], which was followed by 5 twice.
-    draft = proposer.propose(ProposalContext(num_generated=[1], budgets=[2], max_nodes=1))[0]
+    keys = torch.zeros(1, dtype=torch.long)
+    draft = proposer.propose(ProposalContext(num_generated=[1], budgets=[2], max_nodes=1, keys=keys))[0]
     assert draft.tokens == [4]
     proposer.emitted([[4, 6]], None)  # context now ends ... 3, 4, 6: [6] is unknown, nothing to draft
-    assert proposer.propose(ProposalContext(num_generated=[3], budgets=[2], max_nodes=1))[0].tokens == []
+    assert proposer.propose(ProposalContext(num_generated=[3], budgets=[2], max_nodes=1, keys=keys))[0].tokens == []
 
 
 PROMPTS = [
@@ -92,10 +93,12 @@ def runner(tiny_model_dir):
 
 
 def _strategies(runner):
-    yield SpeculativeStrategy("prompt_lookup", runner, [Drafter("prompt_lookup", PromptLookupProposer(1, 3), 4, 4)])
+    yield SpeculativeStrategy(
+        "prompt_lookup", runner, [DraftingMethod("prompt_lookup", PromptLookupProposer(1, 3), 4, 4)]
+    )
     for mode in ("hier", "one"):
         proposer = LookaheadProposer(decoding_length=12, branch_length=4, max_query_length=4, mode=mode)
-        yield SpeculativeStrategy("lookahead", runner, [Drafter("lookahead", proposer, 4, 12)])
+        yield SpeculativeStrategy("lookahead", runner, [DraftingMethod("lookahead", proposer, 4, 12)])
 
 
 @pytest.mark.parametrize("batch", [1, 8])

@@ -16,7 +16,7 @@ from strategies.runtime.sampling import SamplingParams
 from strategies.verification.acceptance import Relaxed
 from strategies.verification.drafts import Draft
 from strategies.verification.metrics import tally_faults
-from strategies.verification.speculative import Drafter, SpeculativeStrategy
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 
 K = 4
 
@@ -36,7 +36,7 @@ def random_draft(tiny_draft_dir):
 
 
 def _spec(name, runner, proposer, rule=None):
-    drafter = Drafter(name, proposer, K, K) if rule is None else Drafter(name, proposer, K, K, rule)
+    drafter = DraftingMethod(name, proposer, K, K) if rule is None else DraftingMethod(name, proposer, K, K, rule)
     return SpeculativeStrategy(name, runner, [drafter])
 
 

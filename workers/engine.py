@@ -136,7 +136,7 @@ class DecodeEngine:
                     self._wake.wait(left)
             first = self._take(group, self.batch_size, self.max_batch_tokens)
             if first:
-                _Run(self, group).decode(first)
+                _OpenBatch(self, group).decode(first)
 
     def _take(self, group: Hashable, room: int, token_room: int) -> list[Pending]:
         """Waiting rows of `group`, in arrival order, while they fit and no other group's row is older.
@@ -161,7 +161,7 @@ class DecodeEngine:
                 row.ticket.done.set()
 
 
-class _Run:
+class _OpenBatch:
     """One batch of a group from its opening until no row of it decodes."""
 
     def __init__(self, engine: DecodeEngine, group: Hashable) -> None:

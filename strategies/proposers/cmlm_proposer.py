@@ -12,6 +12,7 @@ with `strategy.specdec.drafter=cmlm`, greedy only).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -19,12 +20,17 @@ import torch
 from strategies.artifacts.cmlm import CMLM
 from strategies.base import GenerationParams
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
 
 
-class CMLMProposer:
+@dataclass
+class _CMLMRow:
+    context: list[int]  # prompt and generated tokens, the pending one last
+    fed: int = 0  # context tokens in the CMLM's cache (a joining row's are fed at its next draft)
+
+
+class CMLMProposer(Proposer[_CMLMRow]):
     name = "cmlm"
-    wants_states = False
     model: ClassVar[str] = "cmlm"  # the `model.<kind>` it drafts with
     draft_probabilities: ClassVar[bool] = False  # drafts carry q, as speculative sampling needs
 
@@ -36,28 +42,33 @@ class CMLMProposer:
             )
         self.cmlm = cmlm
 
-    def start(
-        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
-    ) -> None:
+    def start(self, contexts: list[list[int]], params: GenerationParams, states: TargetStates | None) -> None:
+        super().start(contexts, params, states)
         self.eos = frozenset() if params.ignore_eos else params.eos_token_ids
-        self.contexts = [list(c) for c in contexts]
-        self.kv = self.cmlm.new_kv(len(contexts))
-        self.fed = [0] * len(contexts)  # context tokens in the CMLM's cache
+        self.kv = self.cmlm.new_kv(len(contexts))  # [B] rows, in the records' order
 
-    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
-        self.kv.extend(self.cmlm.new_kv(len(contexts)))  # their context is fed at the next draft
-        self.contexts += [list(c) for c in contexts]
-        self.fed += [0] * len(contexts)
+    def add_rows(self, contexts: list[list[int]], states: TargetStates | None) -> None:
+        super().add_rows(contexts, states)
+        self.kv.extend(self.cmlm.new_kv(len(contexts)))
+
+    def new_row_state(self, context: list[int]) -> _CMLMRow:
+        return _CMLMRow(list(context))
+
+    def keep_rows(self, rows: list[int]) -> None:
+        super().keep_rows(rows)
+        if rows:
+            self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.kv.valid.device))
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         k = min(max(context.budgets), self.cmlm.max_length)
         if k == 0:
-            return [Draft.empty() for _ in self.contexts]
-        feeds = [ctx[fed:] for ctx, fed in zip(self.contexts, self.fed, strict=True)]
+            return [Draft.empty() for _ in self.rows]
+        feeds = [row.context[row.fed :] for row in self.rows]
         mask = self.cmlm.config.mask_token_id
         states = self.cmlm.read(self.kv, feeds, [[mask] * k for _ in feeds]).states  # [B, k, H]
         _, best = self.cmlm.best_tokens(states, torch.ones(states.shape[:2], dtype=torch.bool))  # [B, k]
-        self.fed = [len(ctx) for ctx in self.contexts]
+        for row in self.rows:
+            row.fed = len(row.context)
         drafts = []
         for row, tokens in enumerate(best.tolist()):
             chain = []
@@ -69,15 +80,5 @@ class CMLMProposer:
         return drafts
 
     def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
-        for ctx, tokens in zip(self.contexts, emitted, strict=True):
-            ctx.extend(tokens)
-
-    def keep_rows(self, rows: list[int]) -> None:
-        if not rows:
-            return
-        self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.kv.valid.device))
-        self.contexts = [self.contexts[r] for r in rows]
-        self.fed = [self.fed[r] for r in rows]
-
-    def stats(self) -> dict[str, float]:
-        return {}
+        for row, tokens in zip(self.rows, emitted, strict=True):
+            row.context.extend(tokens)

@@ -8,6 +8,7 @@ drafted tokens that the target rejected are invalidated.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -17,12 +18,20 @@ from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, keyed_uniform, sample_from
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
 
 
-class DraftModelProposer:
+@dataclass
+class _DraftRow:
+    context: list[int]  # prompt and generated tokens, the pending one last
+    fed: int  # context tokens in the draft's cache
+    fed_slots: list[int] = field(default_factory=list)  # cache slots of this step's fed drafts
+
+
+class DraftModelProposer(Proposer[_DraftRow]):
+    """One record per row, and the draft's cache of every row (`kv`, rows in the records' order)."""
+
     name = "draft_model"
-    wants_states = False
     model: ClassVar[str] = "draft"  # the `model.<kind>` it drafts with
     draft_probabilities: ClassVar[bool] = True  # drafts carry q, as speculative sampling needs
 
@@ -30,22 +39,21 @@ class DraftModelProposer:
         self.draft = draft
         self.vocab_size = vocab_size  # the target's: draft logits are cut or padded to it
 
-    def start(
-        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
-    ) -> None:
-        self.params = params
-        self.keys = keys
-        self.contexts = [list(c) for c in contexts]
+    def start(self, contexts: list[list[int]], params: GenerationParams, states: TargetStates | None) -> None:
+        super().start(contexts, params, states)
         self.kv = self._prefilled(contexts)
-        self.fed = [len(c) - 1 for c in contexts]  # context tokens in the draft's cache
-        self.fed_slots: list[list[int]] = [[] for _ in contexts]  # cache slots of this step's fed drafts
 
-    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
+    def add_rows(self, contexts: list[list[int]], states: TargetStates | None) -> None:
+        super().add_rows(contexts, states)
         self.kv.extend(self._prefilled(contexts))
-        self.keys = torch.cat([self.keys, keys])
-        self.contexts += [list(c) for c in contexts]
-        self.fed += [len(c) - 1 for c in contexts]
-        self.fed_slots += [[] for _ in contexts]
+
+    def new_row_state(self, context: list[int]) -> _DraftRow:
+        return _DraftRow(list(context), fed=len(context) - 1)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        super().keep_rows(rows)
+        if rows:
+            self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.draft.device))
 
     def _prefilled(self, contexts: list[list[int]]) -> RaggedKV:
         """A draft cache of the contexts but their last token (the pending one, fed when drafting)."""
@@ -62,8 +70,8 @@ class DraftModelProposer:
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         draft, kv, sampling = self.draft, self.kv, self.params.sampling
-        b = len(self.contexts)
-        feeds = [ctx[fed:] for ctx, fed in zip(self.contexts, self.fed, strict=True)]  # ends with the pending token
+        b = len(self.rows)
+        feeds = [row.context[row.fed :] for row in self.rows]  # each ends with the pending token
         width = max(len(f) for f in feeds)
         ids = torch.zeros(b, width, dtype=torch.long)
         valid = torch.zeros(b, width, dtype=torch.bool)
@@ -74,13 +82,13 @@ class DraftModelProposer:
         last = torch.tensor([len(f) - 1 for f in feeds])
         out = draft.forward(kv, ids.to(draft.device), positions.to(draft.device), valid.to(draft.device))
         logits = self._logits(out.logits[torch.arange(b), last.to(out.logits.device)])  # [B, V]
-        self.fed = [len(ctx) for ctx in self.contexts]
+        for row in self.rows:
+            row.fed, row.fed_slots = len(row.context), []
 
         steps = max(context.budgets)
         tokens: list[list[int]] = [[] for _ in range(b)]
         probs: list[list[torch.Tensor]] = [[] for _ in range(b)]
         drafting = [budget > 0 for budget in context.budgets]
-        self.fed_slots = [[] for _ in range(b)]
         generated = torch.tensor(context.num_generated, dtype=torch.long)
         eos = self.params.eos_token_ids if not self.params.ignore_eos else frozenset()
         for i in range(steps):
@@ -88,7 +96,7 @@ class DraftModelProposer:
                 chosen = logits.argmax(dim=-1)
             else:
                 q = filtered_probs(logits, sampling)  # [B, V]
-                u = keyed_uniform(sampling.seed, self.keys, generated + i, STREAM_DRAFT)
+                u = keyed_uniform(sampling.seed, context.keys, generated + i, STREAM_DRAFT)
                 chosen = sample_from(q, u.to(q.device))
             chosen_list = chosen.tolist()
             for row in range(b):
@@ -104,36 +112,23 @@ class DraftModelProposer:
             slot = kv.num_slots
             for row in range(b):
                 if drafting[row]:
-                    self.fed_slots[row].append(slot)
+                    self.rows[row].fed_slots.append(slot)
             out = draft.forward(kv, chosen[:, None], kv.next_pos[:, None], feed_valid.to(draft.device))
             logits = self._logits(out.logits[:, -1])
         return [Draft.chain(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
 
     def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
-        if not any(self.fed_slots):  # a step that did not draft: only the contexts grow
-            for ctx, tokens in zip(self.contexts, emitted, strict=True):
-                ctx.extend(tokens)
+        if not any(row.fed_slots for row in self.rows):  # a step that did not draft: only the contexts grow
+            for row, tokens in zip(self.rows, emitted, strict=True):
+                row.context.extend(tokens)
             return
         drop = torch.zeros_like(self.kv.valid)
-        for row, tokens in enumerate(emitted):
+        for b, (row, tokens) in enumerate(zip(self.rows, emitted, strict=True)):
             accepted = len(tokens) - 1  # the last token is the target's, the next pending one
-            slots = self.fed_slots[row]
-            kept = min(accepted, len(slots))  # fed drafts that were accepted stay in the cache
-            drop[row, slots[kept:]] = True
-            self.fed[row] += kept
-            self.contexts[row].extend(tokens)
-        self.fed_slots = [[] for _ in emitted]
+            kept = min(accepted, len(row.fed_slots))  # fed drafts that were accepted stay in the cache
+            drop[b, row.fed_slots[kept:]] = True
+            row.fed += kept
+            row.fed_slots = []
+            row.context.extend(tokens)
         self.kv.invalidate(drop)
         self.kv.compact_if_wasteful()
-
-    def keep_rows(self, rows: list[int]) -> None:
-        if not rows:
-            return
-        self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.draft.device))
-        self.keys = self.keys[rows]
-        self.contexts = [self.contexts[r] for r in rows]
-        self.fed = [self.fed[r] for r in rows]
-        self.fed_slots = [self.fed_slots[r] for r in rows]
-
-    def stats(self) -> dict[str, float]:
-        return {}

@@ -22,32 +22,35 @@ Jacobi decodes greedily: at temperature > 0 its drafter is off and the rows deco
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass, field
 
 from strategies.base import GenerationParams
 from strategies.proposers.prompt_lookup import NgramIndex
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
 
 MODES = ("pj", "pgj", "hgj")
 INITS = ("pad", "repeat", "retrieval")
 
 
+@dataclass
 class _Row:
     """One row's Jacobi state: its context, current guess and block bookkeeping."""
 
-    def __init__(self, context: list[int], index: NgramIndex | None) -> None:
-        self.context = context  # prompt and generated tokens, the pending one last
-        self.index = index  # n-grams of the context (retrieval init only)
-        self.guess: list[int] = []  # guessed tokens after the pending one
-        self.stable: list[bool] = []  # per guessed token: unchanged by the last iteration
-        self.block_left = 0  # tokens of the current block not yet committed
-        self.drafted = 0  # tokens of the guess verified in the step under way
+    context: list[int]  # prompt and generated tokens, the pending one last
+    index: NgramIndex | None  # n-grams of the context (retrieval init only)
+    guess: list[int] = field(default_factory=list)  # guessed tokens after the pending one
+    stable: list[bool] = field(default_factory=list)  # per guessed token: unchanged by the last iteration
+    block_left: int = 0  # tokens of the current block not yet committed
+    drafted: int = 0  # tokens of the guess verified in the step under way
 
 
-class JacobiProposer:
+class JacobiProposer(Proposer[_Row]):
+    """The next iterate is the target's choice at every slot of the verify forward: its logits, not
+    its hidden states (`wants_verify_logits`)."""
+
     name = "jacobi"
-    wants_states = True
+    wants_verify_logits = True
 
     def __init__(self, mode: str, block_size: int, init: str) -> None:
         if mode not in MODES or init not in INITS:
@@ -55,21 +58,16 @@ class JacobiProposer:
         self.mode, self.block_size, self.init = mode, block_size, init
         self.blocks = self.iterations = self.committed = self.fast_forwarded = self.stationary = 0
 
-    def start(
-        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
-    ) -> None:
-        self.params = params
+    def start(self, contexts: list[list[int]], params: GenerationParams, states: TargetStates | None) -> None:
         self.eos = frozenset() if params.ignore_eos else params.eos_token_ids
         self.pad = min(params.eos_token_ids, default=0)
-        self.rows = []
         self.blocks = self.iterations = self.committed = self.fast_forwarded = self.stationary = 0
-        self.add_rows(contexts, keys, states)
+        super().start(contexts, params, states)
 
-    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
-        rows = [_Row(list(c), NgramIndex(c, 1, 3) if self.init == "retrieval" else None) for c in contexts]
-        for row in rows:
-            self._new_block(row, self.params.max_new_tokens if self.mode == "pj" else self.block_size)
-        self.rows += rows
+    def new_row_state(self, context: list[int]) -> _Row:
+        row = _Row(list(context), NgramIndex(context, 1, 3) if self.init == "retrieval" else None)
+        self._new_block(row, self.params.max_new_tokens if self.mode == "pj" else self.block_size)
+        return row
 
     def _guess(self, row: _Row, n: int) -> list[int]:
         """`n` tokens guessed for positions no iteration has seen."""
@@ -136,9 +134,6 @@ class JacobiProposer:
         stable = [u == o for u, o in zip(updated, old, strict=False)] + [False] * (len(updated) - len(old))
         row.guess = updated + row.guess[n + 1 :]
         row.stable = stable + row.stable[n + 1 :]
-
-    def keep_rows(self, rows: list[int]) -> None:
-        self.rows = [self.rows[r] for r in rows]
 
     def stats(self) -> dict[str, float]:
         """Jacobi's trajectory signatures (CLLM's): iterations per block, tokens committed per iteration,

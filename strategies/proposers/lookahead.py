@@ -18,12 +18,10 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
-import torch
-
-from strategies.base import GenerationParams
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
 
 MODES = ("hier", "one")
 
@@ -157,11 +155,17 @@ def gather_tree(start: _Node, row: int, own_weight: float, max_nodes: int, max_d
     return Draft(tokens, parents)
 
 
-class LookaheadProposer:
+@dataclass
+class _LookaheadRow:
+    trie_row: int  # the row's id in the trie, under which its prompt is counted
+    context: list[int]  # prompt and generated tokens, the pending one last
+    counted_from: int  # first output substring not yet counted in the trie
+
+
+class LookaheadProposer(Proposer[_LookaheadRow]):
     """Drafts trees from one `TokenTrie` per actor; it outlives batches, so it warms over a job."""
 
     name = "lookahead"
-    wants_states = False
 
     def __init__(
         self,
@@ -187,39 +191,30 @@ class LookaheadProposer:
         """Mode `one` drafts a single branch: a chain, sized as chains are."""
         return self.mode != "one"
 
-    def start(
-        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
-    ) -> None:
-        self.rows, self.contexts, self.counted_from = [], [], []
-        self.add_rows(contexts, keys, states)
-
-    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
-        rows = [next(self._next_row) for _ in contexts]
-        self.rows += rows
-        self.contexts += [list(c) for c in contexts]
+    def new_row_state(self, context: list[int]) -> _LookaheadRow:
         # The row's context when it starts counts as its prompt; outputs are counted from the first
         # substring that reaches past it.
-        self.counted_from += [max(0, len(c) - self.trie.depth + 1) for c in contexts]
-        for row, ctx in zip(rows, contexts, strict=True):
-            self.trie.insert(ctx, range(len(ctx)), row=row)
+        row = _LookaheadRow(next(self._next_row), list(context), max(0, len(context) - self.trie.depth + 1))
+        self.trie.insert(context, range(len(context)), row=row.trie_row)
+        return row
 
     def propose(self, context: ProposalContext) -> list[Draft]:
-        for i in range(len(self.rows)):
-            self._count_outputs(i, complete_only=True)
+        for row in self.rows:
+            self._count_outputs(row, complete_only=True)
         nodes = min(self.decoding_length, context.max_nodes)
         return [
-            self._retrieve(row, ctx, budget, nodes)
-            for row, ctx, budget in zip(self.rows, self.contexts, context.budgets, strict=True)
+            self._retrieve(row.trie_row, row.context, budget, nodes)
+            for row, budget in zip(self.rows, context.budgets, strict=True)
         ]
 
-    def _count_outputs(self, i: int, complete_only: bool) -> None:
-        """Count row i's output substrings not counted yet: the whole ones (`depth` long), or at the
+    def _count_outputs(self, row: _LookaheadRow, complete_only: bool) -> None:
+        """Count the row's output substrings not counted yet: the whole ones (`depth` long), or at the
         row's end all of them. Deferred to proposals, so steps that do not speculate cost little."""
-        ctx = self.contexts[i]
+        ctx = row.context
         end = len(ctx) - self.trie.depth + 1 if complete_only else len(ctx)
-        if end > self.counted_from[i]:
-            self.trie.insert(ctx, range(self.counted_from[i], end))
-            self.counted_from[i] = end
+        if end > row.counted_from:
+            self.trie.insert(ctx, range(row.counted_from, end))
+            row.counted_from = end
 
     def _retrieve(self, row: int, ctx: list[int], budget: int, nodes: int) -> Draft:
         if budget <= 0:
@@ -232,18 +227,16 @@ class LookaheadProposer:
         return Draft.empty()
 
     def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
-        for ctx, tokens in zip(self.contexts, emitted, strict=True):
-            ctx.extend(tokens)
+        for row, tokens in zip(self.rows, emitted, strict=True):
+            row.context.extend(tokens)
 
     def keep_rows(self, rows: list[int]) -> None:
         kept = set(rows)
         for i, row in enumerate(self.rows):
             if i not in kept:  # finished: count all its output substrings; forget its prompt
-                self._count_outputs(i, complete_only=False)
-                self.trie.release(row)
-        self.rows = [self.rows[i] for i in rows]
-        self.contexts = [self.contexts[i] for i in rows]
-        self.counted_from = [self.counted_from[i] for i in rows]
+                self._count_outputs(row, complete_only=False)
+                self.trie.release(row.trie_row)
+        super().keep_rows(rows)
 
     def stats(self) -> dict[str, float]:
         return {"trie_nodes": self.trie.num_nodes}

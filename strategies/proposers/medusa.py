@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 
 from strategies.artifacts.heads import DraftHeads
-from strategies.base import GenerationParams
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer
 
 Path = tuple[int, ...]
 
@@ -48,10 +47,11 @@ def chain_choices(depth: int) -> list[list[int]]:
     return [[0] * d for d in range(1, depth + 1)]
 
 
-class HeadsProposer:
-    """Drafts `choices` from each row's last target state through the heads."""
+class HeadsProposer(Proposer[None]):
+    """Drafts `choices` from each row's last target state through the heads. It keeps nothing per row:
+    the states it drafts from are the batch's (`ProposalContext.states`)."""
 
-    wants_states = True
+    wants_hidden_states = True
 
     def __init__(self, name: str, heads: DraftHeads, choices: list[list[int]]) -> None:
         self.name = name
@@ -60,13 +60,8 @@ class HeadsProposer:
         self.max_rank = max(max(c) for c in self.choices) + 1
         self._shapes: dict[tuple[int, int], tuple[list[Path], list[int]]] = {}
 
-    def start(
-        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
-    ) -> None:
-        self.hidden = states.last()  # [B, H] the state that chose each row's pending token
-
-    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
-        self.hidden = torch.cat([self.hidden, states.last()])
+    def new_row_state(self, context: list[int]) -> None:
+        return None
 
     def _shape(self, depth: int, nodes: int) -> tuple[list[Path], list[int]]:
         """The paths of a tree of at most `nodes` nodes and `depth` levels, and each one's parent index."""
@@ -81,7 +76,8 @@ class HeadsProposer:
     def candidates(self, context: ProposalContext) -> list[list[list[int]]]:
         """[k][B][R]: the best `max_rank` tokens of each head the draft reaches, per row, best first."""
         depth = max(len(p) for p in self._shape(max(context.budgets), context.max_nodes)[0])
-        logits = self.heads(self.hidden, depth)  # [k, B, V]
+        hidden = context.states.last()  # [B, H] the state that chose each row's pending token
+        logits = self.heads(hidden, depth)  # [k, B, V]
         return logits.topk(self.max_rank, dim=-1).indices.tolist()
 
     def propose(self, context: ProposalContext) -> list[Draft]:
@@ -92,13 +88,3 @@ class HeadsProposer:
             tokens = [ranked[len(p) - 1][row][p[-1]] for p in paths]
             drafts.append(Draft(tokens, list(parents)))
         return drafts
-
-    def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
-        self.hidden = states.last()
-
-    def keep_rows(self, rows: list[int]) -> None:
-        if rows:
-            self.hidden = self.hidden[torch.tensor(rows, dtype=torch.long, device=self.hidden.device)]
-
-    def stats(self) -> dict[str, float]:
-        return {}

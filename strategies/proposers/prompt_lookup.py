@@ -7,11 +7,8 @@ as tokens arrive, so a lookup is one dictionary probe per n, longest n first.
 
 from __future__ import annotations
 
-import torch
-
-from strategies.base import GenerationParams
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
 
 
 class NgramIndex:
@@ -40,21 +37,16 @@ class NgramIndex:
         return []
 
 
-class PromptLookupProposer:
+class PromptLookupProposer(Proposer[NgramIndex]):
+    """Each row's record is the n-gram index of its context."""
+
     name = "prompt_lookup"
-    wants_states = False
 
     def __init__(self, min_ngram: int, max_ngram: int) -> None:
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
-    def start(
-        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
-    ) -> None:
-        self.rows: list[NgramIndex] = []
-        self.add_rows(contexts, keys, states)
-
-    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
-        self.rows += [NgramIndex(c, self.min_ngram, self.max_ngram) for c in contexts]
+    def new_row_state(self, context: list[int]) -> NgramIndex:
+        return NgramIndex(context, self.min_ngram, self.max_ngram)
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         return [
@@ -67,9 +59,3 @@ class PromptLookupProposer:
         # proposal: a probe after a long run would carry the run's indexing and look dearer than it is.
         for index, tokens in zip(self.rows, emitted, strict=True):
             index.extend(tokens)
-
-    def keep_rows(self, rows: list[int]) -> None:
-        self.rows = [self.rows[r] for r in rows]
-
-    def stats(self) -> dict[str, float]:
-        return {}

@@ -29,14 +29,14 @@ from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, keyed_uniform, sample_from
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
 
 
-class SelfSpeculativeProposer:
-    """Drafts chains with the target's first `exit_layer` layers and the exit head there."""
+class SelfSpeculativeProposer(Proposer[int]):
+    """Drafts chains with the target's first `exit_layer` layers and the exit head there. A row's
+    record is its pending token: everything else it reads is the target's."""
 
     name = "self_speculative"
-    wants_states = False
     shares_cache = True  # it drafts in the batch's own cache (`use_cache`), as provisional columns only
 
     def __init__(self, runner: ModelRunner, exits: ExitHeads, exit_layer: int, min_confidence: float = 0.0) -> None:
@@ -52,31 +52,26 @@ class SelfSpeculativeProposer:
         """The batch's cache, shared with the target: drafting writes provisional columns only."""
         self.kv = kv
 
-    def start(
-        self, contexts: list[list[int]], keys: torch.Tensor, params: GenerationParams, states: TargetStates | None
-    ) -> None:
+    def start(self, contexts: list[list[int]], params: GenerationParams, states: TargetStates | None) -> None:
         if self.kv is None:
             raise ValueError("self-speculation drafts in the target's cache: the loop must call use_cache first")
-        self.params = params
-        self.keys = keys
-        self.pending = [c[-1] for c in contexts]
+        super().start(contexts, params, states)
 
-    def add_rows(self, contexts: list[list[int]], keys: torch.Tensor, states: TargetStates | None) -> None:
-        self.keys = torch.cat([self.keys, keys])
-        self.pending += [c[-1] for c in contexts]
+    def new_row_state(self, context: list[int]) -> int:
+        return context[-1]
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         """Each row's chain; column i of the draft forwards holds the token at verify slot i (the pending
         token, then draft token i), fed while any row still drafts."""
         sampling = self.params.sampling
         device = self.runner.device
-        b = len(self.pending)
+        b = len(self.rows)
         tokens: list[list[int]] = [[] for _ in range(b)]
         probs: list[list[torch.Tensor]] = [[] for _ in range(b)]
         drafting = [budget > 0 for budget in context.budgets]
         eos = self.params.eos_token_ids if not self.params.ignore_eos else frozenset()
         generated = torch.tensor(context.num_generated, dtype=torch.long)
-        column = list(self.pending)  # [B] the tokens of column 0
+        column = list(self.rows)  # [B] the tokens of column 0: the pending ones
         for i in range(max(context.budgets)):
             fed = torch.tensor([i == 0 or len(t) >= i for t in tokens], dtype=torch.bool, device=device)
             ids = torch.tensor(column, dtype=torch.long, device=device)[:, None]  # [B, 1]
@@ -89,7 +84,7 @@ class SelfSpeculativeProposer:
                 q = logits.softmax(dim=-1) if self.min_confidence > 0 else None
             else:
                 q = filtered_probs(logits, sampling)  # [B, V]
-                u = keyed_uniform(sampling.seed, self.keys, generated + i, STREAM_DRAFT)
+                u = keyed_uniform(sampling.seed, context.keys, generated + i, STREAM_DRAFT)
                 picked = sample_from(q, u.to(q.device))
             chosen = picked.tolist()
             sure = [True] * b if q is None else (q.gather(1, picked[:, None])[:, 0] >= self.min_confidence).tolist()
@@ -106,12 +101,7 @@ class SelfSpeculativeProposer:
         return [Draft.chain(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
 
     def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
-        self.pending = [tokens[-1] for tokens in emitted]
-
-    def keep_rows(self, rows: list[int]) -> None:
-        if rows:
-            self.keys = self.keys[rows]
-            self.pending = [self.pending[r] for r in rows]
+        self.rows = [tokens[-1] for tokens in emitted]
 
     def stats(self) -> dict[str, float]:
         return {"exit_layer": float(self.exit_layer)}

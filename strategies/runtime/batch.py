@@ -41,7 +41,7 @@ class Batch:
     keys: torch.Tensor  # [len(active)] the active rows' sampling keys
     max_context: int  # the model's: a row ends when its next token would not fit
     # The target's states from its latest forward (prefill, verify or a run of plain steps), kept
-    # only when a drafter reads them (`Proposer.wants_states`).
+    # only when a drafter reads them (`Proposer.wants_hidden_states`).
     states: TargetStates | None = None
     # Per request: each generated token's score, when `params.logprobs` asks for them.
     scores: list[list[TokenLogprob]] | None = None
@@ -123,7 +123,7 @@ class Batch:
 
 
 def start_batch(
-    runner: ModelRunner, requests: list[RowRequest], params: GenerationParams, want_states: bool = False
+    runner: ModelRunner, requests: list[RowRequest], params: GenerationParams, want_hidden: bool = False
 ) -> Batch:
     """Prefill the prompts and choose every row's first token; rows that end on it leave the batch.
 
@@ -132,12 +132,12 @@ def start_batch(
     distinct: dict[tuple[int, ...], int] = {}
     source = [distinct.setdefault(tuple(r.prompt), len(distinct)) for r in requests]  # request -> prompt
     kv = runner.new_kv(len(distinct))
-    out = runner.prefill(kv, [list(p) for p in distinct], want_hidden=want_states)
+    out = runner.prefill(kv, [list(p) for p in distinct], want_hidden=want_hidden)
     last, hidden = out.logits[:, -1], out.hidden  # [P, V], [P, L, H] per distinct prompt
     if len(distinct) < len(requests):
         index = torch.tensor(source, dtype=torch.long, device=kv.valid.device)
         kv.select_rows(index)
-        last, hidden = last[index], hidden[index] if want_states else None
+        last, hidden = last[index], hidden[index] if want_hidden else None
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
     first = choose_tokens(last, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     n = len(requests)
@@ -147,7 +147,7 @@ def start_batch(
     batch.unreported = list(range(n))
     if params.logprobs is not None:
         batch.scores = [[] for _ in range(n)]
-    if want_states:
+    if want_hidden:
         width = hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
         batch.states = TargetStates(hidden, [list(range(width - len(r.prompt), width)) for r in requests])
     scores = batch.score(last, first)
@@ -175,7 +175,7 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
     again). Finished rows are not dropped: `run.still` says which rows go on (`Batch.keep`)."""
     params, active = batch.params, batch.active
     device = runner.device
-    want_states = batch.states is not None
+    want_hidden = batch.states is not None
     hidden: list[torch.Tensor] = []  # per step: [B, H] when the batch keeps the target's states
     pending = torch.tensor([batch.outputs[i][-1] for i in active], dtype=torch.long, device=device)  # [B]
     run = PlainRun(emitted=[[] for _ in active], still=list(range(len(active))))
@@ -183,9 +183,9 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
         began = time.perf_counter()
         ids = pending[:, None]  # [B, 1]
         out = runner.forward(
-            batch.kv, ids, batch.kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool), want_hidden=want_states
+            batch.kv, ids, batch.kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool), want_hidden=want_hidden
         )
-        if want_states:
+        if want_hidden:
             hidden.append(out.hidden[:, -1])
         # Generation index of each row's next token: keys a sampled draw (greedy needs none).
         positions = None if params.sampling.greedy else torch.tensor([len(batch.outputs[i]) for i in active])

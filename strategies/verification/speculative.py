@@ -29,13 +29,14 @@ from strategies.verification.acceptance import AcceptanceRule, ExactMatch
 from strategies.verification.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
 from strategies.verification.drafts import Draft, draft_problem
 from strategies.verification.metrics import SpecStats
-from strategies.verification.proposer import ProposalContext, Proposer
+from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
 from strategies.verification.verify import Verification, verify
 
 
 @dataclass
-class Drafter:
-    """A proposer with the limits and acceptance rule of the strategy it serves."""
+class DraftingMethod:
+    """A drafting method: a proposer with the limits and acceptance rule of the strategy it serves,
+    under the name the controller plans and the records count by."""
 
     name: str
     proposer: Proposer
@@ -55,11 +56,11 @@ class _Decoding:
     strategy: SpeculativeStrategy
     batch: Batch
     emitted_by: list[dict[str, int]]  # per request: tokens emitted under each option
-    live: dict[str, Drafter]  # drafters not failed in this batch
+    live: dict[str, DraftingMethod]  # drafters not failed in this batch
     started: set[str] = field(default_factory=set)  # drafters started in this batch
     stats: SpecStats = field(default_factory=SpecStats)  # since the last segment
 
-    def running(self) -> list[Drafter]:
+    def running(self) -> list[DraftingMethod]:
         """The live drafters that have started, as a list: a failing callback removes its drafter."""
         return [d for name, d in self.live.items() if name in self.started]
 
@@ -89,15 +90,19 @@ class _Decoding:
 class SpeculativeStrategy:
     """Speculative decoding with one drafter (a fixed strategy) or several under a controller (`auto`)."""
 
-    def __init__(self, name: str, runner: ModelRunner, drafters: list[Drafter], controller: Controller | None = None):
+    def __init__(
+        self, name: str, runner: ModelRunner, drafters: list[DraftingMethod], controller: Controller | None = None
+    ):
         if controller is None and len(drafters) != 1:
             raise ValueError("several drafters need a controller to choose among them")
         self.name = name
         self.runner = runner
         self.drafters = {d.name: d for d in drafters}
         self.controller = controller
-        # The target's states are kept (and, off the lean forward, computed) only for drafters that read them.
-        self.want_states = any(d.proposer.wants_states for d in drafters)
+        # The target's hidden states are kept (and, off the lean forward, computed) only for drafters
+        # that read them; a verify forward's logits are handed on only to drafters that read them.
+        self.want_hidden = any(d.proposer.wants_hidden_states for d in drafters)
+        self.want_verify_logits = any(d.proposer.wants_verify_logits for d in drafters)
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
         return decode_to_end(self.name, self.open(requests, params), len(requests))
@@ -111,7 +116,7 @@ class SpeculativeStrategy:
                 raise ValueError(f"{self.name}: {refusal}")
         run = _Decoding(
             strategy=self,
-            batch=start_batch(self.runner, requests, params, self.want_states),
+            batch=start_batch(self.runner, requests, params, self.want_hidden),
             emitted_by=[dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests],
             live={n: d for n, d in self.drafters.items() if params.sampling.greedy or not d.greedy_only},
         )
@@ -149,6 +154,8 @@ class SpeculativeStrategy:
                 0 if row in plan.rows_off else self._room(batch, i, plan.depth) for row, i in enumerate(batch.active)
             ],
             max_nodes=plan.nodes,
+            keys=batch.keys,
+            states=batch.states if drafter.proposer.wants_hidden_states else None,
         )
         if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
             self._plain(run, 1)
@@ -167,9 +174,9 @@ class SpeculativeStrategy:
         """Rows join the batch (`Decoding.admit`): prefilled together, then known to the controller and to
         every drafter that has started, after the rows there are."""
         batch = run.batch
-        joining = start_batch(self.runner, requests, batch.params, self.want_states)
+        joining = start_batch(self.runner, requests, batch.params, self.want_hidden)
         contexts = [joining.requests[i].prompt + joining.outputs[i] for i in joining.active]
-        keys, states = joining.keys, joining.states
+        states = joining.states
         batch.admit(joining)
         run.emitted_by += [dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests]
         if not contexts:
@@ -177,7 +184,7 @@ class SpeculativeStrategy:
         if self.controller is not None:
             self.controller.add_rows(len(contexts))
         for d in run.running():
-            self._call(run, d.name, d.proposer.add_rows, contexts, keys, states if d.proposer.wants_states else None)
+            self._call(run, d.name, d.proposer.add_rows, contexts, states if d.proposer.wants_hidden_states else None)
 
     def _row_output(self, run: _Decoding, i: int) -> RowOutput:
         batch = run.batch
@@ -190,18 +197,18 @@ class SpeculativeStrategy:
             batch.outputs[i], batch.reasons[i], strategy, logprobs=batch.row_scores(i), tokens_by_option=by_option
         )
 
-    def _start(self, run: _Decoding, drafter: Drafter) -> bool:
+    def _start(self, run: _Decoding, drafter: DraftingMethod) -> bool:
         """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
         run.started.add(drafter.name)
         batch = run.batch
-        if getattr(drafter.proposer, "shares_cache", False):  # self-speculation drafts in the target's cache
+        if drafter.proposer.shares_cache:  # self-speculation drafts in the target's cache
             drafter.proposer.use_cache(batch.kv)
         contexts = [batch.requests[i].prompt + batch.outputs[i] for i in batch.active]
-        states = batch.states if drafter.proposer.wants_states else None
-        return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.keys, batch.params, states)
+        states = batch.states if drafter.proposer.wants_hidden_states else None
+        return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.params, states)
 
     def _speculate(
-        self, run: _Decoding, drafter: Drafter, drafts: list[Draft], context: ProposalContext
+        self, run: _Decoding, drafter: DraftingMethod, drafts: list[Draft], context: ProposalContext
     ) -> Verification | None:
         """Verify the drafts in one target forward (`verify.verify`); None when it raised (a CUDA
         out-of-memory error, say): the cache is as before the step and the drafter is off for the batch."""
@@ -217,7 +224,8 @@ class SpeculativeStrategy:
                 batch.params.sampling,
                 batch.keys,
                 context.num_generated,
-                want_states=self.want_states,
+                want_hidden=self.want_hidden,
+                want_logits=self.want_verify_logits,
             )
         except Exception as exc:
             run.stats.fault(drafter.name, f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
@@ -226,7 +234,7 @@ class SpeculativeStrategy:
             run.live.pop(drafter.name, None)
             _free_device_memory(self.runner.device)
             return None
-        if checked.states is not None:
+        if self.want_hidden:
             batch.states = checked.states
         return checked
 
@@ -249,7 +257,7 @@ class SpeculativeStrategy:
                 still.append(row)
         drafted, accepted = [len(d) for d in drafts], [len(v.accepted_slots) for v in verdicts]
         record = StepRecord(drafter, len(batch.active), time.perf_counter() - began, drafted, accepted)
-        self._after_step(run, [v.tokens for v in verdicts], still, [record])
+        self._after_step(run, [v.tokens for v in verdicts], still, [record], checked.states)
 
     def _plain(
         self, run: _Decoding, max_steps: int | None, billed_to: str | None = None, overhead_s: float = 0.0
@@ -269,31 +277,41 @@ class SpeculativeStrategy:
         ]
         if billed_to is not None:
             records[0].drafter, records[0].wall_s = billed_to, records[0].wall_s + overhead_s
-        self._after_step(run, steps.emitted, steps.still, records)
+        self._after_step(run, steps.emitted, steps.still, records, run.batch.states)
 
     def _after_step(
-        self, run: _Decoding, emitted: list[list[int]], still: list[int], records: list[StepRecord]
+        self,
+        run: _Decoding,
+        emitted: list[list[int]],
+        still: list[int],
+        records: list[StepRecord],
+        states: TargetStates | None,
     ) -> None:
-        """Tell the proposers what each row emitted and which rows go on, then the controller what the
-        step(s) cost: telling the proposers is part of it, shared by the steps told about; dropping
-        finished rows is not, every option pays it."""
+        """Tell the proposers what each row emitted (with the step's `states`, to those that read them),
+        then the controller what the step(s) cost: telling the proposers is part of it, shared by the
+        steps told about; dropping finished rows (`_keep_rows`) is not, every option pays it."""
         told = time.perf_counter()
         for d in run.running():
-            states = run.batch.states if d.proposer.wants_states else None
-            self._call(run, d.name, d.proposer.emitted, emitted, states)
+            reads = d.proposer.wants_hidden_states or d.proposer.wants_verify_logits
+            self._call(run, d.name, d.proposer.emitted, emitted, states if reads else None)
         share = (time.perf_counter() - told) / len(records)
         for record in records:
             record.wall_s += share
-        batch_size = len(run.batch.active)
-        if len(still) < batch_size:
-            run.batch.keep(still)
-            for d in run.running():
-                self._call(run, d.name, d.proposer.keep_rows, still)
         if self.controller is not None:
             for record in records:
                 self.controller.observe(record)
-            if len(still) < batch_size:
-                self.controller.keep_rows(still)
+        self._keep_rows(run, still)
+
+    def _keep_rows(self, run: _Decoding, still: list[int]) -> None:
+        """The one row-selection step: only batch rows `still` (in order) go on, in the batch (its cache,
+        keys and states), in every started drafter's rows and in the controller's."""
+        if len(still) == len(run.batch.active):
+            return
+        run.batch.keep(still)
+        for d in run.running():
+            self._call(run, d.name, d.proposer.keep_rows, still)
+        if self.controller is not None:
+            self.controller.keep_rows(still)
 
     def _row_strategy(self, counts: dict[str, int], fixed: str) -> str:
         """What decoded the row: `fixed` without a controller; under one, whichever option emitted most."""
@@ -301,7 +319,7 @@ class SpeculativeStrategy:
             return fixed
         return max(counts, key=lambda name: counts[name])
 
-    def _plan(self, live: dict[str, Drafter], batch_size: int) -> Plan:
+    def _plan(self, live: dict[str, DraftingMethod], batch_size: int) -> Plan:
         if self.controller is not None:
             return self.controller.plan(batch_size)
         if not live:
@@ -327,7 +345,7 @@ class SpeculativeStrategy:
         room = min(batch.params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
         return max(0, min(depth, room))
 
-    def _drafts(self, run: _Decoding, drafter: Drafter, context: ProposalContext) -> list[Draft]:
+    def _drafts(self, run: _Decoding, drafter: DraftingMethod, context: ProposalContext) -> list[Draft]:
         """The drafter's drafts, each checked; empty drafts when it failed."""
         empty = [Draft.empty() for _ in context.budgets]
         drafts: list[Draft] = []

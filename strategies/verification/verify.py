@@ -39,7 +39,9 @@ class Verification:
     """What one verify forward decided, per row."""
 
     verdicts: list[Verdict]
-    states: TargetStates | None  # the target's states at [pending, nodes…], kept: [0, *accepted_slots]; when asked
+    # The target's states at [pending, nodes…], kept: [0, *accepted_slots], when hidden states or
+    # logits are asked for (`hidden` None unless asked).
+    states: TargetStates | None
     logits: torch.Tensor  # [B, W, V] the target's logits at every slot
 
     def emitting_logits(self) -> torch.Tensor:
@@ -82,7 +84,8 @@ def verify(
     sampling: SamplingParams,
     keys: torch.Tensor,  # [B] the rows' sampling keys
     generated: list[int],  # per row: tokens generated so far, the pending one included
-    want_states: bool = False,
+    want_hidden: bool = False,
+    want_logits: bool = False,
 ) -> Verification:
     """Run the target over every row's draft, apply `rule`, and roll the rejected slots back.
 
@@ -91,7 +94,7 @@ def verify(
     """
     first_slot = kv.num_slots
     inputs = verify_inputs(pending, drafts, kv.next_pos)
-    out = runner.forward(kv, inputs.ids, inputs.positions, inputs.valid, inputs.attend, want_hidden=want_states)
+    out = runner.forward(kv, inputs.ids, inputs.positions, inputs.valid, inputs.attend, want_hidden=want_hidden)
     new_slots = torch.arange(kv.num_slots, device=kv.valid.device) >= first_slot  # [S]
     try:
         # The token chosen at a slot is generation index `generated + depth` of its row.
@@ -106,5 +109,5 @@ def verify(
         keep[row, [first_slot + s for s in slots_kept]] = True
     kv.invalidate(~keep & new_slots)
     kv.compact_if_wasteful()
-    states = TargetStates(out.hidden, kept, out.logits) if want_states else None
+    states = TargetStates(out.hidden, kept, out.logits) if want_hidden or want_logits else None
     return Verification(verdicts=verdicts, states=states, logits=out.logits)
