@@ -22,6 +22,7 @@ from pipeline.phases import Phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
 from strategies import registry
 from workers import controller_stats
+from workers.model_kinds import missing_models
 from workers.model_loading import has_chat_template
 from workers.row_settings import SETTINGS as ROW_SETTINGS
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
@@ -61,8 +62,7 @@ def validate(config: JobConfig) -> None:
         problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
     scores = config.output.logprobs or config.output.top_logprobs > 0
     problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
-    models = {m for m in registry.OPTIONAL_MODELS if getattr(config.model, m)}
-    problems.extend(registry.missing_models(config.strategy, models))
+    problems.extend(missing_models(config.strategy, config.model))
     if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
         problems.append("workers.max_batch_tokens and workers.unit_timeout_s must be > 0")
     if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:
@@ -234,10 +234,7 @@ def worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
     return WorkerSpec(
         job_id=job_id,
         model_target=config.model.target,
-        model_draft=config.model.draft if "draft" in optional_models(config) else None,
-        model_heads=config.model.heads if "heads" in optional_models(config) else None,
-        model_exits=config.model.exits if "exits" in optional_models(config) else None,
-        model_cmlm=config.model.cmlm if "cmlm" in optional_models(config) else None,
+        models={name: getattr(config.model, name) for name in optional_models(config)},
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         model_compile=config.model.compile,

@@ -13,26 +13,18 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.shards import Shard
 from strategies import registry
-from workers.model_loading import (
-    CMLM_CONFIG,
-    EXITS_CONFIG,
-    HEADS_CONFIG,
-    check_trained_for_target,
-    is_local,
-    model_weights_hash,
-    resolve_model_dir,
-)
+from workers.model_kinds import BY_NAME, KINDS, ModelKind, needed_by
+from workers.model_loading import check_trained_for_target, is_local, model_weights_hash, resolve_model_dir
 
 
 def job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
     """The job's identity and fingerprint (the hash of what decides its rows: input listing, models'
     weights, settings), its config, versions and lossy strategies: `_job.json`, and the manifest's head."""
     hashes = {"target": model_hash(config, config.model.target, "model.target")}
-    for model in optional_models(config):
-        hashes[model] = model_hash(config, getattr(config.model, model), f"model.{model}")
-    for kind in ("heads", "exits"):
-        if kind in hashes:
-            _check_trained_for_target(config, kind)
+    for name in optional_models(config):
+        kind = BY_NAME[name]
+        hashes[name] = model_hash(config, getattr(config.model, name), kind.key, kind)
+        _check_trained_for_target(config, kind)
     ident = identity(config, shards, hashes)
     return {
         "fingerprint": fingerprint(ident),
@@ -44,14 +36,10 @@ def job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
 
 
 def optional_models(config: JobConfig) -> list[str]:
-    """The optional models (`draft`, `heads`, `exits`, `cmlm`) set and possibly used: loaded, and part of the
-    job's identity, only then."""
-    # A strategy column may name any strategy.
-    if config.input.strategy_column:
-        wanted = set(registry.OPTIONAL_MODELS)
-    else:
-        wanted = registry.needs_models(config.strategy.name, config.strategy)
-    return sorted(m for m in wanted if getattr(config.model, m))
+    """The optional model kinds set and possibly used (a strategy column may name any strategy): loaded,
+    and part of the job's identity, only then."""
+    wanted = needed_by(config.strategy, any_strategy=bool(config.input.strategy_column))
+    return [kind.name for kind in KINDS if kind.name in wanted and getattr(config.model, kind.name)]
 
 
 def _lossy(config: JobConfig) -> dict[str, str]:
@@ -62,23 +50,23 @@ def _lossy(config: JobConfig) -> dict[str, str]:
     return {n: r for n, r in reasons.items() if r is not None}
 
 
-def model_hash(config: JobConfig, url: str, key: str) -> str:
+def model_hash(config: JobConfig, url: str, key: str, kind: ModelKind | None = None) -> str:
+    """The weights hash of the model at `url` (config key `key`): the target, or a folder of `kind`."""
     try:
-        marker = {"model.heads": HEADS_CONFIG, "model.exits": EXITS_CONFIG, "model.cmlm": CMLM_CONFIG}.get(
-            key, "config.json"
-        )
-        return model_weights_hash(url, dict(config.model.storage_options), marker=marker)
+        if kind is None:
+            return model_weights_hash(url, dict(config.model.storage_options))
+        return model_weights_hash(url, dict(config.model.storage_options), kind.marker, kind.folder)
     except FileNotFoundError as exc:
         raise JobError(f"{key}: {exc}") from None
 
 
-def _check_trained_for_target(config: JobConfig, kind: str) -> None:
-    """Heads or exits trained for another target fail the job before anything is written (local
-    folders; the actors check remote ones as they load them)."""
-    url, target = getattr(config.model, kind), config.model.target
-    if is_local(url) and is_local(target):
+def _check_trained_for_target(config: JobConfig, kind: ModelKind) -> None:
+    """A folder trained for another target fails the job before anything is written (local folders; the
+    actors check remote ones as they load them)."""
+    url, target = getattr(config.model, kind.name), config.model.target
+    if kind.trained_for is not None and is_local(url) and is_local(target):
         try:
-            folder = resolve_model_dir(url, marker=f"{kind}.json")
+            folder = resolve_model_dir(url, marker=kind.marker, what=kind.folder)
             check_trained_for_target(kind, folder, resolve_model_dir(target), url, target)
         except (ValueError, FileNotFoundError) as exc:
             raise JobError(str(exc)) from None
