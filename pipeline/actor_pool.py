@@ -60,8 +60,8 @@ class _Flight:
 
 
 @dataclass
-class _Run:
-    """The actor pool's bookkeeping while it runs a job's units."""
+class _PoolRun:
+    """The pool's run state: its bookkeeping while it runs a job's units."""
 
     queue: deque[tuple[WorkUnit, int]]  # (unit, attempt) waiting for an actor
     committed_rows: int  # rows of committed units, those of earlier runs included
@@ -189,7 +189,9 @@ class ActorPool:
         hung: its actor is restarted and the unit retried. SIGTERM stops the job between commits.
         """
         n = len(self.actors)
-        run = _Run(queue=deque((u, 1) for u in units), committed_rows=rows_before, units_on=[0] * n, rows_on=[0] * n)
+        run = _PoolRun(
+            queue=deque((u, 1) for u in units), committed_rows=rows_before, units_on=[0] * n, rows_on=[0] * n
+        )
         bar = tqdm(total=total_rows, initial=rows_before, unit="row", desc="generate", dynamic_ncols=True)
         started = time.perf_counter()
         snapshot = self._progress()
@@ -209,7 +211,7 @@ class ActorPool:
                 bar.close()
         return run.results, run.failures
 
-    def _dispatch(self, run: _Run, output: OutputFolder, snapshot: list[tuple[int, int]]) -> None:
+    def _dispatch(self, run: _PoolRun, output: OutputFolder, snapshot: list[tuple[int, int]]) -> None:
         """Hand queued units to actors with room for them (`_actor_for`), in queue order where they fit."""
         self._recovered(run.recovering)
         waiting: deque[tuple[WorkUnit, int]] = deque()
@@ -234,7 +236,7 @@ class ActorPool:
             run.inflight[ref] = _Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic(), rows)
         run.queue = waiting
 
-    def _actor_for(self, run: _Run, attempt: int, rows: int) -> int | None:
+    def _actor_for(self, run: _PoolRun, attempt: int, rows: int) -> int | None:
         """The actor to take an attempt of `rows` output rows, or None for now.
 
         A first attempt goes to the actor with the fewest rows in flight while it holds fewer than two
@@ -252,7 +254,7 @@ class ActorPool:
         ]
         return min(fits, key=lambda a: run.rows_on[a], default=None)
 
-    def _landed(self, run: _Run, flight: _Flight) -> None:
+    def _landed(self, run: _PoolRun, flight: _Flight) -> None:
         """An attempt is no longer in flight on its actor."""
         a = flight.actor
         run.units_on[a] -= 1
@@ -260,7 +262,7 @@ class ActorPool:
         if flight.attempt > 1:
             run.alone.discard(a)
 
-    def _settle(self, run: _Run, flight: _Flight, ref: ray.ObjectRef, output: OutputFolder) -> None:
+    def _settle(self, run: _PoolRun, flight: _Flight, ref: ray.ObjectRef, output: OutputFolder) -> None:
         """An attempt ended: commit what it staged, or decide what its failure means."""
         try:
             result: UnitResult = ray.get(ref)
@@ -274,7 +276,7 @@ class ActorPool:
         run.commits += 1
         faults.after_commit(self.faults, run.commits)
 
-    def _attempt_failed(self, run: _Run, flight: _Flight, exc: RayActorError | RayTaskError) -> None:
+    def _attempt_failed(self, run: _PoolRun, flight: _Flight, exc: RayActorError | RayTaskError) -> None:
         """Retry the unit, look for a row that crashes the actor, or fail the unit: an input error
         fails it at once; after `workers.max_unit_attempts` attempts, a unit whose attempts killed
         their actor gets as many more, each after a search that turns the crashing row into an
@@ -412,7 +414,7 @@ class ActorPool:
         self.actors = []
 
 
-def _show_progress(bar: tqdm, run: _Run, snapshot: list[tuple[int, int]], elapsed_s: float) -> None:
+def _show_progress(bar: tqdm, run: _PoolRun, snapshot: list[tuple[int, int]], elapsed_s: float) -> None:
     """Rows committed plus rows the attempts in flight have finished, and the actors' tokens/s."""
     in_flight_rows = sum(max(0, snapshot[f.actor][0] - f.start[0]) for f in run.inflight.values())
     bar.n = min(bar.total, run.committed_rows + in_flight_rows)
