@@ -202,7 +202,7 @@ def run(config: CalibrateConfig) -> Calibration:
         raise JobError("target_agreement must be in (0, 1], batch_size and repeats >= 1, thresholds non-empty")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        loaded = load_models(config.model, resolve_dtype(config.dtype, device), device, exits_url=config.exits)
+        loaded = load_models(config.model, resolve_dtype(config.dtype, device), device, {"exits": config.exits})
     except (OSError, ValueError) as exc:
         raise JobError(f"exits={config.exits!r}: {exc}") from None
     texts = read_prompts(config.prompts, config.prompt_column)[: config.num_prompts]

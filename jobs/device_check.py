@@ -258,10 +258,12 @@ def profile(dry_run: bool) -> dict[str, Any]:
         str(SHIPPED_TARGET),
         torch.bfloat16 if cuda else torch.float32,
         device,
-        draft_url=str(SHIPPED_DRAFT),
-        heads_url=str(SHIPPED_HEADS),
-        exits_url=str(SHIPPED_EXITS),
-        cmlm_url=str(SHIPPED_CMLM),
+        {
+            "draft": str(SHIPPED_DRAFT),
+            "heads": str(SHIPPED_HEADS),
+            "exits": str(SHIPPED_EXITS),
+            "cmlm": str(SHIPPED_CMLM),
+        },
     )
     texts = read_prompts(str(SAMPLE_PROMPTS), "prompt")[: 2 if dry_run else 4]
     prompts = [ids[-256:] for ids in loaded.tokenizer(texts)["input_ids"]]

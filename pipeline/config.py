@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.errors import JobError
 from strategies.options import StrategyOptions
+from workers.model_kinds import BY_NAME, KINDS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
@@ -70,34 +71,39 @@ class OutputConfig:
     token_ids: bool = option(False, "Add `token_ids`: the generated token ids.")
 
 
-@dataclass
-class ModelConfig:
-    target: str = option(MISSING, "Hugging Face causal LM: a local directory or an fsspec URL of one.")
-    draft: str | None = option(None, "Draft model for speculative strategies (local directory or fsspec URL).")
-    heads: str | None = option(
-        None, "Draft heads trained on the target (`accelgen train heads`) for medusa and blockwise: folder or URL."
-    )
-    exits: str | None = option(
-        None,
-        "Exit heads at intermediate layers of the target (`accelgen train exits`) for self_speculative and calm: "
-        "folder or URL.",
-    )
-    cmlm: str | None = option(
-        None,
-        "Conditional masked LM distilled from the target (`accelgen train cmlm`) for mask_predict, and for "
-        "speculative/specdec with drafter=cmlm: folder or URL.",
-    )
-    dtype: str = option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")
-    trust_remote_code: bool = option(False, "Allow model code shipped with the checkpoint to run.")
-    compile: bool = option(
-        False,
-        "torch.compile each layer's parts around attention (Llama-family targets): fewer, fused operations per "
-        "step, after a compile of tens of seconds per actor (README, 'torch.compile of the decode step').",
-    )
-    cache_dir: str = option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")
-    storage_options: dict[str, Any] = option(
-        {}, "fsspec storage options for models at URLs (target, draft, heads, exits, cmlm): endpoint, credentials."
-    )
+def _model_config() -> type:
+    """`model.*`: the target, one key per optional model kind (`workers/model_kinds.py`: a new kind is a
+    new key without an edit here), and how every model loads."""
+    fields = [
+        ("target", str, option(MISSING, "Hugging Face causal LM: a local directory or an fsspec URL of one.")),
+        *((kind.name, str | None, option(None, kind.help)) for kind in KINDS),
+        ("dtype", str, option("auto", f"One of {DTYPES}. auto: float32 on CPU, bfloat16 on GPU.")),
+        ("trust_remote_code", bool, option(False, "Allow model code shipped with the checkpoint to run.")),
+        (
+            "compile",
+            bool,
+            option(
+                False,
+                "torch.compile each layer's parts around attention (Llama-family targets): fewer, fused operations "
+                "per step, after a compile of tens of seconds per actor (README, 'torch.compile of the decode step').",
+            ),
+        ),
+        ("cache_dir", str, option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")),
+        (
+            "storage_options",
+            dict[str, Any],
+            option(
+                {},
+                f"fsspec storage options for models at URLs (target, {', '.join(BY_NAME)}): endpoint, credentials.",
+            ),
+        ),
+    ]
+    config = dataclasses.make_dataclass("ModelConfig", fields)
+    config.__module__ = __name__  # where pickling (Ray) finds it
+    return config
+
+
+ModelConfig = _model_config()
 
 
 @dataclass

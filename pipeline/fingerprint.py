@@ -1,9 +1,9 @@
 """A job's identity: a hash of everything that decides its output rows, and nothing else.
 
-In: the input listing (names, sizes, modification stamps), the columns read, the model (path and
-weights hash; draft and heads too), the dtype, the generation and strategy settings, and the columns
-asked for (token ids, log-probabilities). Out: credentials and
-storage options, actor counts, batch sizes, the Ray address — changing those must resume a job,
+In: the input listing (names, sizes, modification stamps), the columns read, the target and every
+optional model the job uses (`workers/model_kinds.py`: path and weights hash), the dtype, the
+generation and strategy settings, and the columns asked for (token ids, log-probabilities). Out:
+credentials and storage options, actor counts, batch sizes, the Ray address — changing those must resume a job,
 not start a different one.
 """
 
@@ -16,12 +16,14 @@ from typing import Any
 
 from pipeline.config import JobConfig
 from pipeline.shards import Shard
+from workers.model_kinds import KINDS
 
 FORMAT_VERSION = 1
 
 
 def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str]) -> dict[str, Any]:
-    """The fields the fingerprint hashes, as data (kept in `_job.json` so a mismatch can be explained)."""
+    """The fields the fingerprint hashes, as data (kept in `_job.json` so a mismatch can be explained).
+    `model_hashes`: the weights hash of the target and of each optional model the job uses, by kind."""
     return {
         "format_version": FORMAT_VERSION,
         "input": [[s.name, s.size, s.stamp] for s in shards],
@@ -35,9 +37,9 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
         },
         "model": {
             "target": config.model.target,
-            "draft": config.model.draft if "draft" in model_hashes else None,
-            **({"heads": config.model.heads} if "heads" in model_hashes else {}),
-            **({"exits": config.model.exits} if "exits" in model_hashes else {}),
+            # An unused draft was always written as None: the ids of jobs without one stay what they were.
+            "draft": None,
+            **{kind.name: getattr(config.model, kind.name) for kind in KINDS if kind.name in model_hashes},
             "dtype": config.model.dtype,
             "weights_sha256": model_hashes,
         },

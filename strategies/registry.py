@@ -452,14 +452,6 @@ def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
     return [n for n in drafting() if lossy_reason(n, options) is None and needs_models(n, options) <= has]
 
 
-def missing_models(options: StrategyOptions, models: set[str]) -> list[str]:
-    """The optional models strategy `options.name` needs that are not among `models` (those the job
-    sets), each naming its key; `auto` uses what is there, so it misses none."""
-    if options.name == AUTO:
-        return []
-    return [_missing_model(options.name, m) for m in sorted(needs_models(options.name, options) - models)]
-
-
 def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> list[str]:
     """What is wrong with the strategy options for this job (`logprobs`: it reports the target's
     log-probabilities), each naming its key (empty: nothing). Every strategy's own options are checked,

@@ -53,7 +53,7 @@ def test_every_exited_token_is_the_exit_heads_choice_at_its_layer(model, target,
     rows = calm.generate([RowRequest(prompt=p, key=i) for i, p in enumerate(PROMPTS)], params).rows
     differs = 0
     for prompt, row in zip(PROMPTS, rows, strict=True):
-        assert row.mean_exit_layer == (LAYERS + layer * (len(row.tokens) - 1)) / len(row.tokens)
+        assert row.columns["mean_exit_layer"] == (LAYERS + layer * (len(row.tokens) - 1)) / len(row.tokens)
         for i in range(1, len(row.tokens)):
             at_exit, at_final = _layer_choices(model, exits, prompt + row.tokens[:i], layer)
             assert row.tokens[i] == at_exit, (prompt, i)

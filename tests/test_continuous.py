@@ -59,7 +59,7 @@ def models(tiny_model_dir: Path, tiny_draft_dir: Path, tmp_path_factory: pytest.
     tokenizer.save_pretrained(cmlm_dir)
     write_config(cmlm_dir, config)
     cpu = torch.device("cpu")
-    found = load_models(str(tiny_model_dir), torch.float64, cpu, draft_url=str(tiny_draft_dir), cmlm_url=str(cmlm_dir))
+    found = load_models(str(tiny_model_dir), torch.float64, cpu, {"draft": str(tiny_draft_dir), "cmlm": str(cmlm_dir)})
     exits = untrained_exits(found.target, [1], adapter_rank=4)
     torch.manual_seed(0)
     with torch.no_grad():

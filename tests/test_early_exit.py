@@ -308,10 +308,10 @@ def test_exits_folder_round_trip_and_refusal(tmp_path, model_dir, model, tiny_mo
     hidden = torch.randn(3, model.config.hidden_size, dtype=torch.float64)
     assert torch.allclose(loaded.logits(2, hidden), exits.logits(2, hidden))
     assert "lm_head" not in loaded.state_dict()
-    models = load_models(str(model_dir), torch.float64, torch.device("cpu"), exits_url=str(tmp_path / "exits"))
+    models = load_models(str(model_dir), torch.float64, torch.device("cpu"), {"exits": str(tmp_path / "exits")})
     assert models.models.exits.layers == [1, 2, 3]
     with pytest.raises(ValueError, match=f"trained for the target at {model_dir}"):
-        load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), exits_url=str(tmp_path / "exits"))
+        load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"exits": str(tmp_path / "exits")})
 
 
 def test_calm_job_is_recorded_lossy_with_each_rows_exit_layer(tmp_path, model_dir, model):

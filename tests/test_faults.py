@@ -16,9 +16,10 @@ import pytest
 import ray
 
 from jobs.shipped import default_job_config
+from pipeline.actor_pool import CRASHING_ROW
 from pipeline.commit import commit_record_name
 from pipeline.config import load_config
-from pipeline.driver import CRASHING_ROW, run_job
+from pipeline.driver import run_job
 from pipeline.verify import verify
 from workers.contract import derived_row_id, part_name, unit_id
 from workers.faults import FAULTS_ENV

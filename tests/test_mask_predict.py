@@ -126,7 +126,7 @@ def cmlm_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="module")
 def models(tiny_model_dir: Path, cmlm_dir: Path) -> registry.Models:
-    return load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), cmlm_url=str(cmlm_dir)).models
+    return load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"cmlm": str(cmlm_dir)}).models
 
 
 def _requests(prompts):

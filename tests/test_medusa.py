@@ -258,7 +258,7 @@ def test_heads_for_another_target_are_refused(tmp_path, tiny_model_dir, tiny_dra
     heads.config.target_path = str(tiny_draft_dir)
     heads.save(tmp_path / "heads")
     with pytest.raises(ValueError, match=f"trained for the target at {tiny_draft_dir}"):
-        load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), heads_url=str(tmp_path / "heads"))
+        load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"heads": str(tmp_path / "heads")})
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"prompt": ["x = 1"]}), tmp_path / "in" / "a.parquet")
     config = job_config(tmp_path, tiny_model_dir, "strategy.name=medusa", f"model.heads={tmp_path / 'heads'}")

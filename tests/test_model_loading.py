@@ -52,8 +52,8 @@ def test_an_actor_loads_the_draft_once_and_only_for_a_strategy_that_drafts_with_
         f"model.draft={tiny_draft_dir}",
     )
     # A draft among auto's candidates' models would be part of the job; these candidates use none.
-    assert worker_spec(config, "job").model_draft is None
-    spec = dataclasses.replace(worker_spec(config, "job"), model_draft=str(tiny_draft_dir))
+    assert worker_spec(config, "job").models == {}
+    spec = dataclasses.replace(worker_spec(config, "job"), models={"draft": str(tiny_draft_dir)})
     generator = Generator(spec)
     assert generator.models.draft is None and "draft" not in generator.ready()["load_s"]
     generator._strategy("prompt_lookup")

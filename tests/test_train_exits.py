@@ -58,7 +58,7 @@ def test_saved_folder_loads_names_its_target_and_reports_agreement(exits_dir: Pa
     assert "lm_head" not in load_file(exits_dir / WEIGHTS_FILE)  # the LM head is the target's, never saved
     exits = load_exits(exits_dir, torch.float64, torch.device("cpu"))
     assert any(not torch.equal(m.up.weight, torch.zeros_like(m.up.weight)) for m in exits.exits.values())
-    loaded = load_models(str(target_dir), torch.float32, torch.device("cpu"), exits_url=str(exits_dir))
+    loaded = load_models(str(target_dir), torch.float32, torch.device("cpu"), {"exits": str(exits_dir)})
     assert loaded.models.exits.layers == [1, 2]
 
 

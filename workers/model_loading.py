@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,17 +22,9 @@ import fsspec
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from strategies.artifacts.cmlm import CMLM
-from strategies.artifacts.cmlm import CONFIG_FILE as CMLM_CONFIG
-from strategies.artifacts.cmlm import read_config as read_cmlm_config
-from strategies.artifacts.exits import CONFIG_FILE as EXITS_CONFIG
-from strategies.artifacts.exits import ExitHeads, load_exits
-from strategies.artifacts.exits import read_config as read_exits_config
-from strategies.artifacts.heads import CONFIG_FILE as HEADS_CONFIG
-from strategies.artifacts.heads import DraftHeads, load_heads
-from strategies.artifacts.heads import read_config as read_heads_config
 from strategies.registry import Models
 from strategies.runtime.runner import ModelRunner
+from workers.model_kinds import BY_NAME, ModelKind
 
 DTYPE_NAMES = {
     "float32": torch.float32,
@@ -40,9 +33,6 @@ DTYPE_NAMES = {
     "float64": torch.float64,
 }
 _HASH_CACHE = Path.home() / ".cache" / "accelgen" / "model_hashes.json"
-
-
-_READ_CONFIG = {"heads": read_heads_config, "exits": read_exits_config}
 
 
 def default_cache_dir() -> Path:
@@ -54,18 +44,17 @@ def is_local(url: str) -> bool:
 
 
 def resolve_model_dir(
-    url: str, cache_dir: str = "", storage_options: dict[str, Any] | None = None, marker: str = "config.json"
+    url: str,
+    cache_dir: str = "",
+    storage_options: dict[str, Any] | None = None,
+    marker: str = "config.json",
+    what: str = "a Hugging Face model",
 ) -> Path:
-    """A local folder holding the model (or heads: `marker` heads.json; exits: exits.json) at `url`,
-    downloading it into the cache when remote."""
+    """A local folder holding the model at `url` (a folder with the file `marker`, `what` in an error:
+    a model kind's `marker` and `folder`), downloading it into the cache when remote."""
     if is_local(url):
         path = Path(url.removeprefix("file://")).expanduser()
         if not (path / marker).is_file():
-            what = {
-                HEADS_CONFIG: "a folder `accelgen train heads` wrote",
-                EXITS_CONFIG: "a `train exits` folder",
-                CMLM_CONFIG: "a `train cmlm` folder",
-            }.get(marker, "a Hugging Face model")
             raise FileNotFoundError(f"folder {path} has no {marker}: point it at {what}")
         return path
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -81,7 +70,7 @@ def resolve_model_dir(
             fs.get(name, str(staging / Path(name).name))
     if not (staging / marker).is_file():
         shutil.rmtree(staging, ignore_errors=True)
-        raise FileNotFoundError(f"URL {url} has no {marker}: point it at a model (or heads) folder")
+        raise FileNotFoundError(f"URL {url} has no {marker}: point it at {what}")
     try:
         staging.rename(local)
     except OSError:  # another actor on this node finished the same download first
@@ -89,8 +78,14 @@ def resolve_model_dir(
     return local
 
 
-def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None, marker: str = "config.json") -> str:
-    """sha256 over the model's files (names and contents); remote models hash their listing's checksums."""
+def model_weights_hash(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    marker: str = "config.json",
+    what: str = "a Hugging Face model",
+) -> str:
+    """sha256 over the model's files (names and contents); remote models hash their listing's checksums.
+    `marker` and `what` as for `resolve_model_dir`."""
     if not is_local(url):
         fs, remote = fsspec.core.url_to_fs(url, **(storage_options or {}))
         infos = sorted((info for info in fs.ls(remote, detail=True) if info["type"] == "file"), key=lambda i: i["name"])
@@ -98,7 +93,7 @@ def model_weights_hash(url: str, storage_options: dict[str, Any] | None = None, 
             (Path(i["name"]).name, i.get("size"), str(i.get("ETag") or i.get("etag") or i.get("mtime"))) for i in infos
         ]
         return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-    path = resolve_model_dir(url, marker=marker)
+    path = resolve_model_dir(url, marker=marker, what=what)
     return _files_sha256(sorted(p for p in path.iterdir() if p.is_file()))
 
 
@@ -156,21 +151,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPE_NAMES[name]
 
 
-def check_trained_for_target(kind: str, folder: Path, target_dir: Path, folder_url: str, target_url: str) -> None:
-    """A ValueError naming both when the `kind` folder (`heads`, `exits`) was trained for other weights
-    than the target's: heads read its last hidden states, exits its intermediate ones, and another
-    model's states mean nothing to them."""
-    trained_for = _READ_CONFIG[kind](folder)
-    actual = weights_sha256(target_dir)
-    if trained_for.target_weights_sha256 != actual:
-        raise ValueError(
-            f"model.{kind} {folder_url} were trained for the target at {trained_for.target_path} (weights sha256 "
-            f"{trained_for.target_weights_sha256[:12]}…), not for model.target {target_url} ({actual[:12]}…): "
-            f"train {kind} for this target (accelgen train {kind} target={target_url}), point model.{kind} at "
-            f"its own, or set model.{kind}=null to decode without {kind}"
-        )
-
-
 def load_model(
     path: Path, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -194,6 +174,36 @@ def check_extends_vocabulary(
         )
 
 
+@dataclass(frozen=True)
+class Loading:
+    """What a model kind's loader is given: how to load, and the job's target, already loaded."""
+
+    dtype: torch.dtype
+    device: torch.device
+    trust_remote_code: bool
+    target_url: str
+    target: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+
+
+def check_trained_for_target(kind: ModelKind, folder: Path, target_dir: Path, folder_url: str, target_url: str) -> None:
+    """A ValueError naming both when the folder of `kind` was trained for other weights than the
+    target's: heads read its last hidden states, exits its intermediate ones, and another model's
+    states mean nothing to them."""
+    if kind.trained_for is None:
+        return
+    trained_for = kind.trained_for(folder)
+    actual = weights_sha256(target_dir)
+    if trained_for.target_weights_sha256 != actual:
+        key, name = kind.key, kind.name
+        raise ValueError(
+            f"{key} {folder_url} were trained for the target at {trained_for.target_path} (weights sha256 "
+            f"{trained_for.target_weights_sha256[:12]}…), not for model.target {target_url} ({actual[:12]}…): "
+            f"train {name} for this target (accelgen train {name} target={target_url}), point {key} at "
+            f"its own, or set {key}=null to decode without {name}"
+        )
+
+
 @dataclass
 class LoadedModels:
     """A job's (or bench's) models, loaded: the Hugging Face modules and the runners strategies use."""
@@ -214,64 +224,37 @@ def load_models(
     target_url: str,
     dtype: torch.dtype,
     device: torch.device,
-    draft_url: str | None = None,
-    heads_url: str | None = None,
+    optional: Mapping[str, str | None] | None = None,
     cache_dir: str = "",
     trust_remote_code: bool = False,
-    exits_url: str | None = None,
-    cmlm_url: str | None = None,
     storage_options: dict[str, Any] | None = None,
     lazy: bool = False,
 ) -> LoadedModels:
-    """The target, and the draft, heads, exits and CMLM when given (`storage_options` reach every one at
-    a URL), each checked against the target: a draft must share its vocabulary, a CMLM extend it, heads
-    and exits must have been trained for its weights.
+    """The target, and the optional models given by kind (`optional`: {"draft": URL, …}; a None URL is
+    not given), each checked against the target by its kind. `storage_options` reach every model at a URL.
 
     `lazy`: the optional models load (and are checked) only when a strategy that uses them is first
     created (`Models.get`); an actor whose strategies never use one never reads it.
     """
+    given = {name: url for name, url in (optional or {}).items() if url}
+    unknown = sorted(set(given) - set(BY_NAME))
+    if unknown:
+        raise ValueError(f"unknown model kinds {unknown}: the kinds are {', '.join(BY_NAME)}")
     began = time.perf_counter()
     target_dir = resolve_model_dir(target_url, cache_dir, storage_options)
     target, tokenizer = load_model(target_dir, dtype, device, trust_remote_code)
     target_load_s = time.perf_counter() - began
+    at = Loading(dtype, device, trust_remote_code, target_url, target, tokenizer)
 
-    def draft() -> ModelRunner:
-        draft_dir = resolve_model_dir(draft_url, cache_dir, storage_options)
-        model, draft_tokenizer = load_model(draft_dir, dtype, device, trust_remote_code)
-        if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise ValueError(
-                f"model.draft {draft_url} has a different tokenizer than model.target {target_url}: "
-                "a draft must share the target's vocabulary"
-            )
-        return ModelRunner(model)
+    def loader(kind: ModelKind, url: str) -> Callable[[], Any]:
+        def load() -> Any:
+            folder = resolve_model_dir(url, cache_dir, storage_options, kind.marker, kind.folder)
+            check_trained_for_target(kind, folder, target_dir, url, target_url)
+            return kind.load(folder, url, at)
 
-    def heads() -> DraftHeads:
-        heads_dir = resolve_model_dir(heads_url, cache_dir, storage_options, marker=HEADS_CONFIG)
-        check_trained_for_target("heads", heads_dir, target_dir, heads_url, target_url)
-        loaded = load_heads(heads_dir, dtype, device)
-        loaded.use_lm_head(target.get_output_embeddings().weight)
-        return loaded
+        return load
 
-    def exits() -> ExitHeads:
-        exits_dir = resolve_model_dir(exits_url, cache_dir, storage_options, marker=EXITS_CONFIG)
-        check_trained_for_target("exits", exits_dir, target_dir, exits_url, target_url)
-        loaded = load_exits(exits_dir, dtype, device)
-        loaded.use_lm_head(target.get_output_embeddings().weight)
-        return loaded
-
-    def cmlm() -> CMLM:
-        cmlm_dir = resolve_model_dir(cmlm_url, cache_dir, storage_options, marker=CMLM_CONFIG)
-        cmlm_model, cmlm_tokenizer = load_model(cmlm_dir, dtype, device, trust_remote_code)
-        check_extends_vocabulary(cmlm_tokenizer, tokenizer, f"model.cmlm {cmlm_url}", f"model.target {target_url}")
-        return CMLM(ModelRunner(cmlm_model), read_cmlm_config(cmlm_dir))
-
-    given = {
-        "draft": (draft_url, draft),
-        "heads": (heads_url, heads),
-        "exits": (exits_url, exits),
-        "cmlm": (cmlm_url, cmlm),
-    }
-    models = Models(ModelRunner(target), loaders={name: load for name, (url, load) in given.items() if url})
+    models = Models(ModelRunner(target), loaders={name: loader(BY_NAME[name], url) for name, url in given.items()})
     if not lazy:
         for name in list(models.loaders):
             models.get(name)

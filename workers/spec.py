@@ -28,8 +28,6 @@ class WorkerSpec:
 
     job_id: str
     model_target: str
-    model_draft: str | None
-    model_heads: str | None
     dtype: str
     trust_remote_code: bool
     cache_dir: str
@@ -51,8 +49,8 @@ class WorkerSpec:
     input_storage_options: dict[str, Any] = field(default_factory=dict)
     output_storage_options: dict[str, Any] = field(default_factory=dict)
     model_storage_options: dict[str, Any] = field(default_factory=dict)
-    model_exits: str | None = None
-    model_cmlm: str | None = None
+    # The optional models the job uses, by kind (`workers/model_kinds.py`): kind -> URL.
+    models: dict[str, str] = field(default_factory=dict)
     model_compile: bool = False  # model.compile
     logprobs: bool = False  # output.logprobs
     top_logprobs: int = 0  # output.top_logprobs

@@ -34,6 +34,7 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import DRAFTERS, StrategyOptions
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
+from workers.model_kinds import needed_by
 from workers.model_loading import load_models, resolve_dtype
 from workers.rows import repetition_rate
 from workers.storage import filesystem
@@ -164,7 +165,7 @@ class Bench:
         dtype = resolve_dtype(config.dtype, self.device)
         uses = set(config.strategies)
         variants = [v for n in uses for v in self._variants(n, dataclasses.replace(config.strategy, name=n)).values()]
-        needs = set().union(*(registry.needs_models(v.name, v) for v in variants))
+        needs = set().union(*(needed_by(v) for v in variants))
         needs_draft = "draft" in needs or "assisted" in config.transformers
         needs_heads = "heads" in needs and config.heads
         needs_exits = "exits" in needs and config.exits
@@ -172,10 +173,12 @@ class Bench:
             config.model,
             dtype,
             self.device,
-            draft_url=config.draft if needs_draft else None,
-            heads_url=config.heads if needs_heads else None,
-            exits_url=config.exits if needs_exits else None,
-            cmlm_url=config.cmlm if "cmlm" in needs and config.cmlm else None,
+            {
+                "draft": config.draft if needs_draft else None,
+                "heads": config.heads if needs_heads else None,
+                "exits": config.exits if needs_exits else None,
+                "cmlm": config.cmlm if "cmlm" in needs else None,
+            },
         )
         self.model, self.tokenizer, self.draft_model, self.models = (
             loaded.target,
