@@ -11,6 +11,7 @@ from workers.cost_model import (
     best_chain_depth,
     best_tree_budget,
     expected_chain_tokens,
+    segment_ends,
     tree_tokens_lower_bound,
 )
 
@@ -82,7 +83,22 @@ def test_a_tree_budget_is_sized_on_a_lower_bound_of_tau_between_budgets_tried():
 def test_best_case_is_every_draft_token_accepted_at_the_cheapest_width():
     # Compute-bound: each token of a row costs the same, so drafting k tokens yields 1 + k tokens in
     # 1 + k times the time, and any host time makes it lose.
-    assert best_case_speedup(8, 1.0, lambda k: 1.0 + k) == 1.0
-    assert best_case_speedup(8, 1.0, lambda k: 1.0 + k + 0.1) < 1
+    assert best_case_speedup(range(1, 9), 1.0, lambda k: 1.0 + k) == 1.0
+    assert best_case_speedup(range(1, 9), 1.0, lambda k: 1.0 + k + 0.1) < 1
     # Latency-bound: a draft of 4 tokens for 10% more than a plain step.
-    assert best_case_speedup(4, 1.0, lambda k: 1.0 + 0.025 * k) == pytest.approx(5 / 1.1)
+    assert best_case_speedup(range(1, 5), 1.0, lambda k: 1.0 + 0.025 * k) == pytest.approx(5 / 1.1)
+
+
+def test_the_best_case_over_segment_ends_is_the_best_case_over_every_depth():
+    costs = _issue_costs()
+    for b in (1, 8):
+        widths = costs.widths(b)
+        assert segment_ends(widths, 10) == [1, 3, 7, 10]  # widths 2, 4, 8 within reach; 16 beyond
+        plain = costs.row_seconds(b, 1)
+        for host in (0.0, 0.0002, 0.002):
+
+            def step(k: int, b: int = b, host: float = host) -> float:
+                return costs.row_seconds(b, 1 + k) + host
+
+            everywhere = best_case_speedup(range(1, 11), plain, step)
+            assert best_case_speedup(segment_ends(widths, 10), plain, step) == pytest.approx(everywhere)

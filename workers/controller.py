@@ -8,17 +8,32 @@ a drafter over plain decoding is then
     speedup = τ · t_plain / t_drafter
 
 (tokens per second of each; this is E = (1 − α^{k+1}) / (1 − α) against the step's cost, both
-measured rather than modelled). Times are per row because rows finish unevenly under speculation:
+measured where the drafter ran at this bucket). Times are per row because rows finish unevenly under speculation:
 a drafter's steps at the end of a batch run with fewer rows than the bucket's plain steps, and whole
 step times would make it look cheaper than it is (per row, such a step looks dearer where a step's
 cost hardly depends on its rows, as on a GPU: the safe side). The controller
 
-- explores each option for a few steps (plain steps at every batch size; a drafter once, its cost
-  at a batch size it has not run at taken from the nearest one it has), then follows the best
-  estimate, with hysteresis: speculation goes off when the best falls below 1 − h and comes back
-  above 1 + h, on or over to another drafter only right after that drafter ran (fresh evidence:
-  2-core step times drift, and an old measurement of a drafter against a fresh one of plain steps
-  would switch on noise);
+- knows what a token costs (`workers/cost_model.py`): each step reports its forward's width (new
+  tokens per row, 1 + the widest draft) and time, so the controller keeps the target's forward
+  time per row by bucket and width, and each drafter's host time (step − forward: drafting,
+  acceptance, bookkeeping) per bucket. At a bucket where plain steps ran but a drafter has not, the
+  drafter's step costs the forward at its width there plus its host time from the nearest bucket,
+  not another bucket's step ratio: a draft nearly free at batch 1 costs 2.4 plain steps at batch 8;
+- never plans a drafter at a bucket where even its best case loses: every draft token accepted
+  (1 + k tokens for a draft of k) at the cost of the forward at width 1 + k plus its known host
+  time, against a plain step, not above 1 + h. It says so once per bucket, in an event of scope
+  `explore`;
+- explores each option for a few steps (plain steps at every batch size; a drafter once, for
+  `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch;
+  its cost at a batch size it has not run at modelled as above), cheapest first (its first step
+  teaches the model what a wider forward costs there, and drafters whose best case then loses are
+  never tried), and only while the steps exploring drafters take at most `explore_budget` (3%) of
+  the decode time so far, a step not yet measured as wide as this one counted as dear as that many
+  plain steps: a cold job pays for exploration as it decodes. Then it follows the best estimate,
+  with hysteresis: speculation goes off when the best falls below 1 − h and comes back above
+  1 + h, on or over to another drafter only right after that drafter ran (fresh evidence: 2-core
+  step times drift, and an old measurement of a drafter against a fresh one of plain steps would
+  switch on noise);
 - probes an option it is not using again after a wait sized so that probes cost at most
   `probe_budget` of the time in all (each option an equal share; a probe costs the option's step
   time times the share of speed it would lose against the current choice), never sooner than
@@ -26,11 +41,16 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   costs little;
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
   `row_cooldown` steps, when the batch has other rows;
-- sizes drafts: chains move one token at a time toward the length with the most tokens per step
-  cost, E(k) / (1 + c·k), from the measured acceptance α and the measured cost c of a draft
-  token; trees double their node budget (up to the strategy's) while a node yields at least twice
-  what it costs (accepted tokens per node against the measured cost of a node, both in plain
-  steps) and halve it while it yields less than it costs.
+- sizes drafts per batch for the most tokens per second: where the cost model covers the plan's
+  bucket, a chain's length k maximises E(k) / t(k), E from the acceptance per position α measured
+  over the last `resize_rows` drafted row steps and t(k) the modelled step at width 1 + k; a
+  tree's budget is the best of the learned one and its halvings by τ(n) / t(n), τ kept per budget
+  asked for and bounded from below between budgets (`tree_tokens_lower_bound`). The learned sizes
+  move as before, and size drafts where the model does not cover the bucket: chains one token at
+  a time toward the best length (by the model's costs, else a draft token's measured cost c in
+  plain steps, E(k) / (1 + c·k)); trees double their node budget (up to the strategy's) while a
+  node yields at least twice what it costs (accepted tokens per node against the measured cost of
+  a node, both in plain steps) and halve it while it yields less than it costs.
 
 Every switch is an event (scope, from, to, reason, estimates) that the worker logs. It lives as
 long as its actor, so what it learned carries over from batch to batch; across jobs, what it
@@ -53,7 +73,10 @@ from workers.cost_model import (
     best_case_speedup,
     best_chain_depth,
     best_tree_budget,
+    segment_ends,
 )
+
+BEST_CASE_STEPS = 16  # steps a drafter's best case at a bucket is kept (`AdaptiveController.best_case`)
 
 
 @dataclass(frozen=True)
@@ -72,7 +95,7 @@ class ControllerSettings:
     min_tree_nodes: int = 4
     resize_rows: int = 16  # drafted row steps between draft-size decisions
     learn_above: float = 0.85  # a learning drafter sees batches while its estimate is above this
-    explore_budget: float = 0.03  # share of the decode time that first steps of drafters and probes may take
+    explore_budget: float = 0.03  # share of the decode time that steps exploring drafters may take
 
 
 @dataclass
@@ -92,7 +115,8 @@ class Ema:
 @dataclass
 class Learned:
     """What a controller learned that outlives its actor: step times by (option, batch bucket), each
-    drafter's τ, steps and row steps measured per option, and draft sizes. Nothing in it decides a
+    drafter's τ, steps and row steps measured per option, draft sizes, and the cost model's forward
+    times by (batch bucket, width) and host times by (drafter, batch bucket). Nothing in it decides a
     token: it only decides which lossless option runs and how long its drafts are."""
 
     row_time: dict[tuple[str, int], tuple[list[float], int]] = field(default_factory=dict)  # recent, count
@@ -120,7 +144,8 @@ class AdaptiveController:
         self.nodes: dict[str, int] = {}
         self.resize_tally: dict[str, list[int]] = {}
         self.measured: dict[str, tuple[int, int]] = {}  # option -> steps and row steps measured
-        self.ratios: dict[tuple[str, int], float | None] = {}  # cost_ratio, until the next measurement
+        # Estimates by (what, option, bucket), until the next measurement: a plan asks for them many times.
+        self.memo: dict[tuple[str, str, int], object] = {}
         self.limits: dict[str, DraftLimits] = {}
         self.current = AUTOREGRESSIVE
         self.step = 0  # steps observed
@@ -134,15 +159,17 @@ class AdaptiveController:
         self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
-        self.trying: str | None = None  # a drafter planned to explore or probe, not chosen
+        self.exploring: str | None = None  # a drafter planned for a step that explores it
         self.exploring_s = 0.0  # time of such steps
         self.decode_s = 0.0  # time of all steps
+        self.best_cases: dict[tuple[str, int], tuple[int, tuple, float | None]] = {}  # step, basis, best case
         self.hopeless: set[tuple[str, int]] = set()  # (drafter, bucket) whose best case loses, told in an event
 
     # -- the Controller protocol ---------------------------------------------------------------
 
     def start_batch(self, drafters: dict[str, DraftLimits], batch_size: int) -> None:
         self.limits = dict(drafters)
+        self.memo.clear()
         for name, limits in drafters.items():
             start = limits.max_depth if limits.start_depth is None else limits.start_depth
             # Sizes learned under other limits (another job's, `warm_start`) are kept within these.
@@ -169,13 +196,13 @@ class AdaptiveController:
         unexplored = sorted((o for o in options[1:] if self._unexplored(o, b)), key=lambda o: self._step_cost(o, b))
         explorable = [o for o in unexplored if self._explore_wait(o, b, batch_size) == 0]
         if explorable:
-            return self._plan_for(explorable[0], b, trying=True)
+            return self._plan_for(explorable[0], b, exploring=True)
         unconfirmed = self._unconfirmed_best(options, b)
         if unconfirmed is not None:
             return self._plan_for(unconfirmed, b)
         due = [o for o in options if o != self.current and o not in unexplored and self._probe_due(o, b)]
         if due:
-            return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)), b, trying=True)
+            return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)), b)
         self._choose(options, b)
         plan = self._plan_for(self.current, b)
         if self.current == AUTOREGRESSIVE:
@@ -198,9 +225,9 @@ class AdaptiveController:
         row_time = record.wall_s / record.batch_size
         self.row_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(row_time)
         self.decode_s += record.wall_s
-        if record.drafter == self.trying:
+        if record.drafter == self.exploring:
             self.exploring_s += record.wall_s
-        self.trying = None
+        self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
             if record.drafter != AUTOREGRESSIVE:
@@ -208,7 +235,7 @@ class AdaptiveController:
                 self.host_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(host)
         steps, rows = self.measured.get(record.drafter, (0, 0))
         self.measured[record.drafter] = (steps + 1, rows + record.batch_size)
-        self.ratios.clear()
+        self.memo.clear()
         self.last_used[record.drafter] = self.step
         if record.drafter == AUTOREGRESSIVE:
             return
@@ -223,6 +250,7 @@ class AdaptiveController:
             by_budget = self.tree_tau.setdefault(record.drafter, {})
             by_budget.setdefault(budget, Ema()).update(sum(gained) / len(gained), weight, share)
         self._resize(record)
+        self.memo.clear()  # sizes may have changed
         for row, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
             if drafted and not accepted:
                 self.row_streak[row] += 1
@@ -264,7 +292,7 @@ class AdaptiveController:
         self.tau = {name: Ema(value, seen) for name, (value, seen) in learned.tau.items()}
         self.measured = dict(learned.measured)
         self.depth, self.nodes = dict(learned.depth), dict(learned.nodes)
-        self.ratios.clear()
+        self.memo.clear()
 
     def drafter_failed(self, drafter: str, reason: str) -> None:
         self.failed.add(drafter)
@@ -297,7 +325,7 @@ class AdaptiveController:
         so a new batch size starts from what neighbouring ones taught instead of exploring again."""
         if option == AUTOREGRESSIVE:
             return 1.0
-        if (option, b) not in self.ratios:
+        if ("ratio", option, b) not in self.memo:
             measured = [m for (name, m) in self.row_time if name == option and (AUTOREGRESSIVE, m) in self.row_time]
             ratio = None
             modelled = self._host_row_s(option, b) is not None and (AUTOREGRESSIVE, b) in self.row_time
@@ -310,8 +338,8 @@ class AdaptiveController:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
                 plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
                 ratio = self.row_time[(option, nearest)].value / plain if plain > 0 else None
-            self.ratios[(option, b)] = ratio
-        return self.ratios[(option, b)]
+            self.memo[("ratio", option, b)] = ratio
+        return self.memo[("ratio", option, b)]
 
     def drain_events(self) -> list[dict]:
         events, self.events = self.events, []
@@ -352,13 +380,22 @@ class AdaptiveController:
     def best_case(self, drafter: str, b: int) -> float | None:
         """The speed-up of `drafter` at bucket `b` if it drafted right every time, by the cost model: its
         known host time (none if unknown) and the forward at the cheapest width for each depth. None:
-        the cost model does not cover `b` yet."""
+        the cost model does not cover `b`, or plain steps have not run there. Kept `BEST_CASE_STEPS`
+        steps unless what it rests on changes in kind (a width measured there, the drafter's host time
+        known): it moves slowly with the times, and every drafter's is asked every step."""
+        widths, host = tuple(self.forward.widths(b)), self._host_row_s(drafter, b)
+        basis = (widths, host is None)
+        kept = self.best_cases.get((drafter, b))
+        if kept is not None and kept[2] is not None and kept[1] == basis and self.step - kept[0] < BEST_CASE_STEPS:
+            return kept[2]
         plain = self.row_time.get((AUTOREGRESSIVE, b))
-        if plain is None or not self.forward.covers(b):
-            return None
-        host = self._host_row_s(drafter, b) or 0.0
-        forward = self.forward.row_seconds
-        return best_case_speedup(self.limits[drafter].max_depth, plain.value, lambda k: forward(b, 1 + k) + host)
+        best = None
+        if plain is not None and widths:
+            forward = self.forward.row_seconds
+            depths = segment_ends(list(widths), self.limits[drafter].max_depth)
+            best = best_case_speedup(depths, plain.value, lambda k: forward(b, 1 + k) + (host or 0.0))
+        self.best_cases[(drafter, b)] = (self.step, basis, best)
+        return best
 
     def _may_pay(self, drafter: str, b: int) -> bool:
         """Whether `drafter` may be planned at bucket `b`: not when even its best case would not switch
@@ -375,11 +412,14 @@ class AdaptiveController:
     def _host_row_s(self, drafter: str, b: int) -> float | None:
         """Seconds per row a step of `drafter` spends besides the forward (drafting, acceptance, bookkeeping),
         at `b` or the nearest bucket where it ran; None: it has not run with a timed forward."""
-        measured = [m for (name, m) in self.host_time if name == drafter]
-        if not measured:
-            return None
-        nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
-        return self.host_time[(drafter, nearest)].value
+        if ("host", drafter, b) not in self.memo:
+            measured = [m for (name, m) in self.host_time if name == drafter]
+            host = None
+            if measured:
+                nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
+                host = self.host_time[(drafter, nearest)].value
+            self.memo[("host", drafter, b)] = host
+        return self.memo[("host", drafter, b)]
 
     def _step_row_s(self, drafter: str, b: int, width: int) -> float | None:
         """Seconds per row of a step of `drafter` at bucket `b` whose forward is `width` tokens wide, by the
@@ -392,17 +432,22 @@ class AdaptiveController:
         return self._step_row_s(drafter, b, 2) or 0.0
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
-        """Plain steps to run before a first step of `drafter` fits in `explore_budget` of the decode time
-        (steps of drafters explored or probed against all steps); 0: it fits now, or its cost is unknown."""
+        """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time
+        (steps that explored drafters against all steps); 0: it fits now, or its cost is unknown. Probes
+        are not counted here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
-        step = self._step_row_s(drafter, b, 1 + self.draft_size(drafter, b)[1])
+        width = 1 + self.draft_size(drafter, b)[1]
+        step = self._step_row_s(drafter, b, width)
         if step is None:
             return 0
+        plain = self.row_time[(AUTOREGRESSIVE, b)].value
+        if width > self.forward.widths(b)[-1]:  # never this wide here: at most as dear as `width` plain steps
+            step = max(step, plain * width + (self._host_row_s(drafter, b) or 0.0))
         step *= batch_size
         deficit = (self.exploring_s + step) / budget - step - self.decode_s
         if deficit <= 0:
             return 0
-        return math.ceil(deficit / (self.row_time[(AUTOREGRESSIVE, b)].value * batch_size))
+        return math.ceil(deficit / (plain * batch_size))
 
     def _unconfirmed_best(self, options: list[str], b: int) -> str | None:
         """The drafter with the best estimate, if that estimate comes only from loaded statistics (it
@@ -450,10 +495,15 @@ class AdaptiveController:
         covers bucket `b`: the most tokens per second there, a chain's length from its acceptance per
         position (E(k) against the step's cost at width 1 + k), a tree's budget (at most the learned one)
         from τ by budget (`tree_tokens_lower_bound`). Otherwise the size learned by `_resize`."""
+        if b is None or not self.forward.covers(b):
+            return self.depth[drafter], self.nodes[drafter]
+        if ("size", drafter, b) not in self.memo:
+            self.memo[("size", drafter, b)] = self._modelled_size(drafter, b)
+        return self.memo[("size", drafter, b)]
+
+    def _modelled_size(self, drafter: str, b: int) -> tuple[int, int]:
         depth, nodes = self.depth[drafter], self.nodes[drafter]
         limits = self.limits[drafter]
-        if b is None or not self.forward.covers(b):
-            return depth, nodes
         if limits.trees:
             tried = {n: ema.value for n, ema in self.tree_tau.get(drafter, {}).items()}
             smallest = min(self.settings.min_tree_nodes, limits.max_nodes)
@@ -466,10 +516,10 @@ class AdaptiveController:
         best = best_chain_depth(self.alpha[drafter], costs)
         return best, best
 
-    def _plan_for(self, option: str, b: int, trying: bool = False) -> Plan:
-        """The plan that runs `option` at bucket `b`; `trying`: a step to explore or probe it, counted against
+    def _plan_for(self, option: str, b: int, exploring: bool = False) -> Plan:
+        """The plan that runs `option` at bucket `b`; `exploring`: a step that explores it, counted against
         `explore_budget`."""
-        self.trying = option if trying else None
+        self.exploring = option if exploring else None
         if option == AUTOREGRESSIVE:
             return Plan(AUTOREGRESSIVE, 0, 0)
         off = {row for row, until in enumerate(self.row_off_until) if until > self.step + 1}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -38,17 +38,21 @@ class RecentTime:
     outlier: float = 3.0
     recent: deque[float] = field(default_factory=deque)
     count: int = 0
+    cached: float | None = field(default=None, repr=False, compare=False)  # value, until the next update
 
     def update(self, x: float) -> None:
         self.recent.append(x)
         if len(self.recent) > self.window:
             self.recent.popleft()
         self.count += 1
+        self.cached = None
 
     @property
     def value(self) -> float:
-        limit = self.outlier * statistics.median(self.recent)
-        return statistics.fmean(x for x in self.recent if x <= limit)
+        if self.cached is None:
+            limit = self.outlier * statistics.median(self.recent)
+            self.cached = statistics.fmean(x for x in self.recent if x <= limit)
+        return self.cached
 
 
 def running_max(points: dict[int, float]) -> tuple[list[int], list[float]]:
@@ -105,6 +109,10 @@ class ForwardCosts:
     def covers(self, b: int) -> bool:
         return bool(self._curve(b)[0])
 
+    def widths(self, b: int) -> list[int]:
+        """The forward widths measured at bucket `b`, narrowest first: wider ones are extrapolated."""
+        return self._curve(b)[0]
+
     def row_seconds(self, b: int, width: int) -> float | None:
         """A forward's seconds per row at bucket `b` and `width` new tokens per row; None: nothing measured at `b`."""
         widths, costs = self._curve(b)
@@ -159,7 +167,15 @@ def best_tree_budget(tried: dict[int, float], step_costs: dict[int, float]) -> i
     return max(step_costs, key=lambda n: (tree_tokens_lower_bound(tried, n) / step_costs[n], -n))
 
 
-def best_case_speedup(max_depth: int, plain_seconds: float, step_seconds: Callable[[int], float]) -> float:
+def best_case_speedup(depths: Iterable[int], plain_seconds: float, step_seconds: Callable[[int], float]) -> float:
     """A drafter's speed-up over plain steps if every draft token were accepted: 1 + k tokens for a
-    step drafting k (`step_seconds(k)`, at its cheapest: a chain; a tree of k nodes reaches no deeper)."""
-    return max((1 + k) * plain_seconds / step_seconds(k) for k in range(1, max_depth + 1))
+    step drafting k (`step_seconds(k)`, at its cheapest: a chain; a tree of k nodes reaches no deeper),
+    at its best among `depths`."""
+    return max((1 + k) * plain_seconds / step_seconds(k) for k in depths)
+
+
+def segment_ends(widths: list[int], max_depth: int) -> list[int]:
+    """The draft depths where (1 + k) / t(1 + k) can peak, t piecewise linear with corners at `widths`:
+    on each linear piece a ratio of two linear functions is monotone, so its maximum over 1..max_depth
+    lies at a piece's end (a measured width, less the pending token) or at 1 or `max_depth`."""
+    return sorted({1, max_depth, *(w - 1 for w in widths if 2 <= w <= max_depth + 1)})
