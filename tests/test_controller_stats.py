@@ -28,6 +28,8 @@ def _learned(rows: int, depth: int = 5, plain_s: float = 0.01) -> Learned:
         measured={"autoregressive": (2, 16), "prompt_lookup": (rows // 8, rows)},
         depth={"prompt_lookup": depth},
         nodes={"prompt_lookup": depth},
+        forward_time={(8, 1): ([plain_s], 2), (8, 5): ([0.011], rows // 8)},
+        host_time={("prompt_lookup", 8): ([0.001], rows // 8)},
     )
 
 
@@ -37,6 +39,19 @@ def test_statistics_round_trip_through_the_file(tmp_path):
     controller_stats.write(url, {}, {KEY: _learned(32), other: _learned(8, depth=2)})
     assert json.loads((tmp_path / "stats.json").read_text())["schema"] == SCHEMA
     assert controller_stats.read(url, {}) == {KEY: _learned(32), other: _learned(8, depth=2)}
+
+
+def test_a_file_of_the_schema_before_the_cost_model_is_read_without_its_times(tmp_path):
+    """Schema /1 had no forward or host times: its step times, τ and sizes still warm-start a job."""
+    document = controller_stats.encode({KEY: _learned(32)})
+    for entry in document["entries"]:
+        del entry["forward_time"], entry["host_time"]
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps({**document, "schema": "accelgen.controller_stats/1"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = controller_stats.read(str(path), {})
+    assert stats == {KEY: dataclasses.replace(_learned(32), forward_time={}, host_time={})}
 
 
 @pytest.mark.parametrize(
@@ -79,6 +94,8 @@ def test_actors_merge_by_what_each_measured_most():
     assert merged.depth == {"prompt_lookup": 7} and merged.tau == {"prompt_lookup": (2.5, 4.0)}
     assert merged.row_time[("prompt_lookup", 8)] == ([0.012], 8)
     assert merged.row_time[("autoregressive", 8)] == ([0.02, 0.02], 2)  # equal counts: the first
+    assert merged.forward_time == {(8, 1): ([0.02], 2), (8, 5): ([0.011], 8)}
+    assert merged.host_time == {("prompt_lookup", 8): ([0.001], 8)}
 
 
 def test_a_job_saves_to_its_logs_and_into_the_shared_file_keeping_other_keys(tmp_path):

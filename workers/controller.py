@@ -8,17 +8,32 @@ a drafter over plain decoding is then
     speedup = τ · t_plain / t_drafter
 
 (tokens per second of each; this is E = (1 − α^{k+1}) / (1 − α) against the step's cost, both
-measured rather than modelled). Times are per row because rows finish unevenly under speculation:
+measured where the drafter ran at this bucket). Times are per row because rows finish unevenly under speculation:
 a drafter's steps at the end of a batch run with fewer rows than the bucket's plain steps, and whole
 step times would make it look cheaper than it is (per row, such a step looks dearer where a step's
 cost hardly depends on its rows, as on a GPU: the safe side). The controller
 
-- explores each option for a few steps (plain steps at every batch size; a drafter once, its cost
-  at a batch size it has not run at taken from the nearest one it has), then follows the best
-  estimate, with hysteresis: speculation goes off when the best falls below 1 − h and comes back
-  above 1 + h, on or over to another drafter only right after that drafter ran (fresh evidence:
-  2-core step times drift, and an old measurement of a drafter against a fresh one of plain steps
-  would switch on noise);
+- knows what a token costs (`workers/cost_model.py`): each step reports its forward's width (new
+  tokens per row, 1 + the widest draft) and time, so the controller keeps the target's forward
+  time per row by bucket and width, and each drafter's host time (step − forward: drafting,
+  acceptance, bookkeeping) per bucket. At a bucket where plain steps ran but a drafter has not, the
+  drafter's step costs the forward at its width there plus its host time from the nearest bucket,
+  not another bucket's step ratio: a draft nearly free at batch 1 costs 2.4 plain steps at batch 8;
+- never plans a drafter at a bucket where even its best case loses: every draft token accepted
+  (1 + k tokens for a draft of k) at the cost of the forward at width 1 + k plus its known host
+  time, against a plain step, not above 1 + h. It says so once per bucket, in an event of scope
+  `explore`;
+- explores each option for a few steps (plain steps at every batch size; a drafter once, for
+  `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch;
+  its cost at a batch size it has not run at modelled as above), cheapest first (its first step
+  teaches the model what a wider forward costs there, and drafters whose best case then loses are
+  never tried), and only while the steps exploring drafters take at most `explore_budget` (3%) of
+  the decode time so far, a step not yet measured as wide as this one counted as dear as that many
+  plain steps: a cold job pays for exploration as it decodes. Then it follows the best estimate,
+  with hysteresis: speculation goes off when the best falls below 1 − h and comes back above
+  1 + h, on or over to another drafter only right after that drafter ran (fresh evidence: 2-core
+  step times drift, and an old measurement of a drafter against a fresh one of plain steps would
+  switch on noise);
 - probes an option it is not using again after a wait sized so that probes cost at most
   `probe_budget` of the time in all (each option an equal share; a probe costs the option's step
   time times the share of speed it would lose against the current choice), never sooner than
@@ -26,11 +41,16 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   costs little;
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
   `row_cooldown` steps, when the batch has other rows;
-- sizes drafts: chains move one token at a time toward the length with the most tokens per step
-  cost, E(k) / (1 + c·k), from the measured acceptance α and the measured cost c of a draft
-  token; trees double their node budget (up to the strategy's) while a node yields at least twice
-  what it costs (accepted tokens per node against the measured cost of a node, both in plain
-  steps) and halve it while it yields less than it costs.
+- sizes drafts per batch for the most tokens per second: where the cost model covers the plan's
+  bucket, a chain's length k maximises E(k) / t(k), E from the acceptance per position α measured
+  over the last `resize_rows` drafted row steps and t(k) the modelled step at width 1 + k; a
+  tree's budget is the best of the learned one and its halvings by τ(n) / t(n), τ kept per budget
+  asked for and bounded from below between budgets (`tree_tokens_lower_bound`). The learned sizes
+  move as before, and size drafts where the model does not cover the bucket: chains one token at
+  a time toward the best length (by the model's costs, else a draft token's measured cost c in
+  plain steps, E(k) / (1 + c·k)); trees double their node budget (up to the strategy's) while a
+  node yields at least twice what it costs (accepted tokens per node against the measured cost of
+  a node, both in plain steps) and halve it while it yields less than it costs.
 
 Every switch is an event (scope, from, to, reason, estimates) that the worker logs. It lives as
 long as its actor, so what it learned carries over from batch to batch; across jobs, what it
@@ -42,11 +62,21 @@ with it: a switch still needs a fresh measurement of its drafter.
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
+from workers.cost_model import (
+    ForwardCosts,
+    RecentTime,
+    best_case_speedup,
+    best_chain_depth,
+    best_tree_budget,
+    segment_ends,
+)
+
+BEST_CASE_STEPS = 16  # steps a drafter's best case at a bucket is kept (`AdaptiveController.best_case`)
 
 
 @dataclass(frozen=True)
@@ -65,6 +95,7 @@ class ControllerSettings:
     min_tree_nodes: int = 4
     resize_rows: int = 16  # drafted row steps between draft-size decisions
     learn_above: float = 0.85  # a learning drafter sees batches while its estimate is above this
+    explore_budget: float = 0.03  # share of the decode time that steps exploring drafters may take
 
 
 @dataclass
@@ -82,35 +113,10 @@ class Ema:
 
 
 @dataclass
-class RecentTime:
-    """The mean of the last `window` measurements, those over `outlier` times their median left out.
-
-    Why not a moving average: 2-core step times have rare outliers of tens of times the usual (a
-    garbage collection, another process), which it would carry for many steps. Why not the median:
-    a drafter's steps have two costs, a verify when it drafted and a plain step plus the search when
-    it found nothing, and the median of such a mix jumps from one to the other."""
-
-    window: int
-    outlier: float = 3.0
-    recent: deque[float] = field(default_factory=deque)
-    count: int = 0
-
-    def update(self, x: float) -> None:
-        self.recent.append(x)
-        if len(self.recent) > self.window:
-            self.recent.popleft()
-        self.count += 1
-
-    @property
-    def value(self) -> float:
-        limit = self.outlier * statistics.median(self.recent)
-        return statistics.fmean(x for x in self.recent if x <= limit)
-
-
-@dataclass
 class Learned:
     """What a controller learned that outlives its actor: step times by (option, batch bucket), each
-    drafter's τ, steps and row steps measured per option, and draft sizes. Nothing in it decides a
+    drafter's τ, steps and row steps measured per option, draft sizes, and the cost model's forward
+    times by (batch bucket, width) and host times by (drafter, batch bucket). Nothing in it decides a
     token: it only decides which lossless option runs and how long its drafts are."""
 
     row_time: dict[tuple[str, int], tuple[list[float], int]] = field(default_factory=dict)  # recent, count
@@ -118,19 +124,8 @@ class Learned:
     measured: dict[str, tuple[int, int]] = field(default_factory=dict)  # steps, row steps
     depth: dict[str, int] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)
-
-
-def best_chain_depth(alpha: float, cost_per_token: float, max_depth: int) -> int:
-    """The chain length k in 1..max_depth with the most tokens per step cost: a chain whose tokens
-    are each accepted with probability `alpha` yields E(k) = (1 − α^{k+1}) / (1 − α) tokens per step
-    and costs 1 + c·k plain steps."""
-    if alpha >= 1:
-        return max_depth
-
-    def gain(k: int) -> float:
-        return (1 - alpha ** (k + 1)) / (1 - alpha) / (1 + cost_per_token * k)
-
-    return max(range(1, max_depth + 1), key=gain)
+    forward_time: dict[tuple[int, int], tuple[list[float], int]] = field(default_factory=dict)  # (bucket, width)
+    host_time: dict[tuple[str, int], tuple[list[float], int]] = field(default_factory=dict)  # (drafter, bucket)
 
 
 def bucket(batch_size: int) -> int:
@@ -149,7 +144,8 @@ class AdaptiveController:
         self.nodes: dict[str, int] = {}
         self.resize_tally: dict[str, list[int]] = {}
         self.measured: dict[str, tuple[int, int]] = {}  # option -> steps and row steps measured
-        self.ratios: dict[tuple[str, int], float | None] = {}  # cost_ratio, until the next measurement
+        # Estimates by (what, option, bucket), until the next measurement: a plan asks for them many times.
+        self.memo: dict[tuple[str, str, int], object] = {}
         self.limits: dict[str, DraftLimits] = {}
         self.current = AUTOREGRESSIVE
         self.step = 0  # steps observed
@@ -158,11 +154,22 @@ class AdaptiveController:
         self.failed: set[str] = set()
         self.row_streak: list[int] = []
         self.row_off_until: list[int] = []
+        self.forward = ForwardCosts(self.settings.time_window)  # the target's forward by bucket and width
+        self.host_time: dict[tuple[str, int], RecentTime] = {}  # (drafter, bucket) -> step − forward, per row
+        self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
+        self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
+        self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
+        self.exploring: str | None = None  # a drafter planned for a step that explores it
+        self.exploring_s = 0.0  # time of such steps
+        self.decode_s = 0.0  # time of all steps
+        self.best_cases: dict[tuple[str, int], tuple[int, tuple, float | None]] = {}  # step, basis, best case
+        self.hopeless: set[tuple[str, int]] = set()  # (drafter, bucket) whose best case loses, told in an event
 
     # -- the Controller protocol ---------------------------------------------------------------
 
     def start_batch(self, drafters: dict[str, DraftLimits], batch_size: int) -> None:
         self.limits = dict(drafters)
+        self.memo.clear()
         for name, limits in drafters.items():
             start = limits.max_depth if limits.start_depth is None else limits.start_depth
             # Sizes learned under other limits (another job's, `warm_start`) are kept within these.
@@ -179,21 +186,29 @@ class AdaptiveController:
 
     def plan(self, batch_size: int) -> Plan:
         b = bucket(batch_size)
-        options = [AUTOREGRESSIVE, *(name for name in self.limits if name not in self.failed)]
-        unexplored = [o for o in options if self._unexplored(o, b)]
-        if unexplored:
-            return self._plan_for(unexplored[0])
+        options = [AUTOREGRESSIVE, *(o for o in self.limits if o not in self.failed and self._may_pay(o, b))]
+        if self.current not in options:
+            self._event("batch", self.current, AUTOREGRESSIVE, "its best case loses to plain steps", batch_bucket=b)
+            self.current = AUTOREGRESSIVE
+        if self._unexplored(AUTOREGRESSIVE, b):
+            return self._plan_for(AUTOREGRESSIVE, b)
+        # Cheapest first: the first steps of cheap drafters teach the cost model what dear ones would cost.
+        unexplored = sorted((o for o in options[1:] if self._unexplored(o, b)), key=lambda o: self._step_cost(o, b))
+        explorable = [o for o in unexplored if self._explore_wait(o, b, batch_size) == 0]
+        if explorable:
+            return self._plan_for(explorable[0], b, exploring=True)
         unconfirmed = self._unconfirmed_best(options, b)
         if unconfirmed is not None:
-            return self._plan_for(unconfirmed)
-        due = [o for o in options if o != self.current and self._probe_due(o, b)]
+            return self._plan_for(unconfirmed, b)
+        due = [o for o in options if o != self.current and o not in unexplored and self._probe_due(o, b)]
         if due:
-            return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)))
+            return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)), b)
         self._choose(options, b)
-        plan = self._plan_for(self.current)
+        plan = self._plan_for(self.current, b)
         if self.current == AUTOREGRESSIVE:
-            # Nothing changes the choice before the next probe: plain steps run until then unasked.
-            waits = [self.probe_wait(o, b) - self._since(o) for o in options[1:]]
+            # Nothing changes the choice before the next probe or exploration: plain steps run until then unasked.
+            waits = [self.probe_wait(o, b) - self._since(o) for o in options[1:] if o not in unexplored]
+            waits += [self._explore_wait(o, b, batch_size) for o in unexplored]
             plan.steps = max(1, min(waits)) if waits else None
         return plan
 
@@ -209,9 +224,18 @@ class AdaptiveController:
         self.step += 1
         row_time = record.wall_s / record.batch_size
         self.row_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(row_time)
+        self.decode_s += record.wall_s
+        if record.drafter == self.exploring:
+            self.exploring_s += record.wall_s
+        self.exploring = None
+        if record.forward_s is not None:
+            self.forward.observe(b, record.width, record.forward_s / record.batch_size)
+            if record.drafter != AUTOREGRESSIVE:
+                host = max(0.0, record.wall_s - record.forward_s) / record.batch_size
+                self.host_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(host)
         steps, rows = self.measured.get(record.drafter, (0, 0))
         self.measured[record.drafter] = (steps + 1, rows + record.batch_size)
-        self.ratios.clear()
+        self.memo.clear()
         self.last_used[record.drafter] = self.step
         if record.drafter == AUTOREGRESSIVE:
             return
@@ -221,7 +245,12 @@ class AdaptiveController:
         share = min(1.0, len(record.accepted) / s.smoothing_rows)
         weight = 1 - (1 - s.smoothing) ** share
         self.tau.setdefault(record.drafter, Ema()).update(sum(gained) / len(gained), weight, share)
+        if self.limits.get(record.drafter, DraftLimits(0, 0)).trees:
+            budget = self.planned_nodes.get(record.drafter, max(record.drafted))
+            by_budget = self.tree_tau.setdefault(record.drafter, {})
+            by_budget.setdefault(budget, Ema()).update(sum(gained) / len(gained), weight, share)
         self._resize(record)
+        self.memo.clear()  # sizes may have changed
         for row, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
             if drafted and not accepted:
                 self.row_streak[row] += 1
@@ -242,18 +271,28 @@ class AdaptiveController:
             measured=dict(self.measured),
             depth=dict(self.depth),
             nodes=dict(self.nodes),
+            forward_time={key: (list(t.recent), t.count) for key, t in self.forward.times.items()},
+            host_time={key: (list(t.recent), t.count) for key, t in self.host_time.items()},
         )
 
     def warm_start(self, learned: Learned) -> None:
         """Start from what an earlier job's controllers learned (before the first batch): options and
         batch buckets it covers are not explored again; measurements of this job go on updating it."""
         s = self.settings
-        for key, (recent, count) in learned.row_time.items():
-            self.row_time[key] = RecentTime(s.time_window, recent=deque(recent[-s.time_window :]), count=count)
+
+        def times(learned_times: dict) -> dict:
+            return {
+                key: RecentTime(s.time_window, recent=deque(recent[-s.time_window :]), count=count)
+                for key, (recent, count) in learned_times.items()
+            }
+
+        self.row_time.update(times(learned.row_time))
+        self.forward.load(times(learned.forward_time))
+        self.host_time.update(times(learned.host_time))
         self.tau = {name: Ema(value, seen) for name, (value, seen) in learned.tau.items()}
         self.measured = dict(learned.measured)
         self.depth, self.nodes = dict(learned.depth), dict(learned.nodes)
-        self.ratios.clear()
+        self.memo.clear()
 
     def drafter_failed(self, drafter: str, reason: str) -> None:
         self.failed.add(drafter)
@@ -286,15 +325,21 @@ class AdaptiveController:
         so a new batch size starts from what neighbouring ones taught instead of exploring again."""
         if option == AUTOREGRESSIVE:
             return 1.0
-        if (option, b) not in self.ratios:
+        if ("ratio", option, b) not in self.memo:
             measured = [m for (name, m) in self.row_time if name == option and (AUTOREGRESSIVE, m) in self.row_time]
             ratio = None
-            if measured:
+            modelled = self._host_row_s(option, b) is not None and (AUTOREGRESSIVE, b) in self.row_time
+            if b not in measured and modelled and self.forward.covers(b):
+                # A new bucket where plain steps ran: the forward's cost at this width there, not another bucket's.
+                plain = self.row_time[(AUTOREGRESSIVE, b)].value
+                step = self._step_row_s(option, b, 1 + self.draft_size(option, b)[1])
+                ratio = step / plain if plain > 0 and step is not None else None
+            elif measured:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
                 plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
                 ratio = self.row_time[(option, nearest)].value / plain if plain > 0 else None
-            self.ratios[(option, b)] = ratio
-        return self.ratios[(option, b)]
+            self.memo[("ratio", option, b)] = ratio
+        return self.memo[("ratio", option, b)]
 
     def drain_events(self) -> list[dict]:
         events, self.events = self.events, []
@@ -323,12 +368,86 @@ class AdaptiveController:
     def _unexplored(self, option: str, b: int) -> bool:
         """Plain steps are measured at every bucket; a drafter until it has a few measurements anywhere
         (a new bucket borrows its cost from the nearest measured one, `cost_ratio`)."""
+        s = self.settings
         if option == AUTOREGRESSIVE:
             times = self.row_time.get((option, b))
-            return times is None or times.count < self.settings.explore_steps
+            return times is None or times.count < s.explore_steps
         steps, rows = self.measured.get(option, (0, 0))
-        enough = steps >= self.settings.explore_steps and rows >= self.settings.explore_rows
+        # At a large batch one step holds the row steps of several: it is enough on its own.
+        enough = rows >= s.explore_rows and (steps >= s.explore_steps or rows >= s.explore_steps * s.explore_rows)
         return not enough or self.speedup(option, b) is None
+
+    def best_case(self, drafter: str, b: int) -> float | None:
+        """The speed-up of `drafter` at bucket `b` if it drafted right every time, by the cost model: its
+        known host time (none if unknown) and the forward at the cheapest width for each depth. None:
+        the cost model does not cover `b`, or plain steps have not run there. Kept `BEST_CASE_STEPS`
+        steps unless what it rests on changes in kind (a width measured there, the drafter's host time
+        known): it moves slowly with the times, and every drafter's is asked every step."""
+        widths, host = tuple(self.forward.widths(b)), self._host_row_s(drafter, b)
+        basis = (widths, host is None)
+        kept = self.best_cases.get((drafter, b))
+        if kept is not None and kept[2] is not None and kept[1] == basis and self.step - kept[0] < BEST_CASE_STEPS:
+            return kept[2]
+        plain = self.row_time.get((AUTOREGRESSIVE, b))
+        best = None
+        if plain is not None and widths:
+            forward = self.forward.row_seconds
+            depths = segment_ends(list(widths), self.limits[drafter].max_depth)
+            best = best_case_speedup(depths, plain.value, lambda k: forward(b, 1 + k) + (host or 0.0))
+        self.best_cases[(drafter, b)] = (self.step, basis, best)
+        return best
+
+    def _may_pay(self, drafter: str, b: int) -> bool:
+        """Whether `drafter` may be planned at bucket `b`: not when even its best case would not switch
+        speculation on (said once per bucket, in an event)."""
+        best = self.best_case(drafter, b)
+        if best is None or best > 1 + self.settings.hysteresis:
+            return True
+        if (drafter, b) not in self.hopeless:
+            self.hopeless.add((drafter, b))
+            reason = f"best case {best:.2f} <= {1 + self.settings.hysteresis:.2f}: never planned at this batch size"
+            self._event("explore", drafter, AUTOREGRESSIVE, reason, batch_bucket=b)
+        return False
+
+    def _host_row_s(self, drafter: str, b: int) -> float | None:
+        """Seconds per row a step of `drafter` spends besides the forward (drafting, acceptance, bookkeeping),
+        at `b` or the nearest bucket where it ran; None: it has not run with a timed forward."""
+        if ("host", drafter, b) not in self.memo:
+            measured = [m for (name, m) in self.host_time if name == drafter]
+            host = None
+            if measured:
+                nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
+                host = self.host_time[(drafter, nearest)].value
+            self.memo[("host", drafter, b)] = host
+        return self.memo[("host", drafter, b)]
+
+    def _step_row_s(self, drafter: str, b: int, width: int) -> float | None:
+        """Seconds per row of a step of `drafter` at bucket `b` whose forward is `width` tokens wide, by the
+        cost model (its host time taken as none until measured); None: the model does not cover `b`."""
+        forward = self.forward.row_seconds(b, width)
+        return None if forward is None else forward + (self._host_row_s(drafter, b) or 0.0)
+
+    def _step_cost(self, drafter: str, b: int) -> float:
+        """The cheapest step of `drafter` at `b` (one draft token), for exploring cheapest first; 0 if unknown."""
+        return self._step_row_s(drafter, b, 2) or 0.0
+
+    def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
+        """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time
+        (steps that explored drafters against all steps); 0: it fits now, or its cost is unknown. Probes
+        are not counted here: `probe_budget` bounds what they lose."""
+        budget = self.settings.explore_budget
+        width = 1 + self.draft_size(drafter, b)[1]
+        step = self._step_row_s(drafter, b, width)
+        if step is None:
+            return 0
+        plain = self.row_time[(AUTOREGRESSIVE, b)].value
+        if width > self.forward.widths(b)[-1]:  # never this wide here: at most as dear as `width` plain steps
+            step = max(step, plain * width + (self._host_row_s(drafter, b) or 0.0))
+        step *= batch_size
+        deficit = (self.exploring_s + step) / budget - step - self.decode_s
+        if deficit <= 0:
+            return 0
+        return math.ceil(deficit / (plain * batch_size))
 
     def _unconfirmed_best(self, options: list[str], b: int) -> str | None:
         """The drafter with the best estimate, if that estimate comes only from loaded statistics (it
@@ -371,15 +490,42 @@ class AdaptiveController:
             self._event("batch", self.current, target, reason, estimates=rounded, batch_bucket=b)
             self.current = target
 
-    def draft_size(self, drafter: str) -> tuple[int, int]:
-        """The (depth, nodes) the next step of `drafter` asks for: sized within its limits by what it yields."""
-        return self.depth[drafter], self.nodes[drafter]
+    def draft_size(self, drafter: str, b: int | None = None) -> tuple[int, int]:
+        """The (depth, nodes) the next step of `drafter` asks for, within its limits. Where the cost model
+        covers bucket `b`: the most tokens per second there, a chain's length from its acceptance per
+        position (E(k) against the step's cost at width 1 + k), a tree's budget (at most the learned one)
+        from τ by budget (`tree_tokens_lower_bound`). Otherwise the size learned by `_resize`."""
+        if b is None or not self.forward.covers(b):
+            return self.depth[drafter], self.nodes[drafter]
+        if ("size", drafter, b) not in self.memo:
+            self.memo[("size", drafter, b)] = self._modelled_size(drafter, b)
+        return self.memo[("size", drafter, b)]
 
-    def _plan_for(self, option: str) -> Plan:
+    def _modelled_size(self, drafter: str, b: int) -> tuple[int, int]:
+        depth, nodes = self.depth[drafter], self.nodes[drafter]
+        limits = self.limits[drafter]
+        if limits.trees:
+            tried = {n: ema.value for n, ema in self.tree_tau.get(drafter, {}).items()}
+            smallest = min(self.settings.min_tree_nodes, limits.max_nodes)
+            budgets = [nodes >> halvings for halvings in range(nodes.bit_length()) if nodes >> halvings >= smallest]
+            costs = {n: self._step_row_s(drafter, b, 1 + n) for n in budgets}
+            return depth, best_tree_budget(tried, costs) if tried and budgets else nodes
+        if drafter not in self.alpha:
+            return depth, nodes
+        costs = [self._step_row_s(drafter, b, 1 + k) for k in range(1, limits.max_depth + 1)]
+        best = best_chain_depth(self.alpha[drafter], costs)
+        return best, best
+
+    def _plan_for(self, option: str, b: int, exploring: bool = False) -> Plan:
+        """The plan that runs `option` at bucket `b`; `exploring`: a step that explores it, counted against
+        `explore_budget`."""
+        self.exploring = option if exploring else None
         if option == AUTOREGRESSIVE:
             return Plan(AUTOREGRESSIVE, 0, 0)
         off = {row for row, until in enumerate(self.row_off_until) if until > self.step + 1}
-        return Plan(option, *self.draft_size(option), rows_off=off)
+        depth, nodes = self.draft_size(option, b)
+        self.planned_nodes[option] = nodes
+        return Plan(option, depth, nodes, rows_off=off)
 
     def _resize(self, record: StepRecord) -> None:
         """Size drafts on the last `resize_rows` drafted row steps (one step at batch 1 is one row's luck)."""
@@ -396,7 +542,8 @@ class AdaptiveController:
         _, drafted, accepted, rejections = tally
         self.resize_tally[name] = [0, 0, 0, 0]
         limits = self.limits[name]
-        ratio = self.cost_ratio(name, bucket(record.batch_size))
+        b = bucket(record.batch_size)
+        ratio = self.cost_ratio(name, b)
         nodes = self.nodes[name]  # a chain's nodes are its depth
         node_cost = max(0.0, (ratio - 1) / nodes) if ratio is not None else 0.0  # in plain steps
         if limits.trees:  # double or halve on what a node yields against what it costs
@@ -409,7 +556,9 @@ class AdaptiveController:
             return
         # A chain: one step toward the depth with the most tokens per unit of step cost.
         depth = self.depth[name]
-        best = best_chain_depth(accepted / (accepted + rejections), node_cost, limits.max_depth)
+        self.alpha[name] = accepted / (accepted + rejections)
+        costs = [self._step_row_s(name, b, 1 + k) or 1 + node_cost * k for k in range(1, limits.max_depth + 1)]
+        best = best_chain_depth(self.alpha[name], costs)
         self.depth[name] = depth + (best > depth) - (best < depth)
         self.nodes[name] = self.depth[name]
 

@@ -1,7 +1,8 @@
 """The controller statistics file: what actors' controllers learned, kept for the next job.
 
 One small JSON file holds, per (target weights hash, device, dtype), what the controllers of a job
-learned (`workers.controller.Learned`): step times by batch bucket, τ by drafter, draft sizes. The
+learned (`workers.controller.Learned`): step times by batch bucket, τ by drafter, draft sizes, and the
+cost model's measurements (forward times by batch bucket and width, each drafter's host time). The
 driver writes it at the end of a job to the output's `_logs/controller_stats.json` and, when
 `workers.controller_stats_url` is set, into that shared file (entries of other keys kept); it reads
 it at the start of the next job (the shared file, else the output's own from an earlier run) and
@@ -9,7 +10,9 @@ hands it to the actors in their `WorkerSpec`; each actor warm-starts its control
 its own key and ignores the others (docs/design.md, "The adaptive controller").
 
 A file that cannot be read, is not JSON, or has another schema is ignored with a warning naming it:
-statistics only save exploration, they never decide a token.
+statistics only save exploration, they never decide a token. A file of the previous schema
+(`accelgen.controller_stats/1`, before the cost model) is read as it is, with no forward or host
+times: the controller measures those from its first steps.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch
 from workers.controller import Learned
 from workers.storage import filesystem, join, write_bytes
 
-SCHEMA = "accelgen.controller_stats/1"
+SCHEMA = "accelgen.controller_stats/2"
+READABLE = (SCHEMA, "accelgen.controller_stats/1")  # /1 lacks forward_time and host_time
 FILE_NAME = "controller_stats.json"  # in the output's _logs/
 
 
@@ -68,6 +72,14 @@ def encode(stats: dict[StatsKey, Learned]) -> dict[str, Any]:
                 },
                 "depth": dict(sorted(learned.depth.items())),
                 "nodes": dict(sorted(learned.nodes.items())),
+                "forward_time": [
+                    {"bucket": b, "width": width, "recent": recent, "count": count}
+                    for (b, width), (recent, count) in sorted(learned.forward_time.items())
+                ],
+                "host_time": [
+                    {"drafter": name, "bucket": b, "recent": recent, "count": count}
+                    for (name, b), (recent, count) in sorted(learned.host_time.items())
+                ],
             }
         )
     return {"schema": SCHEMA, "entries": entries}
@@ -75,9 +87,9 @@ def encode(stats: dict[StatsKey, Learned]) -> dict[str, Any]:
 
 def decode(document: Any) -> dict[StatsKey, Learned]:
     """The statistics of a file's JSON document; ValueError saying what is wrong with it."""
-    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+    if not isinstance(document, dict) or document.get("schema") not in READABLE:
         found = document.get("schema") if isinstance(document, dict) else type(document).__name__
-        raise ValueError(f"schema {found!r} is not {SCHEMA!r}")
+        raise ValueError(f"schema {found!r} is not one of {', '.join(map(repr, READABLE))}")
     entries = document.get("entries")
     if not isinstance(entries, list):
         raise ValueError("it has no list of entries")
@@ -93,19 +105,28 @@ def decode(document: Any) -> dict[StatsKey, Learned]:
 
 def _entry(entry: dict[str, Any]) -> tuple[StatsKey, Learned]:
     key = StatsKey(_text(entry["target"]), _text(entry["device"]), _text(entry["dtype"]))
-    row_time = {}
-    for t in entry["row_time"]:
-        recent = [_seconds(x) for x in t["recent"]]
-        if not recent:
-            raise TypeError(f"step times of {t['option']!r} hold no measurement")
-        row_time[(_text(t["option"]), _count(t["bucket"]))] = (recent, _count(t["count"]))
+    row_time = {(_text(t["option"]), _count(t["bucket"])): _times(t, "option") for t in entry["row_time"]}
+    forward_time = {
+        (_count(t["bucket"]), _count(t["width"])): _times(t, "width") for t in entry.get("forward_time", [])
+    }
+    host_time = {(_text(t["drafter"]), _count(t["bucket"])): _times(t, "drafter") for t in entry.get("host_time", [])}
     return key, Learned(
         row_time=row_time,
         tau={_text(n): (_seconds(t["value"]), _seconds(t["seen"])) for n, t in entry["tau"].items()},
         measured={_text(n): (_count(m["steps"]), _count(m["rows"])) for n, m in entry["measured"].items()},
         depth={_text(n): _count(d) for n, d in entry["depth"].items()},
         nodes={_text(n): _count(d) for n, d in entry["nodes"].items()},
+        forward_time=forward_time,
+        host_time=host_time,
     )
+
+
+def _times(t: dict[str, Any], name: str) -> tuple[list[float], int]:
+    """Recent measurements and their count; `name` is the field that names them in an error."""
+    recent = [_seconds(x) for x in t["recent"]]
+    if not recent:
+        raise TypeError(f"times of {name} {t[name]!r} hold no measurement")
+    return recent, _count(t["count"])
 
 
 def _text(x: Any) -> str:
@@ -152,13 +173,19 @@ def write(url: str, storage_options: dict[str, Any], stats: dict[StatsKey, Learn
 
 
 def merge(learned: list[Learned]) -> Learned:
-    """One actor's statistics from several of one key: per option (and batch bucket), those of the actor
-    that measured it most; draft sizes with the drafter's measurements."""
+    """One actor's statistics from several of one key: per option (and batch bucket), and per forward
+    width or drafter's host time, those of the actor that measured it most; draft sizes with the
+    drafter's measurements."""
     merged = Learned()
     for one in learned:
-        for key, (recent, count) in one.row_time.items():
-            if count > merged.row_time.get(key, ([], -1))[1]:
-                merged.row_time[key] = (recent, count)
+        for times, merged_times in (
+            (one.row_time, merged.row_time),
+            (one.forward_time, merged.forward_time),
+            (one.host_time, merged.host_time),
+        ):
+            for key, (recent, count) in times.items():
+                if count > merged_times.get(key, ([], -1))[1]:
+                    merged_times[key] = (recent, count)
         for name, (steps, rows) in one.measured.items():
             if rows > merged.measured.get(name, (0, -1))[1]:
                 merged.measured[name] = (steps, rows)

@@ -43,6 +43,8 @@ class StepRecord:
     wall_s: float
     drafted: list[int]  # per row: draft tokens verified
     accepted: list[int]  # per row: draft tokens accepted
+    width: int = 1  # new tokens per row in the step's target forward (padded): 1 + the widest draft
+    forward_s: float | None = None  # the forward's time until its tokens were on the host; None: not timed
 
 
 class Controller(Protocol):

@@ -256,7 +256,8 @@ class SpeculativeStrategy:
             if batch.reasons[i] is None:
                 still.append(row)
         drafted, accepted = [len(d) for d in drafts], [len(v.accepted_slots) for v in verdicts]
-        record = StepRecord(drafter, len(batch.active), time.perf_counter() - began, drafted, accepted)
+        wall_s, width = time.perf_counter() - began, 1 + max(drafted)
+        record = StepRecord(drafter, len(batch.active), wall_s, drafted, accepted, width, checked.forward_s)
         self._after_step(run, [v.tokens for v in verdicts], still, [record], checked.states)
 
     def _plain(
@@ -272,8 +273,9 @@ class SpeculativeStrategy:
         run.stats.record_plain(sum(steps.rows))
         for i, tokens in zip(active, steps.emitted, strict=True):
             run.emitted_by[i][AUTOREGRESSIVE] += len(tokens)
-        records = [
-            StepRecord(AUTOREGRESSIVE, n, s, [0] * n, [0] * n) for n, s in zip(steps.rows, steps.seconds, strict=True)
+        records = [  # a plain step is its forward: 1 new token per row
+            StepRecord(AUTOREGRESSIVE, n, s, [0] * n, [0] * n, 1, s)
+            for n, s in zip(steps.rows, steps.seconds, strict=True)
         ]
         if billed_to is not None:
             records[0].drafter, records[0].wall_s = billed_to, records[0].wall_s + overhead_s

@@ -13,6 +13,7 @@ After the rule picks each row's path, the slots off it are invalidated in the ra
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,7 @@ class Verification:
     # logits are asked for (`hidden` None unless asked).
     states: TargetStates | None
     logits: torch.Tensor  # [B, W, V] the target's logits at every slot
+    forward_s: float  # the forward and the rule, until its verdicts were on the host (the controller's cost model)
 
     def emitting_logits(self) -> torch.Tensor:
         """[M, V]: the logits at the slot that chose each emitted token, row after row. Token j of a
@@ -93,6 +95,7 @@ def verify(
     cache is exactly as before the call, and the exception propagates.
     """
     first_slot = kv.num_slots
+    began = time.perf_counter()
     inputs = verify_inputs(pending, drafts, kv.next_pos)
     out = runner.forward(kv, inputs.ids, inputs.positions, inputs.valid, inputs.attend, want_hidden=want_hidden)
     new_slots = torch.arange(kv.num_slots, device=kv.valid.device) >= first_slot  # [S]
@@ -100,6 +103,7 @@ def verify(
         # The token chosen at a slot is generation index `generated + depth` of its row.
         slots = Slots(sampling.seed, keys, torch.tensor(generated, dtype=torch.long)[:, None] + inputs.depths)
         verdicts = rule.accept(out.logits, drafts, slots, sampling)
+        forward_s = time.perf_counter() - began
     except BaseException:
         kv.invalidate(new_slots.expand_as(kv.valid))
         raise
@@ -110,4 +114,4 @@ def verify(
     kv.invalidate(~keep & new_slots)
     kv.compact_if_wasteful()
     states = TargetStates(out.hidden, kept, out.logits) if want_hidden or want_logits else None
-    return Verification(verdicts=verdicts, states=states, logits=out.logits)
+    return Verification(verdicts=verdicts, states=states, logits=out.logits, forward_s=forward_s)

@@ -1,0 +1,104 @@
+"""The controller's cost model on literal timings: forwards by batch and width, and the draft sizes
+that maximise tokens per second, against hand computations."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.cost_model import (
+    ForwardCosts,
+    best_case_speedup,
+    best_chain_depth,
+    best_tree_budget,
+    expected_chain_tokens,
+    segment_ends,
+    tree_tokens_lower_bound,
+)
+
+# Forward time (ms) of the shipped family's target over a ~200-token cache, 2 cores, float32, for
+# 1, 2, 4, 8 and 16 new tokens per row (issue 26): nearly flat at batch 1, rising at batch 8.
+WIDTHS = (1, 2, 4, 8, 16)
+BATCH_1_MS = (3.1, 3.5, 2.8, 3.0, 4.0)
+BATCH_8_MS = (4.0, 5.1, 6.8, 9.7, 13.9)
+
+
+def _issue_costs() -> ForwardCosts:
+    costs = ForwardCosts()
+    for b, times in ((1, BATCH_1_MS), (8, BATCH_8_MS)):
+        for width, ms in zip(WIDTHS, times, strict=True):
+            costs.observe(b, width, ms / 1000 / b)  # per row
+    return costs
+
+
+def test_a_forward_costs_the_running_maximum_of_what_was_measured_interpolated_between_widths():
+    costs = _issue_costs()
+    # Batch 1: 2.8 ms at 4 tokens after 3.5 at 2 is noise; a forward over more tokens costs no less.
+    assert [costs.row_seconds(1, w) * 1000 for w in (1, 2, 4, 8, 12, 16)] == pytest.approx(
+        [3.1, 3.5, 3.5, 3.5, 3.75, 4]
+    )
+    # Batch 8, per row: between 4 and 8 tokens a quarter of the way from 6.8 to 9.7 ms per batch.
+    assert costs.row_seconds(8, 5) * 8000 == pytest.approx(6.8 + (9.7 - 6.8) / 4)
+    # Beyond 16 tokens, the last segment's slope goes on.
+    assert costs.row_seconds(8, 20) * 8000 == pytest.approx(13.9 + (13.9 - 9.7) / 8 * 4)
+    assert costs.row_seconds(4, 1) is None and not costs.covers(4)
+
+
+def test_a_bucket_with_one_width_extends_with_the_nearest_buckets_slope_per_width():
+    costs = _issue_costs()
+    costs.observe(16, 1, 0.0005)
+    slope_8 = (13.9 - 9.7) / 8 / 8 / 1000  # seconds per row per width: batch 8's widest segment
+    assert costs.row_seconds(16, 3) == pytest.approx(0.0005 + 2 * slope_8)
+    alone = ForwardCosts()
+    alone.observe(2, 1, 0.002)
+    assert alone.row_seconds(2, 9) == 0.002  # nothing known anywhere: flat, the optimistic side
+
+
+def test_chain_length_maximises_tokens_per_second_as_a_hand_computation_does():
+    """α 0.6, so E(k) = 1.6, 1.96, 2.176, 2.306, … for k = 1, 2, 3, 4, …; the step drafting k tokens
+    costs the forward at width 1 + k.
+
+    Batch 8 (ms): k=1 at width 2: 5.1; k=2 at width 3: 5.95; k=3: 6.8; k=4: 7.525 (a quarter of the
+    way to 9.7). E/t = 0.314, 0.329, 0.320, 0.306: k = 2.
+    Batch 1: 3.5 ms from width 2 to 8 (the running maximum), 3.5625 at width 9. E/t rises up to k = 7
+    (2.458 / 3.5 = 0.702) and falls at k = 8 (2.475 / 3.5625 = 0.695): k = 7."""
+    costs = _issue_costs()
+    for b, best in ((8, 2), (1, 7)):
+        step_costs = [costs.row_seconds(b, 1 + k) for k in range(1, 9)]
+        assert best_chain_depth(0.6, step_costs) == best
+    assert expected_chain_tokens(0.6, 4) == pytest.approx(2.3056)
+
+
+def test_a_tree_budget_is_sized_on_a_lower_bound_of_tau_between_budgets_tried():
+    # τ 2.0 measured at 8 nodes: at 4 nodes the line from (0, 1) gives 1.5; beyond 8, no more than 2.0.
+    assert tree_tokens_lower_bound({8: 2.0}, 4) == 1.5
+    assert tree_tokens_lower_bound({8: 2.0}, 16) == 2.0
+    assert tree_tokens_lower_bound({4: 1.8, 8: 2.0}, 6) == pytest.approx(1.9)
+    costs = _issue_costs()
+    # Batch 8: 4 nodes (width 5) cost 7.525 ms, 8 nodes (width 9) 10.225: 1.5/7.525 = 0.199 > 2.0/10.225 = 0.196.
+    assert best_tree_budget({8: 2.0}, {n: costs.row_seconds(8, 1 + n) for n in (4, 8)}) == 4
+    # Batch 1: both widths cost 3.5 ms: the larger budget.
+    assert best_tree_budget({8: 2.0}, {n: costs.row_seconds(1, 1 + n) for n in (4, 8)}) == 8
+
+
+def test_best_case_is_every_draft_token_accepted_at_the_cheapest_width():
+    # Compute-bound: each token of a row costs the same, so drafting k tokens yields 1 + k tokens in
+    # 1 + k times the time, and any host time makes it lose.
+    assert best_case_speedup(range(1, 9), 1.0, lambda k: 1.0 + k) == 1.0
+    assert best_case_speedup(range(1, 9), 1.0, lambda k: 1.0 + k + 0.1) < 1
+    # Latency-bound: a draft of 4 tokens for 10% more than a plain step.
+    assert best_case_speedup(range(1, 5), 1.0, lambda k: 1.0 + 0.025 * k) == pytest.approx(5 / 1.1)
+
+
+def test_the_best_case_over_segment_ends_is_the_best_case_over_every_depth():
+    costs = _issue_costs()
+    for b in (1, 8):
+        widths = costs.widths(b)
+        assert segment_ends(widths, 10) == [1, 3, 7, 10]  # widths 2, 4, 8 within reach; 16 beyond
+        plain = costs.row_seconds(b, 1)
+        for host in (0.0, 0.0002, 0.002):
+
+            def step(k: int, b: int = b, host: float = host) -> float:
+                return costs.row_seconds(b, 1 + k) + host
+
+            everywhere = best_case_speedup(range(1, 11), plain, step)
+            assert best_case_speedup(segment_ends(widths, 10), plain, step) == pytest.approx(everywhere)

@@ -1,0 +1,181 @@
+"""What a token costs: the target's forward time by batch size and new tokens, learned online.
+
+A forward over a batch of B rows with n new tokens each costs little more than a plain step while
+the device is latency-bound and about n times as much once it is compute-bound; where that happens
+depends on B, the device and the dtype (on 2 CPU cores, float32: an 8-node tree is about free at
+batch 1 and costs 2.4 plain steps at batch 8). The controller cannot size drafts by acceptance
+alone: it sizes them by tokens per second, τ(size) / cost(batch, size), with the cost from here.
+
+The model (`ForwardCosts`) keeps, per batch bucket and forward width n (new tokens per row, the
+pending token included), the recent forward time per row (`RecentTime`: 2-core outliers left out).
+Between measured widths it interpolates linearly over the running maximum (a forward over more
+tokens never costs less: a lower measurement at a wider forward is noise); beyond the widest it
+extends the last segment's slope. Per-row time per width unit is the total time per batch token,
+which is about the same at every batch size once compute-bound, so a bucket with one measured width
+extends with the slope of the nearest bucket that has two; with none anywhere it is flat (the
+optimistic side: that only decides whether a drafter is worth a first step, under the exploration
+budget). Updating is one append per step; a query is a few comparisons: no fitting.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RecentTime:
+    """The mean of the last `window` measurements, those over `outlier` times their median left out.
+
+    Why not a moving average: 2-core step times have rare outliers of tens of times the usual (a
+    garbage collection, another process), which it would carry for many steps. Why not the median:
+    a drafter's steps have two costs, a verify when it drafted and a plain step plus the search when
+    it found nothing, and the median of such a mix jumps from one to the other."""
+
+    window: int
+    outlier: float = 3.0
+    recent: deque[float] = field(default_factory=deque)
+    count: int = 0
+    cached: float | None = field(default=None, repr=False, compare=False)  # value, until the next update
+
+    def update(self, x: float) -> None:
+        self.recent.append(x)
+        if len(self.recent) > self.window:
+            self.recent.popleft()
+        self.count += 1
+        self.cached = None
+
+    @property
+    def value(self) -> float:
+        if self.cached is None:
+            limit = self.outlier * statistics.median(self.recent)
+            self.cached = statistics.fmean(x for x in self.recent if x <= limit)
+        return self.cached
+
+
+def running_max(points: dict[int, float]) -> tuple[list[int], list[float]]:
+    """Measured widths in order, and their costs as a running maximum: a forward over more tokens never
+    costs less, and a lower measurement at a wider forward is noise."""
+    widths = sorted(points)
+    costs, highest = [], 0.0
+    for w in widths:
+        highest = max(highest, points[w])
+        costs.append(highest)
+    return widths, costs
+
+
+def interpolate(widths: list[int], costs: list[float], width: int, slope_beyond: float | None) -> float:
+    """The cost at `width` from a `running_max` curve: linear between measured widths, the narrowest's
+    cost below it, and beyond the widest the last segment's slope (or `slope_beyond` with one measured
+    width; None: flat)."""
+    if width <= widths[0]:
+        return costs[0]
+    for i in range(1, len(widths)):
+        if width <= widths[i]:
+            w0, w1, c0, c1 = widths[i - 1], widths[i], costs[i - 1], costs[i]
+            return c0 + (c1 - c0) * (width - w0) / (w1 - w0)
+    slope = last_slope(widths, costs)
+    if slope is None:
+        slope = slope_beyond or 0.0
+    return costs[-1] + slope * (width - widths[-1])
+
+
+def last_slope(widths: list[int], costs: list[float]) -> float | None:
+    """Cost per width unit of a curve's widest segment; None with one measured width."""
+    if len(widths) < 2:
+        return None
+    return (costs[-1] - costs[-2]) / (widths[-1] - widths[-2])
+
+
+@dataclass
+class ForwardCosts:
+    """Forward seconds per row by (batch bucket, width), from the steps a controller ran."""
+
+    window: int = 9
+    times: dict[tuple[int, int], RecentTime] = field(default_factory=dict)
+    curves: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)  # per bucket, until it changes
+
+    def observe(self, b: int, width: int, row_seconds: float) -> None:
+        self.times.setdefault((b, width), RecentTime(self.window)).update(row_seconds)
+        self.curves.pop(b, None)
+
+    def load(self, times: dict[tuple[int, int], RecentTime]) -> None:
+        """Measurements of an earlier job (`AdaptiveController.warm_start`), over those of the same keys."""
+        self.times.update(times)
+        self.curves.clear()
+
+    def covers(self, b: int) -> bool:
+        return bool(self._curve(b)[0])
+
+    def widths(self, b: int) -> list[int]:
+        """The forward widths measured at bucket `b`, narrowest first: wider ones are extrapolated."""
+        return self._curve(b)[0]
+
+    def row_seconds(self, b: int, width: int) -> float | None:
+        """A forward's seconds per row at bucket `b` and `width` new tokens per row; None: nothing measured at `b`."""
+        widths, costs = self._curve(b)
+        if not widths:
+            return None
+        return interpolate(widths, costs, width, self._slope_near(b) if len(widths) < 2 else None)
+
+    def _curve(self, b: int) -> tuple[list[int], list[float]]:
+        if b not in self.curves:
+            self.curves[b] = running_max({w: t.value for (bb, w), t in self.times.items() if bb == b})
+        return self.curves[b]
+
+    def _slope_near(self, b: int) -> float | None:
+        """The widest segment's slope at the nearest bucket with two measured widths (the larger of two as near)."""
+        slopes = {bb: last_slope(*self._curve(bb)) for bb in {key[0] for key in self.times}}
+        known = [bb for bb, slope in slopes.items() if slope is not None]
+        if not known:
+            return None
+        return slopes[min(known, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))]
+
+
+def expected_chain_tokens(alpha: float, depth: int) -> float:
+    """Tokens a step yields with a chain of `depth` tokens each accepted with probability `alpha`:
+    E(k) = (1 − α^{k+1}) / (1 − α), the pending token's included."""
+    if alpha >= 1:
+        return depth + 1.0
+    return (1 - alpha ** (depth + 1)) / (1 - alpha)
+
+
+def best_chain_depth(alpha: float, step_costs: Sequence[float]) -> int:
+    """The chain length k in 1..len(step_costs) with the most tokens per second, E(k) / step_costs[k − 1]
+    (a step drafting k tokens costs step_costs[k − 1], in any unit); the shortest of equals."""
+    return max(range(1, len(step_costs) + 1), key=lambda k: (expected_chain_tokens(alpha, k) / step_costs[k - 1], -k))
+
+
+def tree_tokens_lower_bound(tried: dict[int, float], nodes: int) -> float:
+    """Tokens per step at a node budget of `nodes`, from τ measured at the budgets `tried`: a tree's
+    first nodes are its likeliest, so τ is concave in the budget and the line from (0 nodes, 1 token)
+    through the measured points is below it; beyond the largest budget tried, no more than there."""
+    points = {0: 1.0, **tried}
+    below = max(n for n in points if n <= nodes)
+    above = [n for n in points if n > nodes]
+    if not above:
+        return points[below]
+    nxt = min(above)
+    return points[below] + (points[nxt] - points[below]) * (nodes - below) / (nxt - below)
+
+
+def best_tree_budget(tried: dict[int, float], step_costs: dict[int, float]) -> int:
+    """The node budget among `step_costs` (budget -> a step's cost) with the most tokens per second by
+    `tree_tokens_lower_bound`; the smallest of equals."""
+    return max(step_costs, key=lambda n: (tree_tokens_lower_bound(tried, n) / step_costs[n], -n))
+
+
+def best_case_speedup(depths: Iterable[int], plain_seconds: float, step_seconds: Callable[[int], float]) -> float:
+    """A drafter's speed-up over plain steps if every draft token were accepted: 1 + k tokens for a
+    step drafting k (`step_seconds(k)`, at its cheapest: a chain; a tree of k nodes reaches no deeper),
+    at its best among `depths`."""
+    return max((1 + k) * plain_seconds / step_seconds(k) for k in depths)
+
+
+def segment_ends(widths: list[int], max_depth: int) -> list[int]:
+    """The draft depths where (1 + k) / t(1 + k) can peak, t piecewise linear with corners at `widths`:
+    on each linear piece a ratio of two linear functions is monotone, so its maximum over 1..max_depth
+    lies at a piece's end (a measured width, less the pending token) or at 1 or `max_depth`."""
+    return sorted({1, max_depth, *(w - 1 for w in widths if 2 <= w <= max_depth + 1)})
