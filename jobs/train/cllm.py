@@ -44,12 +44,12 @@ from jobs.train import checkpoint
 from jobs.train.config import CLLMJobConfig, CLLMLossConfig, TrainConfig, check_cllm
 from jobs.train.corpus import Corpus, load_corpus
 from jobs.train.evaluate import heldout_windows, score
-from jobs.train.loop import Objective, pick_device, single_phase, train, versions
-from jobs.train.model import count_parameters, load_float32, save_model_dir
+from jobs.train.loop import Objective, single_phase, train, versions
+from jobs.train.model import count_parameters, save_model_dir
+from jobs.train.on_target import start_on_target
 from jobs.train.sequences import data_fingerprint, draw_prompts
-from jobs.train.tokenizer import encode_documents, load_tokenizer
+from jobs.train.tokenizer import encode_documents
 from pipeline.errors import JobError
-from workers.model_loading import weights_sha256
 
 DATA_SUBDIR = "trajectories"  # the collected trajectories, a checkpoint of their own inside the checkpoint directory
 
@@ -78,14 +78,10 @@ _TRAJECTORY_FIELDS = [f.name for f in fields(Trajectories)]
 def train_cllm(config: CLLMJobConfig) -> Path:
     """Collect the target's Jacobi trajectories, fine-tune a copy on them; returns the model's directory."""
     started = time.perf_counter()
-    if config.train.threads > 0:
-        torch.set_num_threads(config.train.threads)
-    device = pick_device(config.train.device)
-    model, tokenizer = load_float32(config.target, device, frozen=False), load_tokenizer(config.target)
+    run = start_on_target(config, frozen=False)
+    model, tokenizer = run.target, run.tokenizer
+    out, checkpoint_dir, fingerprint = run.output_dir, run.checkpoint_dir, run.fingerprint
     check_cllm(config, model.config.max_position_embeddings)
-    out = Path(config.output_dir)
-    checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
-    fingerprint = {**checkpoint.fingerprint(config), "target_weights_sha256": weights_sha256(Path(config.target))}
     corpus = load_corpus(config.corpus)
     data, collection_s = training_trajectories(config, model, tokenizer, corpus, checkpoint_dir, fingerprint)
     heldout = heldout_set(config, tokenizer, corpus)

@@ -31,13 +31,13 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from jobs.train import checkpoint
 from jobs.train.config import CMLMJobConfig, TrainConfig, check_cmlm
 from jobs.train.corpus import Document, load_corpus
-from jobs.train.loop import Objective, pick_device, single_phase, train, versions
-from jobs.train.model import count_parameters, load_float32, save_model_dir
+from jobs.train.loop import Objective, single_phase, train, versions
+from jobs.train.model import count_parameters, save_model_dir
+from jobs.train.on_target import start_on_target
 from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
-from jobs.train.tokenizer import encode_documents, load_tokenizer
+from jobs.train.tokenizer import encode_documents
 from pipeline.errors import JobError
 from strategies.artifacts.cmlm import CMLM, LENGTH_TOKEN, MASK_TOKEN, CMLMConfig, length_token, write_config
 from strategies.base import GenerationParams, RowRequest
@@ -45,7 +45,6 @@ from strategies.decoders.mask_predict import MaskPredictStrategy
 from strategies.options import MaskPredictOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from workers.model_loading import weights_sha256
 
 DATA_SUBDIR = "continuations"  # the collected continuations: a checkpoint of their own
 
@@ -53,14 +52,10 @@ DATA_SUBDIR = "continuations"  # the collected continuations: a checkpoint of th
 def train_cmlm(config: CMLMJobConfig) -> Path:
     """Collect the target's greedy continuations, train a CMLM on them; returns the model's directory."""
     started = time.perf_counter()
-    if config.train.threads > 0:
-        torch.set_num_threads(config.train.threads)
-    device = pick_device(config.train.device)
-    target, tokenizer = load_float32(config.target, device, frozen=True), load_tokenizer(config.target)
+    run = start_on_target(config, frozen=True)
+    target, tokenizer = run.target, run.tokenizer
+    out, checkpoint_dir, fingerprint = run.output_dir, run.checkpoint_dir, run.fingerprint
     check_cmlm(config, target.config.num_hidden_layers, target.config.max_position_embeddings)
-    out = Path(config.output_dir)
-    checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
-    fingerprint = {**checkpoint.fingerprint(config), "target_weights_sha256": weights_sha256(Path(config.target))}
     corpus = load_corpus(config.corpus)
     data, collection_s = continuations(config, target, tokenizer, corpus.train, checkpoint_dir, fingerprint)
     cmlm_tokenizer, spec = cmlm_tokenizer_and_config(tokenizer, config.shape.max_length)

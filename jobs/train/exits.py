@@ -24,32 +24,25 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from jobs.train import checkpoint
 from jobs.train.config import ExitsJobConfig
 from jobs.train.corpus import load_corpus
-from jobs.train.loop import Objective, pick_device, single_phase, train, versions
-from jobs.train.model import load_float32
-from jobs.train.tokenizer import encode_documents, load_tokenizer
+from jobs.train.loop import Objective, single_phase, train, versions
+from jobs.train.on_target import start_on_target
+from jobs.train.tokenizer import encode_documents
 from jobs.train.windows import WindowSampler
 from pipeline.errors import JobError
 from strategies.artifacts.exits import ExitHeads, untrained_exits
 from strategies.runtime import llama_forward
 from strategies.runtime.runner import ModelRunner
-from workers.model_loading import weights_sha256
 
 
 def train_exits(config: ExitsJobConfig) -> Path:
     """Train the exits described by `config` on its frozen target; returns the exits' directory."""
-    if config.train.threads > 0:
-        torch.set_num_threads(config.train.threads)
-    device = pick_device(config.train.device)
-    target = load_float32(config.target, device, frozen=True)
+    run = start_on_target(config, frozen=True)
+    target, tokenizer = run.target, run.tokenizer
+    out, checkpoint_dir, fingerprint = run.output_dir, run.checkpoint_dir, run.fingerprint
     layers = check_exits(config, target)
-    out = Path(config.output_dir)
-    checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
-    fingerprint = {**checkpoint.fingerprint(config), "target_weights_sha256": weights_sha256(Path(config.target))}
     corpus = load_corpus(config.corpus)
-    tokenizer = load_tokenizer(config.target)
     tokens = encode_documents(tokenizer, corpus.train)  # [N]
     heldout = encode_documents(tokenizer, corpus.heldout)  # [M]
     runner = ModelRunner(target)

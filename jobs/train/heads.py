@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from jobs.train import checkpoint
 from jobs.train.config import (
     HeadsEvalJobConfig,
     HeadsJobConfig,
@@ -39,6 +38,7 @@ from jobs.train.config import (
 from jobs.train.corpus import Corpus, Document, load_corpus
 from jobs.train.loop import Objective, pick_device, single_phase, train, versions
 from jobs.train.model import load_float32
+from jobs.train.on_target import start_on_target
 from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
@@ -75,14 +75,10 @@ class SequenceSampler:
 
 def train_heads(config: HeadsJobConfig) -> Path:
     """Train the heads described by `config` on its frozen target; returns the heads' directory."""
-    if config.train.threads > 0:
-        torch.set_num_threads(config.train.threads)
-    device = pick_device(config.train.device)
-    target, tokenizer = load_float32(config.target, device, frozen=True), load_tokenizer(config.target)
+    run = start_on_target(config, frozen=True)
+    device, target, tokenizer = run.device, run.target, run.tokenizer
+    out, checkpoint_dir, fingerprint = run.output_dir, run.checkpoint_dir, run.fingerprint
     check_heads(config, target.config.max_position_embeddings)
-    out = Path(config.output_dir)
-    checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
-    fingerprint = {**checkpoint.fingerprint(config), "target_weights_sha256": weights_sha256(Path(config.target))}
     corpus = load_corpus(config.corpus)
     sequences, generation_s = training_sequences(config, target, tokenizer, corpus, checkpoint_dir, fingerprint)
     heads = new_heads(config, target)
