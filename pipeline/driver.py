@@ -259,7 +259,7 @@ def _run_units(
         shared, options = pool.config.workers.controller_stats_url, dict(pool.config.output.storage_options)
         controller_stats.save_job(shared, output.url, options, pool.controller_statistics())
         phases.lap("other")
-        first_batch_end = _first_batch_end(output, results)
+        first_batch_end = min((r.first_record_end for r in results if r.first_record_end is not None), default=None)
         if first_batch_end is not None:
             phases.take("decoding", "first_batch", first_batch_end - run_began)
         for model, seconds in pool.loaded_since_ready().items():
@@ -269,16 +269,6 @@ def _run_units(
     finally:
         pool.shutdown()
         phases.lap("shutdown")
-
-
-def _first_batch_end(output: OutputFolder, results: list[UnitResult]) -> float | None:
-    """When the job's first batch ended (epoch seconds), from the batch records of each actor's first
-    unit (read back: a few small files, whatever the job's size)."""
-    firsts: dict[str, UnitResult] = {}
-    for result in results:
-        firsts.setdefault(result.actor, result)
-    ends = [r["time"] for result in firsts.values() for r in output.batch_records(result.unit_id, result.attempt)]
-    return min(ends, default=None)
 
 
 def _incomplete(job_id: str, summary: dict[str, Any], failures: dict[str, str], missing: int, units: int) -> JobOutcome:

@@ -91,3 +91,6 @@ class UnitResult:
     device: str
     tokens_by_strategy: dict[str, int] = field(default_factory=dict)
     tokens_by_option: dict[str, int] = field(default_factory=dict)  # drafting rows: tokens per drafter
+    # When the earliest throughput record it logged closed (epoch seconds; None: it logged none). The
+    # job's first batch ends at the earliest over all units, whichever unit's log took that record.
+    first_record_end: float | None = None
