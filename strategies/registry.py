@@ -30,7 +30,15 @@ from strategies.lookahead import MODES, LookaheadProposer
 from strategies.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
 from strategies.mask_predict import MaskPredictStrategy
 from strategies.medusa import HeadsProposer, chain_choices, check_choices
-from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, DRAFTERS, MEDUSA_ACCEPTANCE, StrategyOptions
+from strategies.options import (
+    CALM_BATCH_EXITS,
+    CALM_MEASURES,
+    DRAFTERS,
+    MEDUSA_ACCEPTANCE,
+    Bound,
+    StrategyOptions,
+    out_of_bounds,
+)
 from strategies.prompt_lookup import PromptLookupProposer
 from strategies.proposer import Proposer
 from strategies.runner import ModelRunner
@@ -277,41 +285,26 @@ def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> 
     unknown = sorted(set(options.candidates) - set(drafting()))
     if unknown:
         found.append(f"strategy.candidates {unknown} are unknown; available: {', '.join(drafting())}")
-    if options.num_speculative_tokens < 0 or options.specdec.top_beta < 1:
-        found.append("strategy.num_speculative_tokens must be >= 0 and strategy.specdec.top_beta >= 1")
-    la, pl, md = options.lookahead, options.prompt_lookup, options.medusa
-    if la.mode not in MODES or min(la.decoding_length, la.branch_length, la.max_query_length, la.max_nodes) < 1:
-        found.append(f"strategy.lookahead: mode must be one of {', '.join(MODES)}; lengths and max_nodes >= 1")
-    if not 1 <= pl.min_ngram <= pl.max_ngram:
-        found.append("strategy.prompt_lookup: need 1 <= min_ngram <= max_ngram")
-    if md.acceptance not in MEDUSA_ACCEPTANCE:
-        found.append(f"strategy.medusa.acceptance={md.acceptance!r}: use one of {', '.join(MEDUSA_ACCEPTANCE)}")
+    found.extend(out_of_bounds(_bounds(options)))
+    la, md, jc, cm = options.lookahead, options.medusa, options.jacobi, options.calm
+    for key, value, allowed in (
+        ("strategy.lookahead.mode", la.mode, MODES),
+        ("strategy.medusa.acceptance", md.acceptance, MEDUSA_ACCEPTANCE),
+        ("strategy.jacobi.mode", jc.mode, JACOBI_MODES),
+        ("strategy.jacobi.init", jc.init, INITS),
+        ("strategy.calm.measure", cm.measure, CALM_MEASURES),
+        ("strategy.calm.batch_exit", cm.batch_exit, CALM_BATCH_EXITS),
+        ("strategy.speculative.drafter", options.speculative.drafter, DRAFTERS),
+        ("strategy.specdec.drafter", options.specdec.drafter, DRAFTERS),
+    ):
+        if value not in allowed:
+            found.append(f"{key}={value!r}: use one of {', '.join(allowed)}")
     if not md.choices:
         found.append("strategy.medusa.choices is empty: give at least one path, e.g. [[0]]")
-    jc = options.jacobi
-    if jc.mode not in JACOBI_MODES or jc.init not in INITS or jc.block_size < 1:
-        found.append(
-            f"strategy.jacobi: mode must be one of {', '.join(JACOBI_MODES)}, init one of {', '.join(INITS)}, "
-            "block_size >= 1"
-        )
-    if options.blockwise.top_k < 1:
-        found.append(f"strategy.blockwise.top_k={options.blockwise.top_k}: use 1 (exact) or more")
-    if options.self_speculative.exit_layer < 1:
-        found.append(f"strategy.self_speculative.exit_layer={options.self_speculative.exit_layer}: use 1 or more")
-    cm = options.calm
-    if cm.measure not in CALM_MEASURES or cm.batch_exit not in CALM_BATCH_EXITS:
-        found.append(
-            f"strategy.calm: measure must be one of {', '.join(CALM_MEASURES)}, "
-            f"batch_exit one of {', '.join(CALM_BATCH_EXITS)}"
-        )
-    if cm.threshold <= 0 or cm.decay_tau < 0 or cm.min_layer < 1:
-        found.append("strategy.calm: threshold must be > 0, decay_tau >= 0 and min_layer >= 1")
-    for key, drafter in (("speculative", options.speculative.drafter), ("specdec", options.specdec.drafter)):
-        if drafter not in DRAFTERS:
-            found.append(f"strategy.{key}.drafter={drafter!r}: use one of {', '.join(DRAFTERS)}")
-    mp = options.mask_predict
-    if mp.iterations < 1 or mp.length_beam < 1 or mp.max_length < 0:
-        found.append("strategy.mask_predict: iterations and length_beam must be >= 1, max_length >= 0 (0: the CMLM's)")
+    else:
+        shape = check_choices(md.choices)  # the heads' depth and the vocabulary are checked as the heads load
+        if shape is not None:
+            found.append(f"strategy.medusa.choices: {shape}")
     if options.name == MASK_PREDICT and not greedy:
         found.append(
             "strategy.name=mask_predict fills blocks with the CMLM's most likely tokens and has no sampling "
@@ -322,6 +315,48 @@ def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> 
         reason = lossy_reason(options.name, options)
         found.append(f"strategy.name={options.name} uses {reason}, which relaxes greedy decoding: use temperature 0")
     return found
+
+
+def _bounds(options: StrategyOptions) -> list[Bound]:
+    """Every numeric strategy option's bounds."""
+    sd, pl, la, md = options.specdec, options.prompt_lookup, options.lookahead, options.medusa
+    ss, cm, mp = options.self_speculative, options.calm, options.mask_predict
+    k = options.num_speculative_tokens
+    return [
+        ("strategy.num_speculative_tokens", k, k >= 0, ">= 0"),
+        ("strategy.specdec.top_beta", sd.top_beta, sd.top_beta >= 1, ">= 1"),
+        ("strategy.specdec.tolerance", sd.tolerance, sd.tolerance >= 0, ">= 0 (0 with top_beta=1: exact greedy)"),
+        ("strategy.prompt_lookup.min_ngram", pl.min_ngram, pl.min_ngram >= 1, ">= 1"),
+        (
+            "strategy.prompt_lookup.max_ngram",
+            pl.max_ngram,
+            pl.max_ngram >= pl.min_ngram,
+            f">= strategy.prompt_lookup.min_ngram ({pl.min_ngram})",
+        ),
+        (
+            "strategy.prompt_lookup.max_speculative_tokens",
+            pl.max_speculative_tokens,
+            pl.max_speculative_tokens >= 1,
+            ">= 1",
+        ),
+        ("strategy.lookahead.decoding_length", la.decoding_length, la.decoding_length >= 1, ">= 1"),
+        ("strategy.lookahead.branch_length", la.branch_length, la.branch_length >= 1, ">= 1"),
+        ("strategy.lookahead.max_query_length", la.max_query_length, la.max_query_length >= 1, ">= 1"),
+        ("strategy.lookahead.max_nodes", la.max_nodes, la.max_nodes >= 1, ">= 1"),
+        ("strategy.lookahead.own_prompt_weight", la.own_prompt_weight, la.own_prompt_weight >= 0, ">= 0"),
+        ("strategy.medusa.typical_epsilon", md.typical_epsilon, md.typical_epsilon > 0, "> 0"),
+        ("strategy.medusa.typical_delta", md.typical_delta, md.typical_delta > 0, "> 0"),
+        ("strategy.blockwise.top_k", options.blockwise.top_k, options.blockwise.top_k >= 1, ">= 1 (1: exact)"),
+        ("strategy.jacobi.block_size", options.jacobi.block_size, options.jacobi.block_size >= 1, ">= 1"),
+        ("strategy.self_speculative.exit_layer", ss.exit_layer, ss.exit_layer >= 1, ">= 1"),
+        ("strategy.self_speculative.min_confidence", ss.min_confidence, 0 <= ss.min_confidence <= 1, "in [0, 1]"),
+        ("strategy.calm.threshold", cm.threshold, cm.threshold > 0, "> 0"),
+        ("strategy.calm.decay_tau", cm.decay_tau, cm.decay_tau >= 0, ">= 0 (0: a constant threshold)"),
+        ("strategy.calm.min_layer", cm.min_layer, cm.min_layer >= 1, ">= 1"),
+        ("strategy.mask_predict.iterations", mp.iterations, mp.iterations >= 1, ">= 1"),
+        ("strategy.mask_predict.length_beam", mp.length_beam, mp.length_beam >= 1, ">= 1"),
+        ("strategy.mask_predict.max_length", mp.max_length, mp.max_length >= 0, ">= 0 (0: the CMLM's own)"),
+    ]
 
 
 def create(options: StrategyOptions, models: Models, controller: Controller | None = None) -> Strategy:
