@@ -24,8 +24,9 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 from tqdm import tqdm
 
+from pipeline.checks import validate
 from pipeline.commit import OutputFolder
-from pipeline.config import DTYPES, JobConfig, to_plain_dict
+from pipeline.config import JobConfig, to_plain_dict
 from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.phases import Phases, actor_start_phases
@@ -45,7 +46,6 @@ from workers.model_loading import (
     model_weights_hash,
     resolve_model_dir,
 )
-from workers.row_settings import SETTINGS as ROW_SETTINGS
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
@@ -116,46 +116,6 @@ class _StopOnSigterm:
 class JobOutcome:
     status: str  # "succeeded" | "already_complete" | "failed" | "interrupted"
     summary: dict[str, Any]
-
-
-def validate(config: JobConfig) -> None:
-    """Checks of values that types alone cannot express."""
-    g, w = config.generation, config.workers
-    problems = []
-    if g.max_new_tokens <= 0:
-        problems.append(f"generation.max_new_tokens must be > 0, got {g.max_new_tokens}")
-    if g.temperature < 0:
-        problems.append(f"generation.temperature must be >= 0, got {g.temperature}")
-    if not 0 < g.top_p <= 1:
-        problems.append(f"generation.top_p must be in (0, 1], got {g.top_p}")
-    if g.top_k < 0:
-        problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
-    if g.n < 1:
-        problems.append(f"generation.n must be >= 1, got {g.n}")
-    elif g.n > 1 and g.temperature == 0:
-        problems.append(
-            f"generation.n={g.n} samples at generation.temperature=0 would be {g.n} copies of one greedy "
-            "completion: set generation.temperature > 0 to sample, or generation.n=1"
-        )
-    unknown = sorted(set(config.input.params_columns) - set(ROW_SETTINGS))
-    if unknown:
-        problems.append(f"input.params_columns: {unknown} cannot be set per row; use any of {', '.join(ROW_SETTINGS)}")
-    if config.output.top_logprobs < 0:
-        problems.append(f"output.top_logprobs must be >= 0, got {config.output.top_logprobs}")
-    if config.model.dtype not in DTYPES:
-        problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
-    scores = config.output.logprobs or config.output.top_logprobs > 0
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
-    models = {m for m in registry.OPTIONAL_MODELS if getattr(config.model, m)}
-    problems.extend(registry.missing_models(config.strategy, models))
-    if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
-        problems.append("workers.max_batch_tokens and workers.unit_timeout_s must be > 0")
-    if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:
-        problems.append("workers.batch_size, workers.max_unit_attempts and input.rows_per_unit must be > 0")
-    if w.num_cpus_per_actor <= 0 or w.num_gpus_per_actor < 0 or w.torch_threads < 0:
-        problems.append("workers.num_cpus_per_actor must be > 0; num_gpus_per_actor and torch_threads >= 0")
-    if problems:
-        raise JobError("invalid config:\n  " + "\n  ".join(problems))
 
 
 def run_job(config: JobConfig) -> JobOutcome:
