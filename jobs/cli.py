@@ -7,7 +7,8 @@
     accelgen report OUTPUT_URL [--out report.html]     one self-contained HTML page of a finished job
     accelgen calibrate calm [key=value ...]            pick CALM's threshold for an agreement target
 
-A `JobError` is printed as one message and exits with status 2; an incomplete job exits with 1.
+A `JobError` is printed as one message and exits with status 2; an incomplete job exits with 1. A
+job that ends short of success stops Ray quietly first, so that its message is the last line printed.
 """
 
 from __future__ import annotations
@@ -35,12 +36,18 @@ def generate(args: list[str]) -> int:
     if "-h" in args or "--help" in args:
         print_keys("usage: accelgen generate [CONFIG.yaml] [key=value ...]\n\nkeys:", default_job_config())
         return 0
+    from pipeline.actor_pool import stop_ray
     from pipeline.driver import run_job
 
     yaml_path, overrides = split_args(args)
     config = load_config(default_job_config(), yaml_path, overrides)
-    outcome = run_job(config)
-    return {"failed": 1, "interrupted": 143}.get(outcome.status, 0)
+    status = 2
+    try:
+        status = {"failed": 1, "interrupted": 143}.get(run_job(config).status, 0)
+    finally:
+        if status != 0:  # an early exit: what the job or `main` prints ends the output, not Ray's shutdown
+            stop_ray()
+    return status
 
 
 def verify(args: list[str]) -> int:

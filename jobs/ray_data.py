@@ -23,8 +23,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from jobs.shipped import default_job_config
+from pipeline.checks import validate
 from pipeline.config import JobConfig, load_config
-from pipeline.driver import validate, worker_spec
+from pipeline.driver import worker_spec
 from pipeline.errors import JobError
 from workers.generator import Generator, output_schema
 from workers.spec import WorkUnit

@@ -440,6 +440,33 @@ def _init_ray(address: str) -> None:
         ray.init(address="local", include_dashboard=False, logging_level="WARNING", log_to_driver=True)
 
 
+def stop_ray() -> None:
+    """Shut Ray down with its output silenced, so that what the job printed last stays last.
+
+    A job refused early kills actors still starting, and Ray's processes report that (a GCS line about an
+    actor it could not kill) seconds later, through the driver's log forwarding, over the message the
+    user must act on. Shutting down stops that forwarding; the process's stdout and stderr go to
+    /dev/null meanwhile, since the forwarding threads and Ray's C++ core write to them until they stop.
+    """
+    if not ray.is_initialized():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        ray.shutdown()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(devnull)
+
+
 def _cause(exc: BaseException) -> str:
     """The underlying error's message: a task's exception, or the last line of an actor's traceback."""
     cause = getattr(exc, "cause", None)

@@ -62,11 +62,6 @@ class OutputFolder:
         """Whether the folder holds a finished job (`_SUCCESS`): one that no run can add units to."""
         return self.fs.exists(self._p(SUCCESS_FILE))
 
-    def batch_records(self, unit_id: str, attempt: int) -> list[dict[str, Any]]:
-        """The batch records an attempt of a unit logged (`batch_log_url`)."""
-        logs = self.fs.glob(self._p("_logs", "batches", unit_id, f"attempt-{attempt}-*.jsonl"))
-        return [json.loads(line) for log in logs for line in self.fs.cat_file(log).decode().splitlines() if line]
-
     def read_json(self, name: str) -> dict[str, Any] | None:
         try:
             return json.loads(self.fs.cat_file(self._p(name)))

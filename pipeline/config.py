@@ -67,7 +67,14 @@ class OutputConfig:
         "Add `logprobs`: each generated token's log-probability under the target (raw log-softmax of its "
         "logits, before temperature and top-k/top-p).",
     )
-    top_logprobs: int = option(0, "Add `top_logprobs`: per generated token, the target's k most likely tokens.")
+    top_logprobs: int = option(
+        0, "Add `top_logprobs`: per generated token, the target's k most likely tokens (at most max_top_logprobs)."
+    )
+    max_top_logprobs: int = option(
+        20,
+        "Ceiling of top_logprobs (vLLM's max_logprobs default): each generated token stores k entries, so a large k "
+        "multiplies the output's size. Raise it to ask for more.",
+    )
     token_ids: bool = option(False, "Add `token_ids`: the generated token ids.")
 
 

@@ -14,19 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.actor_pool import ActorPool, JobInterrupted
+from pipeline.checks import validate
 from pipeline.commit import OutputFolder
-from pipeline.config import DTYPES, JobConfig
+from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.job_record import job_record, model_hash, optional_models
 from pipeline.lossy import lossy_strategies, strategies_of_parts
 from pipeline.phases import Phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
-from strategies import registry
 from strategies.verification.metrics import tally_faults
 from workers import controller_stats
-from workers.model_kinds import missing_models
 from workers.model_loading import has_chat_template
-from workers.row_settings import SETTINGS as ROW_SETTINGS
 from workers.spec import UnitResult, WorkerSpec, WorkUnit
 
 
@@ -34,45 +32,6 @@ from workers.spec import UnitResult, WorkerSpec, WorkUnit
 class JobOutcome:
     status: str  # "succeeded" | "already_complete" | "failed" | "interrupted"
     summary: dict[str, Any]
-
-
-def validate(config: JobConfig) -> None:
-    """Checks of values that types alone cannot express."""
-    g, w = config.generation, config.workers
-    problems = []
-    if g.max_new_tokens <= 0:
-        problems.append(f"generation.max_new_tokens must be > 0, got {g.max_new_tokens}")
-    if g.temperature < 0:
-        problems.append(f"generation.temperature must be >= 0, got {g.temperature}")
-    if not 0 < g.top_p <= 1:
-        problems.append(f"generation.top_p must be in (0, 1], got {g.top_p}")
-    if g.top_k < 0:
-        problems.append(f"generation.top_k must be >= 0, got {g.top_k}")
-    if g.n < 1:
-        problems.append(f"generation.n must be >= 1, got {g.n}")
-    elif g.n > 1 and g.temperature == 0:
-        problems.append(
-            f"generation.n={g.n} samples at generation.temperature=0 would be {g.n} copies of one greedy "
-            "completion: set generation.temperature > 0 to sample, or generation.n=1"
-        )
-    unknown = sorted(set(config.input.params_columns) - set(ROW_SETTINGS))
-    if unknown:
-        problems.append(f"input.params_columns: {unknown} cannot be set per row; use any of {', '.join(ROW_SETTINGS)}")
-    if config.output.top_logprobs < 0:
-        problems.append(f"output.top_logprobs must be >= 0, got {config.output.top_logprobs}")
-    if config.model.dtype not in DTYPES:
-        problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
-    scores = config.output.logprobs or config.output.top_logprobs > 0
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
-    problems.extend(missing_models(config.strategy, config.model))
-    if w.max_batch_tokens <= 0 or w.unit_timeout_s <= 0:
-        problems.append("workers.max_batch_tokens and workers.unit_timeout_s must be > 0")
-    if w.batch_size <= 0 or w.num_actors < 0 or w.max_unit_attempts <= 0 or config.input.rows_per_unit <= 0:
-        problems.append("workers.batch_size, workers.max_unit_attempts and input.rows_per_unit must be > 0")
-    if w.num_cpus_per_actor <= 0 or w.num_gpus_per_actor < 0 or w.torch_threads < 0:
-        problems.append("workers.num_cpus_per_actor must be > 0; num_gpus_per_actor and torch_threads >= 0")
-    if problems:
-        raise JobError("invalid config:\n  " + "\n  ".join(problems))
 
 
 def run_job(config: JobConfig) -> JobOutcome:
@@ -160,7 +119,7 @@ def _run_units(
         shared, options = pool.config.workers.controller_stats_url, dict(pool.config.output.storage_options)
         controller_stats.save_job(shared, output.url, options, pool.controller_statistics())
         phases.lap("other")
-        first_batch_end = _first_batch_end(output, results)
+        first_batch_end = min((r.first_record_end for r in results if r.first_record_end is not None), default=None)
         if first_batch_end is not None:
             phases.take("decoding", "first_batch", first_batch_end - run_began)
         for model, seconds in pool.loaded_since_ready().items():
@@ -170,16 +129,6 @@ def _run_units(
     finally:
         pool.shutdown()
         phases.lap("shutdown")
-
-
-def _first_batch_end(output: OutputFolder, results: list[UnitResult]) -> float | None:
-    """When the job's first batch ended (epoch seconds), from the batch records of each actor's first
-    unit (read back: a few small files, whatever the job's size)."""
-    firsts: dict[str, UnitResult] = {}
-    for result in results:
-        firsts.setdefault(result.actor, result)
-    ends = [r["time"] for result in firsts.values() for r in output.batch_records(result.unit_id, result.attempt)]
-    return min(ends, default=None)
 
 
 def _incomplete(job_id: str, summary: dict[str, Any], failures: dict[str, str], missing: int, units: int) -> JobOutcome:

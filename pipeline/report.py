@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +32,8 @@ matplotlib.use("Agg")  # no display: figures are only ever rendered to PNG bytes
 from matplotlib import pyplot as plt  # after the backend is chosen
 
 READ_THREADS = 16
+# Records of one actor this close are one stretch of decoding (a record starts as the previous closes).
+CONTIGUOUS_S = 0.05
 SWITCHES_LISTED = 40  # the page's table of batch-level switches lists the first ones
 
 
@@ -72,16 +75,38 @@ def _end(batch: dict[str, Any]) -> float:
     return batch.get("time", 0.0)
 
 
-def throughput_by_actor(batches: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """Per actor, (seconds since the job's first batch began, tokens/s) at each batch's end."""
+def throughput_by_actor(batches: list[dict[str, Any]]) -> dict[str, list[tuple[float, float, float]]]:
+    """Per actor, (start, end, tokens/s) of each batch record, in time order (seconds since the job's
+    first batch began): a record's rate holds over the span it covers, whatever order the records were
+    logged or read in."""
     if not batches:
         return {}
     t0 = min(_end(b) - b["wall_s"] for b in batches)
-    series: dict[str, list[tuple[float, float]]] = {}
+    series: dict[str, list[tuple[float, float, float]]] = {}
     for b in batches:
         if b.get("tokens_per_s") is not None:
-            series.setdefault(b["actor"], []).append((_end(b) - t0, b["tokens_per_s"]))
-    return series
+            series.setdefault(b["actor"], []).append((_end(b) - b["wall_s"] - t0, _end(b) - t0, b["tokens_per_s"]))
+    return {actor: sorted(spans) for actor, spans in series.items()}
+
+
+def step_line(spans: list[tuple[float, float, float]]) -> tuple[list[float], list[float]]:
+    """The line of one actor's time-ordered spans: level at each record's rate from its start to its end,
+    rising or falling where the next begins as it ends, and broken (NaN) where the actor logged no
+    record in between, so no stretch of the line runs back in time or claims a rate for idle time."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for start, end, rate in spans:
+        last = xs[-1] if xs else math.nan
+        if start - last > CONTIGUOUS_S:
+            xs.append(math.nan)
+            ys.append(math.nan)
+            last = math.nan
+        # One actor's records do not overlap, but a record's start comes from two clocks (its end's and
+        # its duration's): it may lie a hair before the previous end.
+        begin = start if math.isnan(last) else max(start, last)
+        xs.extend((begin, max(end, begin)))
+        ys.extend((rate, rate))
+    return xs, ys
 
 
 def tau_by_drafter(batches: list[dict[str, Any]]) -> dict[str, float]:
@@ -251,11 +276,11 @@ def _nothing(ax: Any, text: str) -> None:
 def _throughput_figure(batches: list[dict[str, Any]]) -> str:
     fig, ax = plt.subplots(figsize=(10, 3.5))
     series = throughput_by_actor(batches)
-    for actor, points in sorted(series.items()):
-        ax.plot([t for t, _ in points], [v for _, v in points], marker="o", markersize=3, label=actor)
+    for actor, spans in sorted(series.items()):
+        ax.plot(*step_line(spans), label=actor)
     if series:
-        ax.set_xlabel("seconds since the first batch began (at each batch's end)")
-        ax.set_ylabel("tokens/s of the batch")
+        ax.set_xlabel("seconds since the first batch began (each record's rate over the time it covers)")
+        ax.set_ylabel("tokens/s of the batch record")
         ax.legend(loc="best", fontsize="small")
         ax.grid(alpha=0.3)
     else:

@@ -11,6 +11,15 @@ from dataclasses import dataclass, field
 
 DRAFTERS = ("draft_model", "cmlm")  # what the speculative and specdec strategies draft with
 
+# A numeric key's check: (key, value, whether the value is within bounds, what it must be).
+Bound = tuple[str, object, bool, str]
+
+
+def out_of_bounds(bounds: list[Bound]) -> list[str]:
+    """For each bound not met, a message naming the key, what it must be and the value given (a NaN
+    compares false, so it is out of every bound)."""
+    return [f"{key} must be {need}, got {value!r}" for key, value, ok, need in bounds if not ok]
+
 
 @dataclass
 class SpeculativeOptions:

@@ -25,7 +25,7 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.decoders.calm import LOGPROBS_REFUSAL, CalmStrategy
 from strategies.decoders.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
 from strategies.decoders.mask_predict import MaskPredictStrategy
-from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, MEDUSA_ACCEPTANCE, StrategyOptions
+from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, MEDUSA_ACCEPTANCE, StrategyOptions, out_of_bounds
 from strategies.proposers.cmlm_proposer import CMLMProposer
 from strategies.proposers.draft_model import DraftModelProposer
 from strategies.proposers.jacobi import INITS, JacobiProposer
@@ -207,10 +207,13 @@ def _speculative_rule(options: StrategyOptions) -> AcceptanceRule:
 
 
 def _check_specdec(options: StrategyOptions) -> list[str]:
-    found = _check_drafter("specdec")(options)
-    if options.specdec.top_beta < 1:
-        found.append(f"strategy.specdec.top_beta={options.specdec.top_beta}: use 1 or more")
-    return found
+    sd = options.specdec
+    return _check_drafter("specdec")(options) + out_of_bounds(
+        [
+            ("strategy.specdec.top_beta", sd.top_beta, sd.top_beta >= 1, ">= 1"),
+            ("strategy.specdec.tolerance", sd.tolerance, sd.tolerance >= 0, ">= 0 (0 with top_beta=1: exact greedy)"),
+        ]
+    )
 
 
 def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
@@ -225,7 +228,23 @@ def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRul
 
 def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
     pl = options.prompt_lookup
-    return [] if 1 <= pl.min_ngram <= pl.max_ngram else ["strategy.prompt_lookup: need 1 <= min_ngram <= max_ngram"]
+    return out_of_bounds(
+        [
+            ("strategy.prompt_lookup.min_ngram", pl.min_ngram, pl.min_ngram >= 1, ">= 1"),
+            (
+                "strategy.prompt_lookup.max_ngram",
+                pl.max_ngram,
+                pl.max_ngram >= pl.min_ngram,
+                f">= strategy.prompt_lookup.min_ngram ({pl.min_ngram})",
+            ),
+            (
+                "strategy.prompt_lookup.max_speculative_tokens",
+                pl.max_speculative_tokens,
+                pl.max_speculative_tokens >= 1,
+                ">= 1",
+            ),
+        ]
+    )
 
 
 def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
@@ -240,9 +259,15 @@ def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -
 
 def _check_lookahead(options: StrategyOptions) -> list[str]:
     la = options.lookahead
-    if la.mode not in MODES or min(la.decoding_length, la.branch_length, la.max_query_length, la.max_nodes) < 1:
-        return [f"strategy.lookahead: mode must be one of {', '.join(MODES)}; lengths and max_nodes >= 1"]
-    return []
+    return _one_of("strategy.lookahead.mode", la.mode, MODES) + out_of_bounds(
+        [
+            ("strategy.lookahead.decoding_length", la.decoding_length, la.decoding_length >= 1, ">= 1"),
+            ("strategy.lookahead.branch_length", la.branch_length, la.branch_length >= 1, ">= 1"),
+            ("strategy.lookahead.max_query_length", la.max_query_length, la.max_query_length >= 1, ">= 1"),
+            ("strategy.lookahead.max_nodes", la.max_nodes, la.max_nodes >= 1, ">= 1"),
+            ("strategy.lookahead.own_prompt_weight", la.own_prompt_weight, la.own_prompt_weight >= 0, ">= 0"),
+        ]
+    )
 
 
 def _medusa_rule(options: StrategyOptions) -> AcceptanceRule:
@@ -263,11 +288,19 @@ def _medusa(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> D
 
 
 def _check_medusa(options: StrategyOptions) -> list[str]:
-    md, found = options.medusa, []
-    if md.acceptance not in MEDUSA_ACCEPTANCE:
-        found.append(f"strategy.medusa.acceptance={md.acceptance!r}: use one of {', '.join(MEDUSA_ACCEPTANCE)}")
+    md = options.medusa
+    found = _one_of("strategy.medusa.acceptance", md.acceptance, MEDUSA_ACCEPTANCE) + out_of_bounds(
+        [
+            ("strategy.medusa.typical_epsilon", md.typical_epsilon, md.typical_epsilon > 0, "> 0"),
+            ("strategy.medusa.typical_delta", md.typical_delta, md.typical_delta > 0, "> 0"),
+        ]
+    )
     if not md.choices:
         found.append("strategy.medusa.choices is empty: give at least one path, e.g. [[0]]")
+    else:
+        shape = check_choices(md.choices)  # the heads' depth and the vocabulary are checked as the heads load
+        if shape is not None:
+            found.append(f"strategy.medusa.choices: {shape}")
     return found
 
 
@@ -284,7 +317,7 @@ def _blockwise(options: StrategyOptions, models: Models, rule: AcceptanceRule) -
 
 def _check_blockwise(options: StrategyOptions) -> list[str]:
     top_k = options.blockwise.top_k
-    return [] if top_k >= 1 else [f"strategy.blockwise.top_k={top_k}: use 1 (exact) or more"]
+    return out_of_bounds([("strategy.blockwise.top_k", top_k, top_k >= 1, ">= 1 (1: exact)")])
 
 
 def _jacobi(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
@@ -295,12 +328,11 @@ def _jacobi(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> D
 
 def _check_jacobi(options: StrategyOptions) -> list[str]:
     jc = options.jacobi
-    if jc.mode not in JACOBI_MODES or jc.init not in INITS or jc.block_size < 1:
-        return [
-            f"strategy.jacobi: mode must be one of {', '.join(JACOBI_MODES)}, init one of {', '.join(INITS)}, "
-            "block_size >= 1"
-        ]
-    return []
+    return (
+        _one_of("strategy.jacobi.mode", jc.mode, JACOBI_MODES)
+        + _one_of("strategy.jacobi.init", jc.init, INITS)
+        + out_of_bounds([("strategy.jacobi.block_size", jc.block_size, jc.block_size >= 1, ">= 1")])
+    )
 
 
 def _self_speculative(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
@@ -311,8 +343,13 @@ def _self_speculative(options: StrategyOptions, models: Models, rule: Acceptance
 
 
 def _check_self_speculative(options: StrategyOptions) -> list[str]:
-    layer = options.self_speculative.exit_layer
-    return [] if layer >= 1 else [f"strategy.self_speculative.exit_layer={layer}: use 1 or more"]
+    ss = options.self_speculative
+    return out_of_bounds(
+        [
+            ("strategy.self_speculative.exit_layer", ss.exit_layer, ss.exit_layer >= 1, ">= 1"),
+            ("strategy.self_speculative.min_confidence", ss.min_confidence, 0 <= ss.min_confidence <= 1, "in [0, 1]"),
+        ]
+    )
 
 
 def _calm_lossy(options: StrategyOptions) -> str:
@@ -323,22 +360,33 @@ def _calm_lossy(options: StrategyOptions) -> str:
 
 
 def _check_calm(options: StrategyOptions) -> list[str]:
-    cm, found = options.calm, []
-    if cm.measure not in CALM_MEASURES or cm.batch_exit not in CALM_BATCH_EXITS:
-        found.append(
-            f"strategy.calm: measure must be one of {', '.join(CALM_MEASURES)}, "
-            f"batch_exit one of {', '.join(CALM_BATCH_EXITS)}"
+    cm = options.calm
+    return (
+        _one_of("strategy.calm.measure", cm.measure, CALM_MEASURES)
+        + _one_of("strategy.calm.batch_exit", cm.batch_exit, CALM_BATCH_EXITS)
+        + out_of_bounds(
+            [
+                ("strategy.calm.threshold", cm.threshold, cm.threshold > 0, "> 0"),
+                ("strategy.calm.decay_tau", cm.decay_tau, cm.decay_tau >= 0, ">= 0 (0: a constant threshold)"),
+                ("strategy.calm.min_layer", cm.min_layer, cm.min_layer >= 1, ">= 1"),
+            ]
         )
-    if cm.threshold <= 0 or cm.decay_tau < 0 or cm.min_layer < 1:
-        found.append("strategy.calm: threshold must be > 0, decay_tau >= 0 and min_layer >= 1")
-    return found
+    )
 
 
 def _check_mask_predict(options: StrategyOptions) -> list[str]:
     mp = options.mask_predict
-    if mp.iterations < 1 or mp.length_beam < 1 or mp.max_length < 0:
-        return ["strategy.mask_predict: iterations and length_beam must be >= 1, max_length >= 0 (0: the CMLM's)"]
-    return []
+    return out_of_bounds(
+        [
+            ("strategy.mask_predict.iterations", mp.iterations, mp.iterations >= 1, ">= 1"),
+            ("strategy.mask_predict.length_beam", mp.length_beam, mp.length_beam >= 1, ">= 1"),
+            ("strategy.mask_predict.max_length", mp.max_length, mp.max_length >= 0, ">= 0 (0: the CMLM's own)"),
+        ]
+    )
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...] | list[str]) -> list[str]:
+    return [] if value in allowed else [f"{key}={value!r}: use one of {', '.join(allowed)}"]
 
 
 def _mask_predict_refusal(options: StrategyOptions, greedy: bool, logprobs: bool) -> str | None:
@@ -465,8 +513,8 @@ def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> 
     else:
         refused = _SPECS[name].refusal(options, greedy, logprobs)
         found.extend([refused] if refused else [])
-    if options.num_speculative_tokens < 0:
-        found.append(f"strategy.num_speculative_tokens={options.num_speculative_tokens}: use 0 or more")
+    k = options.num_speculative_tokens
+    found.extend(out_of_bounds([("strategy.num_speculative_tokens", k, k >= 0, ">= 0")]))
     for spec in _SPECS.values():
         found.extend(spec.check(options))
     return found

@@ -13,6 +13,7 @@ import ray
 from job_config import job_config
 from transformers import AutoConfig, AutoTokenizer
 
+from jobs.cli import main as cli
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from pipeline.verify import verify
@@ -113,4 +114,24 @@ def test_bad_jobs_fail_before_writing(case, message, tmp_path, tiny_model_dir):
         _write(tmp_path / "in" / "1.parquet", pa.table({"id": [1], "prompt": ["z"]}))
     with pytest.raises(JobError, match=message):
         run_job(_config(tmp_path, tiny_model_dir, *extra))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_job_stops_ray_before_its_message(tmp_path, tiny_model_dir, capsys):
+    """The actors start while the input is checked; refusing the job kills them mid-start, which Ray's
+    processes report a little later. `accelgen generate` stops Ray (quietly) before it prints why the
+    job was refused, so the command's output ends with what the user must fix."""
+    _write(tmp_path / "in" / "a.parquet", pa.table({"prompt": [1, 2, 3]}))
+    args = [
+        f"input.url={tmp_path / 'in'}",
+        f"output.url={tmp_path / 'out'}",
+        f"model.target={tiny_model_dir}",
+        "model.heads=null",
+        "model.exits=null",
+        "model.cmlm=null",
+    ]
+    assert cli(["generate", *args]) == 2
+    assert not ray.is_initialized()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: input.prompt_column 'prompt' of ") and last.endswith("is int64, not text"), last
     assert not (tmp_path / "out").exists()

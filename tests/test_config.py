@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Iterator
+
 import pytest
 
 from jobs.cli import main
 from jobs.shipped import default_job_config
+from pipeline.checks import validate
 from pipeline.config import JobConfig, describe, load_config, to_plain_dict
+from pipeline.driver import run_job
 from pipeline.errors import JobError
 
 REQUIRED = ["input.url=in", "output.url=out"]
@@ -97,3 +103,64 @@ def test_cli_reports_job_errors_with_status_2(capsys):
     assert main(["generate", "input.url=/nonexistent", "output.url=/tmp/x", "strategy.name=nope"]) == 2
     err = capsys.readouterr().err
     assert "strategy.name 'nope' is unknown; available: auto, autoregressive, blockwise" in err
+
+
+def _numeric_keys(config: object, prefix: str = "") -> Iterator[tuple[str, int | float]]:
+    """Every int or float key of a config dataclass, with its default."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _numeric_keys(value, f"{prefix}{f.name}.")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            yield f"{prefix}{f.name}", value
+
+
+def test_the_defaults_pass_the_checks():
+    validate(load_config(default_job_config(), None, REQUIRED))
+
+
+@pytest.mark.parametrize(
+    ("key", "default"), [kd for kd in _numeric_keys(default_job_config()) if kd[0] != "generation.seed"]
+)
+def test_every_numeric_key_refuses_a_negative_value_and_a_float_one_nan(key, default):
+    """No numeric key but the seed takes a negative value: a new key without bounds fails here."""
+    for bad in ["-1", *(["nan"] if isinstance(default, float) else [])]:
+        with pytest.raises(JobError, match=rf"{re.escape(key)}[ =].*{bad}"):
+            validate(load_config(default_job_config(), None, [*REQUIRED, f"{key}={bad}"]))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "output.top_logprobs=100000",
+            "output.top_logprobs=100000 is above output.max_top_logprobs=20: every generated token would store "
+            "100000 (token id, log-probability) pairs; ask for at most 20, or raise output.max_top_logprobs",
+        ),
+        ("generation.seed=18446744073709551616", "generation.seed must be a whole number that fits in 64 bits"),
+        ("generation.temperature=inf", "generation.temperature must be >= 0 (0: greedy) and finite, got inf"),
+        ("generation.top_p=1.5", "generation.top_p must be in (0, 1], got 1.5"),
+        ("generation.n=3", "generation.n=3 samples at generation.temperature=0 would be 3 copies"),
+        ("workers.num_cpus_per_actor=0", "workers.num_cpus_per_actor must be > 0, got 0.0"),
+        ("workers.custom_resources={CPU: 1}", "workers.custom_resources.CPU: set workers.num_cpus_per_actor instead"),
+        ("model.dtype=int8", "model.dtype must be one of auto, float32, bfloat16, float16, float64, got 'int8'"),
+        ("strategy.prompt_lookup.min_ngram=4", "strategy.prompt_lookup.max_ngram must be >= "),
+        ("strategy.self_speculative.min_confidence=1.5", "strategy.self_speculative.min_confidence must be in [0, 1]"),
+        ("strategy.medusa.choices=[[0],[1,0],[1]]", "strategy.medusa.choices: path [1, 0] comes before its prefix [1]"),
+        ("strategy.medusa.choices=[[0],[-1]]", "strategy.medusa.choices: path [-1] has a negative rank"),
+        ("strategy.jacobi.init=zeros", "strategy.jacobi.init='zeros': use one of pad, repeat, retrieval"),
+    ],
+)
+def test_bad_values_are_refused_before_anything_is_written(override, message, tmp_path):
+    config = load_config(
+        default_job_config(), None, [f"input.url={tmp_path / 'in'}", f"output.url={tmp_path / 'out'}", override]
+    )
+    with pytest.raises(JobError, match=re.escape(message)):
+        run_job(config)
+    assert not (tmp_path / "out").exists()
+
+
+def test_top_logprobs_up_to_a_raised_ceiling_pass():
+    validate(load_config(default_job_config(), None, [*REQUIRED, "output.top_logprobs=20"]))
+    raised = ["output.top_logprobs=50", "output.max_top_logprobs=50"]
+    validate(load_config(default_job_config(), None, [*REQUIRED, *raised]))

@@ -190,9 +190,10 @@ def test_batches_span_units_and_refill_as_rows_finish():
     assert len(first.wait()) == 3 and len(second.wait()) == 3
     # u0's rows and one of u1's open the batch; u1's others join as rows finish: four decode at once.
     assert sizes[:3] == [4, 4, 4]
-    records = engine.drain_records()
-    assert any(r.units == ["u0", "u1"] for r in records)
-    assert sum(len(r.finished) for r in records) == 6
+    # u1 completes first (step 3) and logs the records closed until then; u0 (step 5) the rest.
+    assert [r.units for r in second.records] == [["u0", "u1"]]
+    assert [r.units for r in first.records] == [["u0"]]
+    assert sum(len(r.finished) for r in first.records + second.records) == 6
 
 
 def test_a_unit_completes_when_its_rows_do_not_when_the_batch_does():

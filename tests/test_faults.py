@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -111,13 +109,14 @@ def test_an_actor_killed_mid_batch_loses_and_repeats_no_row_of_the_units_in_the_
 def test_a_hung_actor_is_restarted_and_its_unit_rescheduled(
     job_input, tiny_model_dir, reference, tmp_path, monkeypatch, capsys
 ):
-    """The first attempt hangs for two minutes: the job's own time-out (4 s without progress) must
+    """The first attempt hangs for two minutes: the job's own time-out (8 s without progress) must
     give it up and run a second attempt, which is the one committed."""
     hung = unit_id(2, 0)
     monkeypatch.setenv(
         FAULTS_ENV, json.dumps({"hang_at_row": {"unit": hung, "row": 0, "attempts": [1], "seconds": 120}})
     )
-    outcome = _run(job_input, tmp_path / "out", tiny_model_dir, "workers.unit_timeout_s=4")
+    # 8 s without progress: the hang's attempt is given up, never a retry's few steps on a loaded machine.
+    outcome = _run(job_input, tmp_path / "out", tiny_model_dir, "workers.unit_timeout_s=8")
     assert outcome.status == "succeeded"
     assert json.loads((tmp_path / "out" / commit_record_name(hung)).read_text())["attempt"] == 2
     assert f"unit {hung} attempt 1 failed: no progress for workers.unit_timeout_s" in capsys.readouterr().err
@@ -154,18 +153,15 @@ def test_driver_killed_mid_job_then_rerun(job_input, tiny_model_dir, reference, 
 
 
 def test_sigterm_stops_cleanly_and_a_rerun_resumes(job_input, tiny_model_dir, reference, tmp_path):
+    """SIGTERM right after the first commit (the driver sends it itself, so it lands there on any
+    machine, busy or not): the job stops before the next one, and a rerun resumes."""
     out = tmp_path / "out"
-    slow = {FAULTS_ENV: json.dumps({"batch_sleep_s": 0.5})}
-    driver = _cli(job_input, out, tiny_model_dir, slow)
-    deadline = time.monotonic() + 240
-    while not (out / "_commits").exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    driver.send_signal(signal.SIGTERM)
-    log, _ = driver.communicate(timeout=120)
+    driver = _cli(job_input, out, tiny_model_dir, {FAULTS_ENV: json.dumps({"driver_sigterm_after_commits": 1})})
+    log, _ = driver.communicate(timeout=300)
     assert driver.returncode == 143, log
     assert "interrupted" in log and not (out / "_SUCCESS").exists()
     committed = {json.loads(p.read_text())["part"] for p in (out / "_commits").iterdir()}
-    assert {p.name for p in out.glob("part-*")} == committed
+    assert len(committed) == 1 and {p.name for p in out.glob("part-*")} == committed
     rerun = _cli(job_input, out, tiny_model_dir)
     log, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, log

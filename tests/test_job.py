@@ -42,6 +42,7 @@ BAD = {"null": None, "empty": "", "blank": "  \n\t ", "too_long": "word " * 200}
 
 @pytest.fixture(scope="module", autouse=True)
 def embedded_ray():
+    ray.shutdown()  # the first job starts its own Ray, so its summary has a Ray start to measure
     yield
     ray.shutdown()
 
@@ -96,10 +97,17 @@ def test_job_output_contract_and_oracle(tmp_path, tiny_model_dir):
     # The wall time (run_job's start to the manifest) in phases that add up to it, each measured.
     phases = summary["phases_s"]
     assert min(phases.values()) >= 0 and sum(phases.values()) == pytest.approx(summary["wall_s"], abs=0.01)
-    assert 0 < outside_s - summary["wall_s"] < 1.0
+    # What run_job does after the manifest's clock stops (writing it, _SUCCESS) is a small part of it.
+    assert 0 < outside_s - summary["wall_s"] < 0.1 * outside_s, (outside_s, summary["wall_s"])
     measured = ("planning", "ray_start", "actor_start", "load_target", "first_batch", "decoding", "commits", "shutdown")
-    assert all(phases[name] > 0 for name in measured) and "load_draft" not in phases
-    assert phases["other"] < 0.2 * summary["wall_s"]
+    missing = [name for name in measured if name not in phases]
+    assert not missing, f"phases not measured: {missing} (summary: {phases})"
+    # Every phase but commits and shutdown (a few local renames, killing an actor: they may round to
+    # 0 ms on a fast machine) takes real time here.
+    at_zero = [name for name in measured if phases[name] <= 0 and name not in ("commits", "shutdown")]
+    assert not at_zero, f"phases measured as 0 s: {at_zero} (summary: {phases})"
+    assert "load_draft" not in phases
+    assert phases["other"] < 0.2 * summary["wall_s"], phases
     out = tmp_path / "out"
     assert (out / "_SUCCESS").exists() and not (out / "_staging").exists()
     rows = {r["row_id"]: r for r in _read_output(out).to_pylist()}

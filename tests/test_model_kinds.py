@@ -15,8 +15,9 @@ import pytest
 import torch
 from job_config import job_config
 
+from pipeline.checks import validate
 from pipeline.config import ModelConfig, describe
-from pipeline.driver import validate, worker_spec
+from pipeline.driver import worker_spec
 from pipeline.errors import JobError
 from pipeline.job_record import job_record
 from pipeline.shards import list_shards

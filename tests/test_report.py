@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import shutil
 import subprocess
@@ -20,6 +22,7 @@ from pipeline.report import (
     error_reason,
     errors_by_reason,
     read_job,
+    step_line,
     tau_by_drafter,
     throughput_by_actor,
     timeline,
@@ -77,7 +80,7 @@ def test_throughput_and_timeline_count_from_the_first_batch_start():
         ),
         _batch("b", 104.0, 3.0, tokens_per_s=None),
     ]
-    assert throughput_by_actor(batches) == {"a": [(4.0, 10.0)]}
+    assert throughput_by_actor(batches) == {"a": [(2.0, 4.0, 10.0)]}
     spans = timeline(batches)
     assert [(s["actor"], s["start"], s["end"], s["fallbacks"]) for s in spans] == [
         ("a", 2.0, 4.0, 3),
@@ -85,6 +88,32 @@ def test_throughput_and_timeline_count_from_the_first_batch_start():
     ]
     assert spans[1]["options"] == {"speculative": 1}
     assert spans[0]["switches"][0]["to"] == "y" and spans[0]["options"] == {"autoregressive": 3, "x": 1}
+
+
+def _runs_forward(xs: list[float]) -> bool:
+    """Whether every stretch of a line (between NaN breaks) runs forward in time."""
+    return all(b >= a for a, b in itertools.pairwise(xs) if not (math.isnan(a) or math.isnan(b)))
+
+
+def test_throughput_is_each_actors_records_in_time_order_as_steps():
+    logged = [  # out of time order, as attempts and units log them
+        _batch("a", 110.0, 4.0, tokens_per_s=30.0),
+        _batch("b", 105.0, 5.0, tokens_per_s=8.0),
+        _batch("a", 104.0, 4.0),
+        _batch("a", 106.0, 2.0, tokens_per_s=20.0),
+        _batch("a", 118.0, 2.0, tokens_per_s=40.0),  # after 6 s without a record
+    ]
+    series = throughput_by_actor(logged)
+    assert series == {
+        "a": [(0.0, 4.0, 10.0), (4.0, 6.0, 20.0), (6.0, 10.0, 30.0), (16.0, 18.0, 40.0)],
+        "b": [(0.0, 5.0, 8.0)],
+    }
+    xs, ys = step_line(series["a"])
+    assert xs[:6] == [0.0, 4.0, 4.0, 6.0, 6.0, 10.0] and ys[:6] == [10.0, 10.0, 20.0, 20.0, 30.0, 30.0]
+    assert math.isnan(xs[6]) and math.isnan(ys[6])  # no line across the time no record covers
+    assert xs[7:] == [16.0, 18.0] and ys[7:] == [40.0, 40.0]
+    # A start a hair before the previous end (two clocks) does not step back.
+    assert step_line([(0.0, 1.0, 5.0), (0.999, 2.0, 6.0)])[0] == [0.0, 1.0, 1.0, 2.0]
 
 
 def test_rows_count_tokens_per_strategy_and_errors_per_reason():
@@ -171,6 +200,11 @@ def test_a_real_jobs_report_renders_in_a_browser(tmp_path, tiny_model_dir, tiny_
     )
     generated = sum(n or 0 for n in job.rows.column("num_generated_tokens").to_pylist())
     assert sum(b["generated_tokens"] for b in job.batches) == generated  # the records cover the decoding
+    # The tokens/s picture: each actor's line runs forward in time, over every record of the actor.
+    for actor, spans in throughput_by_actor(job.batches).items():
+        xs, _ = step_line(spans)
+        assert _runs_forward(xs), (actor, xs)
+        assert len(spans) == sum(b["actor"] == actor and b["tokens_per_s"] is not None for b in job.batches)
     assert set(tau_by_drafter(job.batches)) == {"speculative"}
     # Self-contained: five embedded plots and nothing fetched from anywhere.
     assert page.count('src="data:image/png;base64,') == 5

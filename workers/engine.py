@@ -15,7 +15,9 @@ found without neighbours).
 
 Throughput records (`SegmentRecord`) cover the decoding between two points where something ended
 (a ticket complete, a batch drained, or `SEGMENT_S` passed), so their decode times add up to the
-actor's and each lands in exactly one unit's log (`drain_records`).
+actor's. Each lands in exactly one unit's log: the records closed so far go to the next ticket to
+complete (`Ticket.records`), handed over by the decoding thread itself, so which unit logs a record
+does not depend on which submitting thread wakes first.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Ticket:
     context: Any = None  # the submitter's, for its hooks (which input row each place is)
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    records: list[SegmentRecord] = field(default_factory=list)  # closed since the previous ticket completed
 
     def wait(self) -> list[RowOutput]:
         self.done.wait()
@@ -101,7 +104,7 @@ class DecodeEngine:
         self.before_join = before_join or (lambda rows: None)
         self.on_row = on_row or (lambda row: None)
         self._queue: deque[Pending] = deque()
-        self._records: list[SegmentRecord] = []
+        self._records: list[SegmentRecord] = []  # closed, for the next ticket to complete (decoding thread only)
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="decode", daemon=True)
         self._thread.start()
@@ -118,12 +121,6 @@ class DecodeEngine:
             self._queue.extend(Pending(ticket, i, g, r, c) for i, (g, r, c) in enumerate(rows))
             self._wake.notify()
         return ticket
-
-    def drain_records(self) -> list[SegmentRecord]:
-        """Records closed so far, each returned once."""
-        with self._wake:
-            records, self._records = self._records, []
-        return records
 
     def _loop(self) -> None:
         while True:
@@ -207,7 +204,8 @@ class _OpenBatch:
 
     def _deliver(self, decoding: Decoding) -> None:
         """Hand finished rows to their tickets. A ticket completed closes the record before it wakes
-        its unit, so the unit's log gets the decoding its last rows took."""
+        its unit, so the unit's log gets the decoding its last rows took: the first ticket completed
+        takes every record closed since the last one was."""
         completed = []
         for index, row in decoding.finished():
             pending = self.live.pop(index)
@@ -221,6 +219,7 @@ class _OpenBatch:
                 completed.append(ticket)
         if completed:
             self._close(decoding)
+            completed[0].records, self.engine._records = self.engine._records, []
             for ticket in completed:
                 ticket.done.set()
 
@@ -238,8 +237,7 @@ class _OpenBatch:
                 wall_s=time.perf_counter() - self.began,
                 time=time.time(),
             )
-            with self.engine._wake:
-                self.engine._records.append(record)
+            self.engine._records.append(record)
         self._new_segment()
 
     def _new_segment(self) -> None:

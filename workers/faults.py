@@ -8,7 +8,8 @@ The plan names where to fail, so tests reproduce real failures at chosen points:
      "exit_after_upload": {"unit": "00000-00000", "attempts": [1]},        # staged, not returned
      "crash_row_id": "a.parquet#5",                                        # every attempt dies on it
      "batch_sleep_s": 0.5,                                                 # slow decoding down
-     "driver_exit_after_commits": 2}                                       # the driver dies
+     "driver_exit_after_commits": 2,                                       # the driver dies
+     "driver_sigterm_after_commits": 1}                                    # ... is asked to stop
 
 Rows are indices within the unit. The driver forwards the variable to its actors.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -53,6 +55,9 @@ def after_upload(faults: dict[str, Any], unit_id: str, attempt: int) -> None:
 
 
 def after_commit(faults: dict[str, Any], commits: int) -> None:
-    """Called by the driver after each commit of this run."""
+    """Called by the driver after each commit of this run. The SIGTERM is the driver's own, so the
+    test of a stop between commits knows where the stop lands, however fast the job runs."""
     if faults.get("driver_exit_after_commits") == commits:
         os._exit(137)
+    if faults.get("driver_sigterm_after_commits") == commits:
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -190,6 +190,7 @@ class Generator:
             tokens_by_strategy=by_strategy,
             tokens_by_option=by_option,
             drafter_faults=tally_faults({d: (len(m), m[0]) for d, m in r.get("faults", {}).items()} for r in records),
+            first_record_end=min((r["time"] for r in records), default=None),
         )
 
     def probe_rows(self, unit: WorkUnit, rows: list[int]) -> bool:
@@ -269,7 +270,7 @@ class Generator:
             self._fill(columns, i * samples + sample, row, name, settings[i].stop)
             for option, n in (row.tokens_by_option or {}).items():
                 by_option[option] = by_option.get(option, 0) + n
-        return Decoded(columns, [self._record(r) for r in self.engine.drain_records()], by_option)
+        return Decoded(columns, [self._record(r) for r in ticket.records], by_option)
 
     def _row_ids(self, table: pa.Table, unit: WorkUnit) -> list[str]:
         if self.spec.id_column:

@@ -91,3 +91,6 @@ class UnitResult:
     tokens_by_option: dict[str, int] = field(default_factory=dict)  # drafting rows: tokens per drafter
     # Per drafter: (faults in the unit's batch records, the first one's message); see `metrics.tally_faults`.
     drafter_faults: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # When the earliest throughput record it logged closed (epoch seconds; None: it logged none). The
+    # job's first batch ends at the earliest over all units, whichever unit's log took that record.
+    first_record_end: float | None = None

@@ -23,16 +23,19 @@ from strategies.verification.proposer import ProposalContext, Proposer
 Path = tuple[int, ...]
 
 
-def check_choices(choices: list[list[int]], num_heads: int, vocab_size: int) -> str | None:
-    """Why `choices` cannot be a tree of these heads' candidates, or None."""
+def check_choices(choices: list[list[int]], num_heads: int | None = None, vocab_size: int | None = None) -> str | None:
+    """Why `choices` cannot be a tree of these heads' candidates, or None. Without the heads (a job's
+    config, checked before any model loads) only the tree's own shape is checked."""
     seen: set[Path] = set()
     for raw in choices:
         path = tuple(raw)
         if not path:
             return "an empty path (the root is the pending token, never a choice)"
-        if len(path) > num_heads:
+        if num_heads is not None and len(path) > num_heads:
             return f"path {list(path)} is deeper than the {num_heads} heads"
-        if any(not 0 <= rank < vocab_size for rank in path):
+        if any(rank < 0 for rank in path):
+            return f"path {list(path)} has a negative rank (0 is a head's top-1)"
+        if vocab_size is not None and any(rank >= vocab_size for rank in path):
             return f"path {list(path)} has a rank outside 0..{vocab_size - 1}"
         if path in seen:
             return f"path {list(path)} is listed twice"

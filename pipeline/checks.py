@@ -1,0 +1,83 @@
+"""Checks of a job's values that types alone cannot express, run before anything is written.
+
+Each bad value is refused with its key, what the key must be and the value given; all of a config's
+problems are listed at once. Strategy options are checked beside the strategies
+(`strategies.registry.problems`), with the same messages (`strategies.options.out_of_bounds`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.config import DTYPES, JobConfig
+from pipeline.errors import JobError
+from strategies import registry
+from strategies.options import Bound, out_of_bounds
+from workers.model_kinds import missing_models
+from workers.row_settings import INT64
+from workers.row_settings import SETTINGS as ROW_SETTINGS
+
+# Resources every actor asks for through their own keys (workers.num_cpus_per_actor, num_gpus_per_actor).
+RAY_OWN_RESOURCES = ("CPU", "GPU")
+
+
+def validate(config: JobConfig) -> None:
+    """Refuse the job (`JobError`, listing every problem) when any value is out of its bounds or
+    contradicts another."""
+    g, o = config.generation, config.output
+    problems = out_of_bounds(_bounds(config))
+    if g.n > 1 and g.temperature == 0:
+        problems.append(
+            f"generation.n={g.n} samples at generation.temperature=0 would be {g.n} copies of one greedy "
+            "completion: set generation.temperature > 0 to sample, or generation.n=1"
+        )
+    if o.top_logprobs > o.max_top_logprobs >= 0:
+        problems.append(
+            f"output.top_logprobs={o.top_logprobs} is above output.max_top_logprobs={o.max_top_logprobs}: every "
+            f"generated token would store {o.top_logprobs} (token id, log-probability) pairs; ask for at most "
+            f"{o.max_top_logprobs}, or raise output.max_top_logprobs"
+        )
+    unknown = sorted(set(config.input.params_columns) - set(ROW_SETTINGS))
+    if unknown:
+        problems.append(f"input.params_columns: {unknown} cannot be set per row; use any of {', '.join(ROW_SETTINGS)}")
+    if config.model.dtype not in DTYPES:
+        problems.append(f"model.dtype must be one of {', '.join(DTYPES)}, got {config.model.dtype!r}")
+    for name in sorted(set(config.workers.custom_resources) & set(RAY_OWN_RESOURCES)):
+        problems.append(
+            f"workers.custom_resources.{name}: set workers.num_{name.lower()}s_per_actor instead (Ray takes "
+            f"{', '.join(RAY_OWN_RESOURCES)} only through them)"
+        )
+    scores = o.logprobs or o.top_logprobs > 0
+    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
+    problems.extend(missing_models(config.strategy, config.model))
+    if problems:
+        raise JobError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _bounds(config: JobConfig) -> list[Bound]:
+    """Every numeric key's bounds (a NaN or an infinity is out of them where the key needs a number)."""
+    i, o, g, w = config.input, config.output, config.generation, config.workers
+    return [
+        ("input.rows_per_unit", i.rows_per_unit, i.rows_per_unit > 0, "> 0"),
+        ("output.top_logprobs", o.top_logprobs, o.top_logprobs >= 0, ">= 0 (0: no top_logprobs column)"),
+        ("output.max_top_logprobs", o.max_top_logprobs, o.max_top_logprobs >= 0, ">= 0"),
+        ("generation.max_new_tokens", g.max_new_tokens, g.max_new_tokens > 0, "> 0"),
+        ("generation.temperature", g.temperature, 0 <= g.temperature < math.inf, ">= 0 (0: greedy) and finite"),
+        ("generation.top_p", g.top_p, 0 < g.top_p <= 1, "in (0, 1]"),
+        ("generation.top_k", g.top_k, g.top_k >= 0, ">= 0 (0: no limit)"),
+        ("generation.seed", g.seed, INT64[0] <= g.seed <= INT64[1], "a whole number that fits in 64 bits"),
+        ("generation.n", g.n, g.n >= 1, ">= 1"),
+        ("workers.num_actors", w.num_actors, w.num_actors >= 0, ">= 0 (0: one per GPU, or one CPU actor)"),
+        ("workers.batch_size", w.batch_size, w.batch_size > 0, "> 0"),
+        ("workers.max_batch_tokens", w.max_batch_tokens, w.max_batch_tokens > 0, "> 0"),
+        ("workers.num_gpus_per_actor", w.num_gpus_per_actor, 0 <= w.num_gpus_per_actor < math.inf, ">= 0"),
+        ("workers.num_cpus_per_actor", w.num_cpus_per_actor, 0 < w.num_cpus_per_actor < math.inf, "> 0"),
+        ("workers.torch_threads", w.torch_threads, w.torch_threads >= 0, ">= 0 (0: the node's cores shared)"),
+        ("workers.actor_start_timeout_s", w.actor_start_timeout_s, 0 < w.actor_start_timeout_s < math.inf, "> 0"),
+        ("workers.max_unit_attempts", w.max_unit_attempts, w.max_unit_attempts > 0, "> 0"),
+        ("workers.unit_timeout_s", w.unit_timeout_s, w.unit_timeout_s > 0, "> 0"),
+        *(
+            (f"workers.custom_resources.{name}", amount, 0 <= amount < math.inf, ">= 0")
+            for name, amount in w.custom_resources.items()
+        ),
+    ]
