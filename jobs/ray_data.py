@@ -63,11 +63,11 @@ class GenerateBatches:
         self.spec = worker_spec(ray_data_config(config, overrides), JOB_ID)
         self.generator = Generator(self.spec)
         self.wanted = [
-            self.spec.messages_column or self.spec.prompt_column,
-            self.spec.id_column,
-            *([self.spec.strategy_column] if self.spec.strategy_column else []),
-            *self.spec.params_columns.values(),
-            *self.spec.keep_columns,
+            self.spec.input.messages_column or self.spec.input.prompt_column,
+            self.spec.input.id_column,
+            *([self.spec.input.strategy_column] if self.spec.input.strategy_column else []),
+            *self.spec.input.params_columns.values(),
+            *self.spec.input.keep_columns,
         ]
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -119,8 +119,9 @@ class ActorPool:
                 "free for Ray's own tasks: lower workers.num_cpus_per_actor (fractions such as 0.5 work) or "
                 "workers.num_actors"
             )
-        if not use_gpus and spec.torch_threads == 0:
-            spec = dataclasses.replace(spec, torch_threads=default_torch_threads(cpus, n))
+        if not use_gpus and spec.workers.torch_threads == 0:
+            threads = default_torch_threads(cpus, n)
+            spec = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, torch_threads=threads))
         options: dict[str, Any] = {
             "num_cpus": w.num_cpus_per_actor,
             "num_gpus": w.num_gpus_per_actor if use_gpus else 0,

@@ -7,6 +7,7 @@ the driver finishes the job (manifest, `_SUCCESS`) or says what is left to resum
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 import time
@@ -183,40 +184,17 @@ def _check_chat_template(config: JobConfig) -> None:
 
 
 def worker_spec(config: JobConfig, job_id: str) -> WorkerSpec:
-    """What every generator needs of the job's config (the CLI's actors and the Ray Data step alike)."""
-    g = config.generation
+    """What every generator needs of the job's config (the CLI's actors and the Ray Data step alike): its
+    sections as they are, copied."""
     return WorkerSpec(
         job_id=job_id,
-        model_target=config.model.target,
+        model=copy.deepcopy(config.model),
+        input=copy.deepcopy(config.input),
+        output=copy.deepcopy(config.output),
+        generation=copy.deepcopy(config.generation),
+        workers=copy.deepcopy(config.workers),
+        strategy=copy.deepcopy(config.strategy),
         models={name: getattr(config.model, name) for name in optional_models(config)},
-        dtype=config.model.dtype,
-        trust_remote_code=config.model.trust_remote_code,
-        model_compile=config.model.compile,
-        cache_dir=config.model.cache_dir,
-        strategy=config.strategy,
-        max_new_tokens=g.max_new_tokens,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k,
-        stop=tuple(g.stop),
-        seed=g.seed,
-        ignore_eos=g.ignore_eos,
-        prompt_column=config.input.prompt_column,
-        messages_column=config.input.messages_column,
-        id_column=config.input.id_column,
-        keep_columns=tuple(config.input.keep_columns),
-        strategy_column=config.input.strategy_column,
-        batch_size=config.workers.batch_size,
-        max_batch_tokens=config.workers.max_batch_tokens,
-        torch_threads=config.workers.torch_threads,
-        input_storage_options=dict(config.input.storage_options),
-        output_storage_options=dict(config.output.storage_options),
-        logprobs=config.output.logprobs,
-        top_logprobs=config.output.top_logprobs,
-        token_ids=config.output.token_ids,
-        params_columns=dict(config.input.params_columns),
-        n=g.n,
-        model_storage_options=dict(config.model.storage_options),
     )
 
 

@@ -71,27 +71,27 @@ class Generator:
         self.spec = spec
         self.actor = actor_name or f"{socket.gethostname()}:{os.getpid()}"
         # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
-        torch.set_num_threads(spec.torch_threads if spec.torch_threads > 0 else os.cpu_count() or 1)
+        torch.set_num_threads(spec.workers.torch_threads if spec.workers.torch_threads > 0 else os.cpu_count() or 1)
         transformers_logging.disable_progress_bar()  # one progress bar per job, the driver's
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = resolve_dtype(spec.dtype, self.device)
+        self.dtype = resolve_dtype(spec.model.dtype, self.device)
         loaded = load_models(
-            spec.model_target,
+            spec.model.target,
             self.dtype,
             self.device,
             spec.models,
-            cache_dir=spec.cache_dir,
-            trust_remote_code=spec.trust_remote_code,
-            storage_options=spec.model_storage_options,
+            cache_dir=spec.model.cache_dir,
+            trust_remote_code=spec.model.trust_remote_code,
+            storage_options=spec.model.storage_options,
             lazy=True,  # optional models load when a strategy that uses them is first created
         )
         self.tokenizer, self.models, self.target_load_s = loaded.tokenizer, loaded.models, loaded.target_load_s
-        if spec.messages_column and not self.tokenizer.chat_template:
+        if spec.input.messages_column and not self.tokenizer.chat_template:
             raise ValueError(
-                f"input.messages_column is set but the tokenizer of {spec.model_target} has no chat template"
+                f"input.messages_column is set but the tokenizer of {spec.model.target} has no chat template"
             )
         self.runner = self.models.target
-        if spec.model_compile:
+        if spec.model.compile:
             self.runner.compile()
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         self.stats_key = StatsKey(
@@ -101,21 +101,26 @@ class Generator:
             self.controller.warm_start(spec.controller_stats[self.stats_key])
         self._strategies: dict[str, Strategy] = {}
         self._strategy(spec.strategy.name)  # fail at start, not at the first unit
+        g = spec.generation
         self.params = GenerationParams(
-            max_new_tokens=spec.max_new_tokens,
-            sampling=SamplingParams(spec.temperature, spec.top_k, spec.top_p, spec.seed),
+            max_new_tokens=g.max_new_tokens,
+            sampling=SamplingParams(g.temperature, g.top_k, g.top_p, g.seed),
             eos_token_ids=frozenset(_eos_ids(loaded.target, self.tokenizer)),
-            ignore_eos=spec.ignore_eos,
+            ignore_eos=g.ignore_eos,
             logprobs=spec.scores,
         )
-        self.job_settings = RowSettings(spec.max_new_tokens, spec.temperature, spec.top_p, tuple(spec.stop), spec.seed)
+        self.job_settings = RowSettings(g.max_new_tokens, g.temperature, g.top_p, tuple(g.stop), g.seed)
         self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.faults = faults.plan()
         self._lock = threading.Lock()
         self._rows_done = 0
         self._generated = 0
         self.engine = DecodeEngine(
-            self._open_decoding, spec.batch_size, spec.max_batch_tokens, self._before_join, self._row_done
+            self._open_decoding,
+            spec.workers.batch_size,
+            spec.workers.max_batch_tokens,
+            self._before_join,
+            self._row_done,
         )
 
     def _strategy(self, name: str) -> Strategy:
@@ -167,8 +172,8 @@ class Generator:
         buffer = io.BytesIO()
         pq.write_table(out, buffer)
         data = buffer.getvalue()
-        _write(staged_url, data, self.spec.output_storage_options)
-        _write(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output_storage_options)
+        _write(staged_url, data, self.spec.output.storage_options)
+        _write(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output.storage_options)
         faults.after_upload(self.faults, unit.unit_id, attempt)
         by_strategy: dict[str, int] = {}
         for name, n in zip(columns["strategy"], columns["num_generated_tokens"], strict=True):
@@ -204,14 +209,14 @@ class Generator:
     def _read_unit(self, unit: WorkUnit) -> pa.Table:
         spec = self.spec
         wanted = [
-            spec.messages_column or spec.prompt_column,
-            *([spec.id_column] if spec.id_column else []),
-            *([spec.strategy_column] if spec.strategy_column else []),
-            *spec.params_columns.values(),
-            *spec.keep_columns,
+            spec.input.messages_column or spec.input.prompt_column,
+            *([spec.input.id_column] if spec.input.id_column else []),
+            *([spec.input.strategy_column] if spec.input.strategy_column else []),
+            *spec.input.params_columns.values(),
+            *spec.input.keep_columns,
         ]
         try:
-            fs, path = filesystem(unit.shard_url, spec.input_storage_options)
+            fs, path = filesystem(unit.shard_url, spec.input.storage_options)
             with fs.open(path, "rb") as f:
                 table = pq.ParquetFile(f).read_row_groups(list(unit.row_groups), columns=list(dict.fromkeys(wanted)))
         except Exception as exc:
@@ -230,7 +235,7 @@ class Generator:
         """Output columns, `generation.n` rows per input row (input order, then sample index), the
         throughput records closed meanwhile, and tokens per drafting option."""
         spec = self.spec
-        n, samples = table.num_rows, spec.n
+        n, samples = table.num_rows, spec.generation.n
         row_ids = self._row_ids(table, unit)
         errors = dict(error_rows)  # input row -> why it is not decoded
         token_ids, prompt_tokens = self._tokenize(table, errors)
@@ -247,7 +252,7 @@ class Generator:
         columns["num_prompt_tokens"] = each([prompt_tokens.get(i) for i in range(n)])
         for name in score_columns(spec):
             columns[name] = [None] * (n * samples)
-        for name in spec.keep_columns:
+        for name in spec.input.keep_columns:
             columns[name] = each(table.column(name).to_pylist())
         with self._lock:
             self._rows_done += len(errors) * samples
@@ -255,7 +260,7 @@ class Generator:
         requests = [
             RowRequest(
                 token_ids[i],
-                seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.seed),
+                seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.generation.seed),
                 self._stop_strings(settings[i].stop).for_row(),
             )
             for _, (i, sample) in items
@@ -273,8 +278,8 @@ class Generator:
         return Decoded(columns, [self._record(r) for r in ticket.records], by_option)
 
     def _row_ids(self, table: pa.Table, unit: WorkUnit) -> list[str]:
-        if self.spec.id_column:
-            return row_ids_of_id_column(table.column(self.spec.id_column)).to_pylist()
+        if self.spec.input.id_column:
+            return row_ids_of_id_column(table.column(self.spec.input.id_column)).to_pylist()
         return [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(table.num_rows)]
 
     def _tokenize(self, table: pa.Table, errors: dict[int, str]) -> tuple[dict[int, list[int]], dict[int, int]]:
@@ -282,10 +287,10 @@ class Generator:
         prompts, or chat messages rendered by the tokenizer's template. A bad prompt, or one too long
         for the model, goes into `errors`."""
         spec = self.spec
-        if spec.messages_column:
-            prompts, problems = chat_prompts(self.tokenizer, table.column(spec.messages_column).to_pylist())
+        if spec.input.messages_column:
+            prompts, problems = chat_prompts(self.tokenizer, table.column(spec.input.messages_column).to_pylist())
         else:
-            prompts = table.column(spec.prompt_column).to_pylist()
+            prompts = table.column(spec.input.prompt_column).to_pylist()
             problems = [prompt_problem(p) for p in prompts]
         for i, problem in enumerate(problems):
             if problem and i not in errors:
@@ -293,7 +298,7 @@ class Generator:
         decodable = [i for i in range(len(prompts)) if i not in errors]
         texts = [as_text(prompts[i]) for i in decodable]
         # A chat template writes its own special tokens.
-        encoded = self.tokenizer(texts, add_special_tokens=not spec.messages_column)["input_ids"] if texts else []
+        encoded = self.tokenizer(texts, add_special_tokens=not spec.input.messages_column)["input_ids"] if texts else []
         prompt_tokens: dict[int, int] = {}
         token_ids: dict[int, list[int]] = {}
         for i, ids in zip(decodable, encoded, strict=True):
@@ -365,7 +370,7 @@ class Generator:
         """Each decodable row's settings: the job's, overridden by `input.params_columns`. A row with a
         value that cannot be used, or at temperature 0 when it is to be sampled several times, becomes
         an error row (in `errors`, out of `token_ids`)."""
-        named, samples = self.spec.params_columns, self.spec.n
+        named, samples = self.spec.input.params_columns, self.spec.generation.n
         values = {setting: table.column(column).to_pylist() for setting, column in named.items()}
         settings = {}
         for i in list(token_ids):
@@ -398,7 +403,7 @@ class Generator:
         row's settings becomes an error row.
         """
         default = self.spec.strategy.name
-        wanted = table.column(self.spec.strategy_column).to_pylist() if self.spec.strategy_column else None
+        wanted = table.column(self.spec.input.strategy_column).to_pylist() if self.spec.input.strategy_column else None
         groups: dict[tuple[str, tuple], list[tuple[int, int]]] = {}
         for i in list(token_ids):
             name = (wanted[i] if wanted else None) or default
@@ -408,10 +413,10 @@ class Generator:
             except (KeyError, ValueError) as exc:
                 problem = exc.args[0]
             if problem:
-                errors[i] = f"{self.spec.strategy_column}: {problem}" if wanted else problem
+                errors[i] = f"{self.spec.input.strategy_column}: {problem}" if wanted else problem
                 del token_ids[i]
                 continue
-            groups.setdefault((name, settings[i].batch_key()), []).extend((i, s) for s in range(self.spec.n))
+            groups.setdefault((name, settings[i].batch_key()), []).extend((i, s) for s in range(self.spec.generation.n))
         return groups
 
     def _refusal(self, name: str, greedy: bool) -> str | None:
@@ -423,7 +428,7 @@ class Generator:
     def _batch_params(self, key: tuple[int, float, float]) -> GenerationParams:
         """The parameters of a batch of rows sharing `key` (`RowSettings.batch_key`)."""
         max_new_tokens, temperature, top_p = key
-        sampling = SamplingParams(temperature, self.spec.top_k, top_p, self.spec.seed)
+        sampling = SamplingParams(temperature, self.spec.generation.top_k, top_p, self.spec.generation.seed)
         return dataclasses.replace(self.params, max_new_tokens=max_new_tokens, sampling=sampling)
 
     def _stop_strings(self, stops: tuple[str, ...]) -> StopStrings:
@@ -476,10 +481,14 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
 
 def score_columns(spec: WorkerSpec) -> list[str]:
     """The columns of `SCORE_COLUMNS` the job asked for."""
-    asked = {"token_ids": spec.token_ids, "logprobs": spec.logprobs, "top_logprobs": spec.top_logprobs > 0}
+    asked = {
+        "token_ids": spec.output.token_ids,
+        "logprobs": spec.output.logprobs,
+        "top_logprobs": spec.output.top_logprobs > 0,
+    }
     return [name for name in SCORE_COLUMNS.names if asked[name]]
 
 
 def output_schema(spec: WorkerSpec, table: pa.Table) -> pa.Schema:
     """The output columns of `table`'s rows under this job's settings (`contract.output_schema`)."""
-    return contract.output_schema(score_columns(spec), [table.schema.field(name) for name in spec.keep_columns])
+    return contract.output_schema(score_columns(spec), [table.schema.field(name) for name in spec.input.keep_columns])

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from strategies.options import StrategyOptions
 from workers.controller import Learned
 from workers.controller_stats import StatsKey
+from workers.sections import GenerationConfig, InputConfig, ModelConfig, OutputConfig, WorkersConfig
 
 
 @dataclass(frozen=True)
@@ -24,39 +24,19 @@ class WorkUnit:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything an actor needs to decode any unit of the job. Holds credentials: never log it."""
+    """Everything an actor needs to decode any unit of the job: the job's sections an actor reads, as
+    the config holds them (copies: the driver's config is not shared), and what the driver learned
+    before the actors start. Holds credentials (storage options): never log it."""
 
     job_id: str
-    model_target: str
-    dtype: str
-    trust_remote_code: bool
-    cache_dir: str
+    model: ModelConfig
+    input: InputConfig
+    output: OutputConfig
+    generation: GenerationConfig
+    workers: WorkersConfig
     strategy: StrategyOptions
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    stop: tuple[str, ...]
-    seed: int
-    ignore_eos: bool
-    prompt_column: str
-    id_column: str | None
-    keep_columns: tuple[str, ...]
-    strategy_column: str | None
-    batch_size: int
-    max_batch_tokens: int
-    torch_threads: int
-    input_storage_options: dict[str, Any] = field(default_factory=dict)
-    output_storage_options: dict[str, Any] = field(default_factory=dict)
-    model_storage_options: dict[str, Any] = field(default_factory=dict)
     # The optional models the job uses, by kind (`workers/model_kinds.py`): kind -> URL.
     models: dict[str, str] = field(default_factory=dict)
-    model_compile: bool = False  # model.compile
-    logprobs: bool = False  # output.logprobs
-    top_logprobs: int = 0  # output.top_logprobs
-    token_ids: bool = False  # output.token_ids
-    params_columns: dict[str, str] = field(default_factory=dict)  # input.params_columns: setting -> column
-    n: int = 1  # generation.n: samples per input row
     # The target's weights hash: with the actor's device and dtype, the key of its controller statistics.
     target_sha256: str = ""
     # Controller statistics the driver read (workers.controller_stats_url, else the output's _logs/): each
@@ -66,9 +46,8 @@ class WorkerSpec:
     @property
     def scores(self) -> int | None:
         """What the strategies score (`GenerationParams.logprobs`): None unless a log-probability column is asked."""
-        return self.top_logprobs if self.logprobs or self.top_logprobs else None
-
-    messages_column: str | None = None  # set: prompts are chat messages rendered by the chat template
+        out = self.output
+        return out.top_logprobs if out.logprobs or out.top_logprobs else None
 
 
 @dataclass
