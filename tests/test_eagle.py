@@ -13,6 +13,7 @@ import torch
 from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
 
+from jobs.shipped import SHIPPED_EAGLE, SHIPPED_TARGET
 from strategies import registry
 from strategies.artifacts.eagle import EagleConfig, EagleHead, load_eagle
 from strategies.base import GenerationParams, RowRequest
@@ -226,3 +227,17 @@ def test_a_head_for_another_target_is_refused(tmp_path, tiny_model_dir, tiny_dra
     head.save(tmp_path / "other")
     with pytest.raises(ValueError, match=f"trained for the target at {tiny_draft_dir}.*model.target {tiny_model_dir}"):
         load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"eagle": str(tmp_path / "other")})
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
+def test_the_shipped_head_on_the_shipped_target_equals_greedy(prompts):
+    loaded = load_models(str(SHIPPED_TARGET), torch.float64, torch.device("cpu"), {"eagle": str(SHIPPED_EAGLE)})
+    target, models = loaded.models.target, loaded.models
+    params = _params(24)
+    reference = _tokens(AutoregressiveStrategy(target), prompts, params)
+    for tree in ("chain", "dynamic"):
+        options = StrategyOptions(name="eagle")
+        options.eagle.tree = tree
+        out = registry.create(options, models).generate(_requests(prompts), params)
+        assert [r.tokens for r in out.rows] == reference
+        assert out.stats["accepted_tokens"] > 0  # a trained head's drafts are accepted
