@@ -12,6 +12,7 @@ SHIPPED_DRAFT = ASSETS / "models" / "draft"
 SHIPPED_HEADS = ASSETS / "models" / "heads"
 SHIPPED_EXITS = ASSETS / "models" / "exits"
 SHIPPED_CMLM = ASSETS / "models" / "cmlm"
+SHIPPED_EAGLE = ASSETS / "models" / "eagle"
 SAMPLE_PROMPTS = ASSETS / "prompts" / "sample.parquet"
 
 
@@ -21,4 +22,7 @@ def default_job_config() -> JobConfig:
     heads = str(SHIPPED_HEADS) if (SHIPPED_HEADS / "heads.json").is_file() else None
     exits = str(SHIPPED_EXITS) if (SHIPPED_EXITS / "exits.json").is_file() else None
     cmlm = str(SHIPPED_CMLM) if (SHIPPED_CMLM / "cmlm.json").is_file() else None
-    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads, exits=exits, cmlm=cmlm))
+    eagle = str(SHIPPED_EAGLE) if (SHIPPED_EAGLE / "eagle.json").is_file() else None
+    return JobConfig(
+        model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads, exits=exits, cmlm=cmlm, eagle=eagle)
+    )

@@ -109,6 +109,31 @@ class MedusaOptions:
     typical_delta: float = field(default=0.3, metadata={"help": "Typical acceptance δ (about √ε in the paper)."})
 
 
+EAGLE_TREES = ("dynamic", "chain")
+
+
+@dataclass
+class EagleOptions:
+    tree: str = field(
+        default="dynamic",
+        metadata={
+            "help": f"One of {EAGLE_TREES}. dynamic: EAGLE-2's tree, grown top_k nodes wide by cumulative draft "
+            "confidence and reranked to the node budget; chain: the head's top-1 token at each depth."
+        },
+    )
+    depth: int = field(default=5, metadata={"help": "Deepest draft path: draft steps of the head per step."})
+    top_k: int = field(
+        default=4, metadata={"help": "dynamic: children per expanded node, and nodes expanded per depth."}
+    )
+    nodes: int = field(
+        default=16,
+        metadata={
+            "help": "dynamic: most draft nodes verified per row and step (the controller may verify fewer where "
+            "its cost model says a wide verify forward does not pay)."
+        },
+    )
+
+
 @dataclass
 class BlockwiseOptions:
     top_k: int = field(
@@ -242,6 +267,7 @@ class StrategyOptions:
     lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)
     medusa: MedusaOptions = field(default_factory=MedusaOptions)
     blockwise: BlockwiseOptions = field(default_factory=BlockwiseOptions)
+    eagle: EagleOptions = field(default_factory=EagleOptions)
     jacobi: JacobiOptions = field(default_factory=JacobiOptions)
     self_speculative: SelfSpeculativeOptions = field(default_factory=SelfSpeculativeOptions)
     calm: CalmOptions = field(default_factory=CalmOptions)

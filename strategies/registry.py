@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strategies.artifacts.cmlm import CMLM
+from strategies.artifacts.eagle import EagleHead
 from strategies.artifacts.exits import ExitHeads
 from strategies.artifacts.heads import DraftHeads
 from strategies.base import OutputColumns, Strategy
@@ -25,9 +26,17 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.decoders.calm import LOGPROBS_REFUSAL, CalmStrategy
 from strategies.decoders.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
 from strategies.decoders.mask_predict import MaskPredictStrategy
-from strategies.options import CALM_BATCH_EXITS, CALM_MEASURES, MEDUSA_ACCEPTANCE, StrategyOptions, out_of_bounds
+from strategies.options import (
+    CALM_BATCH_EXITS,
+    CALM_MEASURES,
+    EAGLE_TREES,
+    MEDUSA_ACCEPTANCE,
+    StrategyOptions,
+    out_of_bounds,
+)
 from strategies.proposers.cmlm_proposer import CMLMProposer
 from strategies.proposers.draft_model import DraftModelProposer
+from strategies.proposers.eagle import EagleProposer
 from strategies.proposers.jacobi import INITS, JacobiProposer
 from strategies.proposers.jacobi import MODES as JACOBI_MODES
 from strategies.proposers.lookahead import MODES, LookaheadProposer
@@ -42,18 +51,20 @@ from strategies.verification.speculative import DraftingMethod, SpeculativeStrat
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
 MASK_PREDICT = "mask_predict"  # not a drafter either: the CMLM alone, lossy, never among `auto`'s candidates
-OPTIONAL_MODELS = ("draft", "heads", "exits", "cmlm")  # model kinds, each the `model.<kind>` key that sets it
+OPTIONAL_MODELS = ("draft", "heads", "exits", "cmlm", "eagle")  # model kinds, each the `model.<kind>` key that sets it
 _MODEL_ROLES = {
     "draft": "a draft model",
     "heads": "heads trained on the target",
     "exits": "exit heads trained on the target",
     "cmlm": "a conditional masked LM (accelgen train cmlm)",
+    "eagle": "an EAGLE head trained on the target (accelgen train eagle)",
 }
 
 
 @dataclass
 class Models:
-    """What strategies draft and verify with: the target, and the optional draft model, heads, exits and CMLM.
+    """What strategies draft and verify with: the target, and the optional draft model, heads, exits, CMLM
+    and EAGLE head.
 
     An optional model may be given as a loader instead (`loaders`, by name): it is loaded the first time
     a strategy that uses it is created (`get`), so a job whose strategies never draft with the draft
@@ -65,6 +76,7 @@ class Models:
     heads: DraftHeads | None = None
     exits: ExitHeads | None = None
     cmlm: CMLM | None = None
+    eagle: EagleHead | None = None
     loaders: dict[str, Callable[[], Any]] = field(default_factory=dict)
     load_s: dict[str, float] = field(default_factory=dict)
 
@@ -320,6 +332,24 @@ def _check_blockwise(options: StrategyOptions) -> list[str]:
     return out_of_bounds([("strategy.blockwise.top_k", top_k, top_k >= 1, ">= 1 (1: exact)")])
 
 
+def _eagle(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+    o, head = options.eagle, _need(models, "eagle", "eagle")
+    if o.tree == "chain":
+        return DraftingMethod("eagle", EagleProposer(head, top_k=1), o.depth, o.depth, rule)
+    return DraftingMethod("eagle", EagleProposer(head, o.top_k), o.depth, o.nodes, rule, trees=True)
+
+
+def _check_eagle(options: StrategyOptions) -> list[str]:
+    eg = options.eagle
+    return _one_of("strategy.eagle.tree", eg.tree, EAGLE_TREES) + out_of_bounds(
+        [
+            ("strategy.eagle.depth", eg.depth, eg.depth >= 1, ">= 1"),
+            ("strategy.eagle.top_k", eg.top_k, eg.top_k >= 1, ">= 1"),
+            ("strategy.eagle.nodes", eg.nodes, eg.nodes >= 1, ">= 1"),
+        ]
+    )
+
+
 def _jacobi(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     o = options.jacobi
     depth = models.target.max_context if o.mode == "pj" else o.block_size
@@ -423,6 +453,7 @@ _SPECS: dict[str, StrategySpec] = {
         _drafting("medusa", lambda o: ("heads",), _medusa_rule, _medusa, _check_medusa),
         _drafting("blockwise", lambda o: ("heads",), _blockwise_rule, _blockwise, _check_blockwise),
         _drafting("jacobi", lambda o: (), lambda o: ExactMatch(), _jacobi, _check_jacobi),
+        _drafting("eagle", lambda o: ("eagle",), lambda o: ExactMatch(), _eagle, _check_eagle),
         _drafting(
             "self_speculative",
             lambda o: ("exits",),
@@ -478,7 +509,7 @@ def lossy_reason(name: str, options: StrategyOptions) -> str | None:
 
 
 def needs_models(name: str, options: StrategyOptions) -> set[str]:
-    """Which optional models (`draft`, `heads`, `exits`, `cmlm`) strategy `name` uses; `auto` those of its
+    """Which optional models (`draft`, `heads`, `exits`, `cmlm`, `eagle`) strategy `name` uses; `auto` those of its
     `strategy.candidates`, or any when they are left to the models at hand."""
     if name == AUTO:
         if options.candidates:

@@ -17,5 +17,6 @@ def job_config(tmp_path: Path, model: Path, *overrides: str) -> JobConfig:
         "model.heads=null",
         "model.exits=null",
         "model.cmlm=null",
+        "model.eagle=null",
     ]
     return load_config(default_job_config(), None, [*base, *overrides])

@@ -84,6 +84,7 @@ def _generate(tmp_path: Path, column: list, model: Path, out: str) -> int:
             "model.heads=null",
             "model.exits=null",
             "model.cmlm=null",
+            "model.eagle=null",
             "model.dtype=float64",
             "input.id_column=id",
             "input.messages_column=messages",

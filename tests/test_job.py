@@ -374,6 +374,7 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
         "model.heads=null",
         "model.exits=null",
         "model.cmlm=null",
+        "model.eagle=null",
         "model.dtype=float64",
         "generation.max_new_tokens=10",
     ]

@@ -156,6 +156,7 @@ def _job(tmp_path: Path, model_dir: Path, out: str, *extra: str) -> list[str]:
         "model.heads=null",
         "model.exits=null",
         "model.cmlm=null",
+        "model.eagle=null",
         "model.dtype=float64",
         "generation.max_new_tokens=8",
         "generation.ignore_eos=true",

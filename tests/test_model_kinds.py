@@ -22,6 +22,7 @@ from pipeline.errors import JobError
 from pipeline.job_record import job_record
 from pipeline.shards import list_shards
 from strategies import registry
+from strategies.artifacts.eagle import EagleConfig
 from strategies.artifacts.exits import ExitsConfig
 from strategies.artifacts.heads import HeadsConfig
 from strategies.artifacts.weights_folder import write_weights_config
@@ -50,8 +51,19 @@ def _cmlm_folder(folder: Path, target: Path) -> None:
     (folder / "cmlm.json").write_text("{}")
 
 
+def _eagle_folder(folder: Path, target: Path) -> None:
+    trained_for = {"target_path": str(target), "target_weights_sha256": weights_sha256(target)}
+    write_weights_config(folder, "eagle", EagleConfig(32, 8, 4, 2, 8, 64, **trained_for))
+
+
 # A folder of each kind that passes the job's checks before any load (marker, trained for the target).
-FOLDERS = {"draft": _draft_folder, "heads": _heads_folder, "exits": _exits_folder, "cmlm": _cmlm_folder}
+FOLDERS = {
+    "draft": _draft_folder,
+    "heads": _heads_folder,
+    "exits": _exits_folder,
+    "cmlm": _cmlm_folder,
+    "eagle": _eagle_folder,
+}
 
 
 def _folder(root: Path, name: str, target: Path) -> Path:

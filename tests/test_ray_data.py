@@ -22,6 +22,7 @@ SETTINGS = [
     "model.heads=null",
     "model.exits=null",
     "model.cmlm=null",
+    "model.eagle=null",
     "strategy.name=speculative",
     "input.id_column=id",
     "input.keep_columns=[n]",
@@ -90,6 +91,7 @@ def test_a_batch_missing_a_configured_column_is_refused_by_name(tiny_model_dir: 
             "model.heads=null",
             "model.exits=null",
             "model.cmlm=null",
+            "model.eagle=null",
             "input.id_column=id",
             "input.params_columns.temperature=temp",
         ]

@@ -56,6 +56,8 @@ _LOSSY = [
     (_options("blockwise"), False),
     (_options("blockwise", blockwise={"top_k": 3}), True),
     (_options("jacobi"), False),
+    (_options("eagle"), False),
+    (_options("eagle", eagle={"tree": "chain"}), False),
     (_options("self_speculative"), False),
     (_options("calm"), True),
     (_options("mask_predict"), True),

@@ -179,6 +179,7 @@ def test_a_real_jobs_report_renders_in_a_browser(tmp_path, tiny_model_dir, tiny_
         "model.heads=null",
         "model.exits=null",
         "model.cmlm=null",
+        "model.eagle=null",
         "strategy.name=speculative",
         "input.rows_per_unit=4",
         "workers.batch_size=2",

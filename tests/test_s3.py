@@ -131,6 +131,7 @@ def test_model_read_from_s3_with_model_storage_options(s3, tiny_model_dir, tmp_p
         "model.heads=null",
         "model.exits=null",
         "model.cmlm=null",
+        "model.eagle=null",
         "model.dtype=float64",
         "generation.max_new_tokens=6",
     ]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from strategies.artifacts.cmlm import CMLM
+    from strategies.artifacts.eagle import EagleHead
     from strategies.artifacts.exits import ExitHeads
     from strategies.artifacts.heads import DraftHeads
     from strategies.options import StrategyOptions
@@ -104,6 +105,20 @@ def _load_cmlm(folder: Path, url: str, at: Loading) -> CMLM:
     return CMLM(ModelRunner(model), read_config(folder))
 
 
+def _load_eagle(folder: Path, url: str, at: Loading) -> EagleHead:
+    from strategies.artifacts.eagle import load_eagle
+
+    loaded = load_eagle(folder, at.dtype, at.device)
+    loaded.use_target(at.target)
+    return loaded
+
+
+def _eagle_trained_for(folder: Path) -> TrainedFor:
+    from strategies.artifacts.eagle import read_config
+
+    return read_config(folder)
+
+
 KINDS: tuple[ModelKind, ...] = (
     ModelKind(
         name="draft",
@@ -140,6 +155,16 @@ KINDS: tuple[ModelKind, ...] = (
         marker="cmlm.json",
         folder="a `train cmlm` folder",
         load=_load_cmlm,
+    ),
+    ModelKind(
+        name="eagle",
+        role="an EAGLE head trained on the target (accelgen train eagle)",
+        help="EAGLE draft head trained on the target's features (`accelgen train eagle`) for strategy eagle: "
+        "folder or URL.",
+        marker="eagle.json",
+        folder="a `train eagle` folder",
+        load=_load_eagle,
+        trained_for=_eagle_trained_for,
     ),
 )
 BY_NAME: dict[str, ModelKind] = {kind.name: kind for kind in KINDS}

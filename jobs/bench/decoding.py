@@ -25,7 +25,15 @@ import torch
 
 from jobs.args import print_keys, split_args
 from jobs.bench.agreement import agreement
-from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_CMLM, SHIPPED_DRAFT, SHIPPED_EXITS, SHIPPED_HEADS, SHIPPED_TARGET
+from jobs.shipped import (
+    SAMPLE_PROMPTS,
+    SHIPPED_CMLM,
+    SHIPPED_DRAFT,
+    SHIPPED_EAGLE,
+    SHIPPED_EXITS,
+    SHIPPED_HEADS,
+    SHIPPED_TARGET,
+)
 from pipeline.config import load_config, option
 from pipeline.errors import JobError
 from strategies import registry
@@ -53,6 +61,7 @@ class BenchConfig:
     heads: str = option(str(SHIPPED_HEADS), "Draft heads of the target for medusa and blockwise.")
     exits: str = option(str(SHIPPED_EXITS), "Exit heads of the target for self_speculative and calm.")
     cmlm: str = option(str(SHIPPED_CMLM), "Conditional masked LM for mask_predict and the cmlm drafter.")
+    eagle: str = option(str(SHIPPED_EAGLE), "EAGLE head of the target for strategy eagle.")
     dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
     strategies: list[str] = option(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
     mask_predict_iterations: list[int] = option(
@@ -178,6 +187,7 @@ class Bench:
                 "heads": config.heads if needs_heads else None,
                 "exits": config.exits if needs_exits else None,
                 "cmlm": config.cmlm if "cmlm" in needs else None,
+                "eagle": config.eagle if "eagle" in needs and config.eagle else None,
             },
         )
         self.model, self.tokenizer, self.draft_model, self.models = (

@@ -9,10 +9,11 @@ The shipped family is rebuilt, in order, by:
     accelgen train cmlm jobs/configs/train_cmlm.yaml
     accelgen train heads jobs/configs/train_heads.yaml
     accelgen train exits jobs/configs/train_exits.yaml
+    accelgen train eagle jobs/configs/train_eagle.yaml
     accelgen train eval model=jobs/assets/models/target draft=jobs/assets/models/draft report=out/train/eval.json
 
-Re-running an interrupted `lm`, `draft`, `cllm`, `cmlm`, `heads` or `exits` command resumes from its
-checkpoint. `heads` measures its heads on held-out text as it ends; `heads-eval` measures saved heads again.
+Re-running an interrupted `lm`, `draft`, `cllm`, `cmlm`, `heads`, `exits` or `eagle` command resumes from
+its checkpoint. `heads` measures its heads on held-out text as it ends; `heads-eval` measures saved heads again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from jobs.train.config import (
     CLLMJobConfig,
     CMLMJobConfig,
     DraftJobConfig,
+    EagleJobConfig,
     EvalJobConfig,
     ExitsJobConfig,
     HeadsEvalJobConfig,
@@ -62,6 +64,9 @@ COMMANDS = {
     ),
     "exits": Command(
         ExitsJobConfig, "jobs.train.exits:train_exits", "train exit heads at the frozen target's inner layers"
+    ),
+    "eagle": Command(
+        EagleJobConfig, "jobs.train.eagle:train_eagle", "train an EAGLE head on the frozen target's features"
     ),
 }
 

@@ -286,6 +286,49 @@ def check_heads(config: HeadsJobConfig, context: int) -> None:
 
 
 @dataclass
+class EagleEvalConfig:
+    depth: int = option(5, "Draft depth whose acceptance is measured on held-out prompts (EAGLE chain and tree).")
+    new_tokens: int = option(64, "Tokens the measured strategies decode after each held-out prompt.")
+
+
+@dataclass
+class EagleJobConfig:
+    target: str = option(MISSING, "Target model directory: frozen; its features and LM head are what the head uses.")
+    output_dir: str = option(MISSING, "Directory receiving eagle.json and eagle.safetensors.")
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
+    noise: float = option(
+        0.1, "Half-width a of the uniform noise U(-a, a) added to the input features in training (EAGLE's 0.1)."
+    )
+    ce_weight: float = option(
+        0.1, "Weight of the token cross-entropy (against the target's distribution) beside the feature regression."
+    )
+    train: HeadsTrainConfig = field(default_factory=HeadsTrainConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=50, weight_decay=0.0, grad_clip=1.0)
+    )
+    eval: EagleEvalConfig = field(default_factory=EagleEvalConfig)
+
+
+def check_eagle(config: EagleJobConfig, context: int) -> None:
+    """Value checks of `train eagle` against its target's `context`, before any sequence is generated."""
+    data = config.data
+    counts = {"sequences": data.sequences, "batch_size": data.batch_size, "eval_sequences": data.eval_sequences}
+    check_sequences("data.", counts, data.prompt_tokens, data.continuation_tokens, context)
+    if config.noise < 0 or config.ce_weight < 0:
+        raise JobError(f"noise={config.noise}, ce_weight={config.ce_weight}: use values >= 0")
+    if min(config.eval.depth, config.eval.new_tokens) < 1:
+        raise JobError("eval.depth and eval.new_tokens must be >= 1")
+    if data.prompt_tokens + config.eval.new_tokens > context:
+        raise JobError(f"data.prompt_tokens + eval.new_tokens exceeds the target's context of {context} tokens")
+    train = config.train
+    if train.precision not in PRECISIONS:
+        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
+    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
+        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
+
+
+@dataclass
 class CLLMDataConfig:
     prompts: int = option(
         512,

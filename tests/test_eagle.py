@@ -1,0 +1,243 @@
+"""EAGLE is greedy decoding (and the target's keyed sampling), faster: equivalence in float64 is its
+specification, with chains and dynamic trees, heads scripted always right, always wrong, right to a
+depth, and of random weights. Also: the tree's growing and reranking on literal probabilities, the
+head's cache after partial acceptance equal to a fresh one, and a head for another target refused."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from mixed_prompts import PROMPTS
+from transformers import AutoModelForCausalLM
+
+from jobs.shipped import SHIPPED_EAGLE, SHIPPED_TARGET
+from strategies import registry
+from strategies.artifacts.eagle import EagleConfig, EagleHead, load_eagle
+from strategies.base import GenerationParams, RowRequest
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.options import StrategyOptions
+from strategies.proposers.eagle import EagleProposer
+from strategies.proposers.eagle_tree import grow, rerank
+from strategies.runtime.runner import ModelRunner
+from strategies.runtime.sampling import SamplingParams
+from strategies.verification.proposer import TargetStates
+from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from workers.model_loading import load_models, weights_sha256
+
+DEPTH = 4
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir):
+    return ModelRunner(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64))
+
+
+def tiny_eagle(runner: ModelRunner, model_dir: Path, seed: int = 0) -> EagleHead:
+    """A head of random weights for the tiny target, as `train eagle` would record it."""
+    config = EagleConfig.of_target(
+        runner.model, target_path=str(model_dir), target_weights_sha256=weights_sha256(model_dir)
+    )
+    torch.manual_seed(seed)
+    head = EagleHead(config).double().eval()
+    head.use_target(runner.model)
+    return head
+
+
+def _params(n=24, **sampling):
+    return GenerationParams(n, SamplingParams(**sampling), eos_token_ids=frozenset(), ignore_eos=True)
+
+
+def _requests(prompts):
+    return [RowRequest(prompt=list(p), key=i) for i, p in enumerate(prompts)]
+
+
+def _tokens(strategy, prompts, params):
+    return [r.tokens for r in strategy.generate(_requests(prompts), params).rows]
+
+
+class ScriptedEagle(EagleProposer):
+    """The head feeds its cache and drafts as usual, but its confidences are scripted: the reference
+    continuation's token ranks first down to depth `right_depth`, below which it is never a candidate."""
+
+    def __init__(self, head, top_k, sequences, right_depth):
+        super().__init__(head, top_k)
+        self.sequences, self.right_depth = sequences, right_depth
+        self.roots: list[tuple[list[int], torch.Tensor]] = []  # (context, root feature) of every proposal
+
+    def _feed_target_features(self):
+        root = super()._feed_target_features()
+        self.roots += [(list(row.context), root[b].clone()) for b, row in enumerate(self.rows)]
+        return root
+
+    def _grow(self, root, depth):
+        self.level = 0
+        return super()._grow(root, depth)
+
+    def _log_confidence(self, features):
+        level, vocab = self.level, self.head.config.vocab_size
+        self.level += 1
+        logits = torch.zeros(*features.shape[:-1], vocab, dtype=torch.float64)
+        for b, row in enumerate(self.rows):
+            sequence = next(s for s in self.sequences if s[: len(row.context)] == row.context)
+            at = len(row.context) + level  # the index of the token at draft depth level + 1
+            truth = sequence[at] if at < len(sequence) else 0
+            if level < self.right_depth:
+                logits[b, ..., truth], logits[b, ..., (truth + 1) % vocab] = 5.0, 4.0
+            else:
+                logits[b, ..., truth] = -1e9
+        return torch.log_softmax(logits, dim=-1)
+
+
+def _scripted(target, proposer, tree):
+    nodes = 12 if tree else DEPTH
+    method = DraftingMethod("eagle", proposer, DEPTH, nodes, trees=tree)
+    return SpeculativeStrategy("eagle", target, [method])
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
+def test_eagle_equals_greedy(target, tiny_model_dir, prompts):
+    params = _params()
+    reference = _tokens(AutoregressiveStrategy(target), prompts, params)
+    sequences = [p + r for p, r in zip(prompts, reference, strict=True)]
+    head = tiny_eagle(target, tiny_model_dir)
+    for top_k, tree in ((1, False), (3, True)):
+        right = ScriptedEagle(head, top_k, sequences, right_depth=DEPTH)
+        out = _scripted(target, right, tree).generate(_requests(prompts), params)
+        assert [r.tokens for r in out.rows] == reference
+        assert out.stats["tau"] > DEPTH  # every draft accepted: DEPTH + 1 tokens a step but the last
+        wrong = ScriptedEagle(head, top_k, sequences, right_depth=0)
+        out = _scripted(target, wrong, tree).generate(_requests(prompts), params)
+        assert [r.tokens for r in out.rows] == reference
+        assert out.stats["accepted_tokens"] == 0 and out.stats["draft_tokens"] > 0
+    # A head of random weights through the registry, as a job builds it: chain and dynamic tree.
+    models = registry.Models(target, eagle=head)
+    for tree in ("chain", "dynamic"):
+        options = StrategyOptions(name="eagle")
+        options.eagle.tree = tree
+        assert _tokens(registry.create(options, models), prompts, params) == reference
+
+
+def test_the_heads_cache_after_partial_acceptance_equals_a_fresh_run_over_the_accepted_tokens(target, tiny_model_dir):
+    params = _params(20)
+    reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
+    sequences = [p + r for p, r in zip(PROMPTS, reference, strict=True)]
+    head = tiny_eagle(target, tiny_model_dir)
+    partial = ScriptedEagle(head, 3, sequences, right_depth=2)
+    out = _scripted(target, partial, tree=True).generate(_requests(PROMPTS), params)
+    assert [r.tokens for r in out.rows] == reference
+    assert out.stats["acceptance_by_position"][:3] == [1.0, 1.0, 0.0]  # every step accepts 2 of its drafts
+    later = [(context, root) for context, root in partial.roots if len(context) > 8]
+    assert len(later) > 10
+    for context, root in later:
+        with torch.inference_mode():
+            kv = target.new_kv(1)
+            hidden = target.prefill(kv, [context[:-1]], want_hidden=True).hidden  # [1, L, H]
+        fresh = EagleProposer(head, 3)
+        fresh.start([context], params, TargetStates(hidden, [list(range(len(context) - 1))]))
+        with torch.inference_mode():
+            assert torch.allclose(fresh._feed_target_features()[0], root, atol=1e-9)
+
+
+def test_sampled_eagle_emits_the_targets_own_keyed_samples(target, tiny_model_dir):
+    params = _params(16, temperature=0.8, top_k=40, seed=3)
+    reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
+    head = tiny_eagle(target, tiny_model_dir)
+    for tree in ("chain", "dynamic"):
+        options = StrategyOptions(name="eagle")
+        options.eagle.tree = tree
+        assert _tokens(registry.create(options, registry.Models(target, eagle=head)), PROMPTS, params) == reference
+    # Drafts that are the target's own samples are accepted, and the output is still the target's.
+    sequences = [p + r for p, r in zip(PROMPTS, reference, strict=True)]
+    out = _scripted(target, ScriptedEagle(head, 3, sequences, right_depth=DEPTH), True).generate(
+        _requests(PROMPTS), params
+    )
+    assert [r.tokens for r in out.rows] == reference and out.stats["tau"] > DEPTH
+
+
+def _table(probabilities: dict[tuple[int, ...], dict[int, float]], vocab: int):
+    """Log-probabilities below each path of tokens, from a literal table (absent tokens: 0)."""
+
+    def log_probs(path: tuple[int, ...]) -> torch.Tensor:
+        row = torch.full((vocab,), -math.inf, dtype=torch.float64)
+        for token, p in probabilities[path].items():
+            row[token] = math.log(p)
+        return row
+
+    return log_probs
+
+
+def test_the_dynamic_tree_grows_the_most_confident_nodes_and_reranks_to_the_budget():
+    a, b, c, d, e, f, g, h, i, j = range(10)
+    table = {
+        (): {a: 0.6, b: 0.3, c: 0.1},
+        (a,): {d: 0.7, e: 0.2, j: 0.1},
+        (b,): {f: 0.9, g: 0.1},
+        (a, d): {i: 0.8, j: 0.2},
+        (b, f): {i: 0.6, h: 0.4},
+    }
+    log_probs = _table(table, vocab=10)
+    paths: dict[int, tuple[int, ...]] = {}  # the frontier being expanded: its index -> its path
+
+    def expand(tokens, parents, level):
+        nonlocal paths
+        previous = paths if level > 1 else {-1: ()}
+        paths = {n: previous[int(p)] + (int(t),) for n, (t, p) in enumerate(zip(tokens[0], parents[0], strict=True))}
+        return torch.stack([log_probs(paths[n]) for n in range(len(paths))])[None]
+
+    grown = grow(log_probs(())[None], depth=3, top_k=2, expand=expand)
+    # Depth 1: a, b (c is not among the root's top 2). Depth 2: a's d, e and b's f, g. Depth 3: below the
+    # two most confident of those, a-d (0.42) and b-f (0.27), not a-e (0.12).
+    assert grown.tokens[0].tolist() == [a, b, d, e, f, g, i, j, i, h]
+    assert grown.parents[0].tolist() == [-1, -1, 0, 0, 1, 1, 2, 2, 4, 4]
+    assert grown.depths[0].tolist() == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    values = grown.values[0].exp().tolist()
+    assert values == pytest.approx([0.6, 0.3, 0.42, 0.12, 0.27, 0.03, 0.336, 0.084, 0.162, 0.108])
+    # Reranked to 4 nodes: a, a-d, a-d-i, b, listed parents first.
+    [draft] = rerank(grown, budgets=[3], max_nodes=4)
+    assert draft.tokens == [a, b, d, i] and draft.parents == [-1, -1, 0, 2]
+    [draft] = rerank(grown, budgets=[3], max_nodes=6)
+    assert draft.tokens == [a, b, d, f, i, i] and draft.parents == [-1, -1, 0, 1, 2, 3]
+    # A row with room for one token keeps depth 1 only; a row without room drafts nothing.
+    both = type(grown)(*(t.expand(2, -1) for t in vars(grown).values()))
+    short, none = rerank(both, budgets=[1, 0], max_nodes=6)
+    assert short.tokens == [a, b] and short.parents == [-1, -1] and none.tokens == []
+    # A chain is the tree one node wide.
+    chain = grow(log_probs(())[None], depth=3, top_k=1, expand=expand)
+    assert chain.tokens[0].tolist() == [a, d, i] and chain.parents[0].tolist() == [-1, 0, 1]
+    # Equal values keep the node grown first, so a kept node's parent is always kept: below b, f is
+    # certain (b-f ties b at 0.3): 3 nodes keep a, a-d and b, never f without b.
+    table[(b,)] = {f: 1.0}
+    [draft] = rerank(grow(log_probs(())[None], depth=2, top_k=2, expand=expand), budgets=[2], max_nodes=3)
+    assert draft.tokens == [a, b, d] and draft.parents == [-1, -1, 0]
+
+
+def test_a_head_for_another_target_is_refused(tmp_path, tiny_model_dir, tiny_draft_dir, target):
+    head = tiny_eagle(target, tiny_model_dir)
+    head.save(tmp_path / "eagle")
+    loaded = load_eagle(tmp_path / "eagle", torch.float64, torch.device("cpu"))
+    assert all(torch.equal(p, q) for p, q in zip(loaded.state_dict().values(), head.state_dict().values(), strict=True))
+    assert "embed" not in str(list(loaded.state_dict()))  # the target's own tensors are never saved with it
+    models = load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"eagle": str(tmp_path / "eagle")})
+    assert models.models.eagle.lm_head is not None
+    head.config.target_weights_sha256 = weights_sha256(tiny_draft_dir)
+    head.config.target_path = str(tiny_draft_dir)
+    head.save(tmp_path / "other")
+    with pytest.raises(ValueError, match=f"trained for the target at {tiny_draft_dir}.*model.target {tiny_model_dir}"):
+        load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"eagle": str(tmp_path / "other")})
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
+def test_the_shipped_head_on_the_shipped_target_equals_greedy(prompts):
+    loaded = load_models(str(SHIPPED_TARGET), torch.float64, torch.device("cpu"), {"eagle": str(SHIPPED_EAGLE)})
+    target, models = loaded.models.target, loaded.models
+    params = _params(24)
+    reference = _tokens(AutoregressiveStrategy(target), prompts, params)
+    for tree in ("chain", "dynamic"):
+        options = StrategyOptions(name="eagle")
+        options.eagle.tree = tree
+        out = registry.create(options, models).generate(_requests(prompts), params)
+        assert [r.tokens for r in out.rows] == reference
+        assert out.stats["accepted_tokens"] > 0  # a trained head's drafts are accepted
