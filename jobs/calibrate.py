@@ -27,7 +27,7 @@ import torch
 
 from jobs.args import print_keys, split_args
 from jobs.bench.decoding import read_prompts
-from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_EXITS, SHIPPED_TARGET
+from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped
 from pipeline.config import load_config, option
 from pipeline.errors import JobError
 from strategies.artifacts.exits import ExitHeads
@@ -180,7 +180,7 @@ class CalibrateConfig:
     num_prompts: int = option(16, "The first this many prompts are decoded: the even ones choose, the odd ones report.")
     max_prompt_tokens: int = option(256, "Prompts are cut to their last this many tokens.")
     model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
-    exits: str = option(str(SHIPPED_EXITS), "Exit heads of the target (`accelgen train exits`).")
+    exits: str = option(str(shipped("exits")), "Exit heads of the target (`accelgen train exits`).")
     dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
     max_new_tokens: int = option(64, "Tokens generated per row (greedy, EOS ignored).")
     batch_size: int = option(8, "Rows decoded together.")
@@ -212,7 +212,7 @@ def run(config: CalibrateConfig) -> Calibration:
     models = loaded.models
     result = calibrate(
         models.target,
-        models.exits,
+        models.get("exits"),
         config.calm,
         prompts,
         config.max_new_tokens,

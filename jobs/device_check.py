@@ -228,12 +228,13 @@ def profile(dry_run: bool) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, record_function
 
     from jobs.bench.decoding import read_prompts
-    from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_CMLM, SHIPPED_DRAFT, SHIPPED_EXITS, SHIPPED_HEADS, SHIPPED_TARGET
+    from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
     from strategies.base import GenerationParams, RowRequest
     from strategies.decoders import autoregressive, registry, speculative
     from strategies.options import StrategyOptions
     from strategies.runtime.sampling import SamplingParams, row_key
     from workers import controller as controller_module
+    from workers.model_kinds import KINDS
     from workers.model_loading import load_models
 
     def labelled(owner, attribute: str, label: str) -> None:
@@ -258,12 +259,7 @@ def profile(dry_run: bool) -> dict[str, Any]:
         str(SHIPPED_TARGET),
         torch.bfloat16 if cuda else torch.float32,
         device,
-        {
-            "draft": str(SHIPPED_DRAFT),
-            "heads": str(SHIPPED_HEADS),
-            "exits": str(SHIPPED_EXITS),
-            "cmlm": str(SHIPPED_CMLM),
-        },
+        {kind.name: shipped_or_none(kind.name) for kind in KINDS},
     )
     texts = read_prompts(str(SAMPLE_PROMPTS), "prompt")[: 2 if dry_run else 4]
     prompts = [ids[-256:] for ids in loaded.tokenizer(texts)["input_ids"]]

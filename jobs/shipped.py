@@ -5,24 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config import JobConfig, ModelConfig
+from workers.model_kinds import BY_NAME, KINDS
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-SHIPPED_TARGET = ASSETS / "models" / "target"
-SHIPPED_DRAFT = ASSETS / "models" / "draft"
-SHIPPED_HEADS = ASSETS / "models" / "heads"
-SHIPPED_EXITS = ASSETS / "models" / "exits"
-SHIPPED_CMLM = ASSETS / "models" / "cmlm"
-SHIPPED_EAGLE = ASSETS / "models" / "eagle"
+SHIPPED_MODELS = ASSETS / "models"
+SHIPPED_TARGET = SHIPPED_MODELS / "target"
 SAMPLE_PROMPTS = ASSETS / "prompts" / "sample.parquet"
+
+
+def shipped(kind: str) -> Path:
+    """Where the shipped family keeps its model of `kind` (`workers/model_kinds.py`): `models/<kind>`."""
+    return SHIPPED_MODELS / BY_NAME[kind].name
+
+
+def shipped_or_none(kind: str) -> str | None:
+    """The shipped model of `kind` as a URL, or None where this checkout has none (its marker file is missing)."""
+    folder = shipped(kind)
+    return str(folder) if (folder / BY_NAME[kind].marker).is_file() else None
 
 
 def default_job_config() -> JobConfig:
     """The schema's defaults, with the shipped model family as the default model."""
-    draft = str(SHIPPED_DRAFT) if (SHIPPED_DRAFT / "config.json").is_file() else None
-    heads = str(SHIPPED_HEADS) if (SHIPPED_HEADS / "heads.json").is_file() else None
-    exits = str(SHIPPED_EXITS) if (SHIPPED_EXITS / "exits.json").is_file() else None
-    cmlm = str(SHIPPED_CMLM) if (SHIPPED_CMLM / "cmlm.json").is_file() else None
-    eagle = str(SHIPPED_EAGLE) if (SHIPPED_EAGLE / "eagle.json").is_file() else None
-    return JobConfig(
-        model=ModelConfig(target=str(SHIPPED_TARGET), draft=draft, heads=heads, exits=exits, cmlm=cmlm, eagle=eagle)
-    )
+    optional = {kind.name: shipped_or_none(kind.name) for kind in KINDS}
+    return JobConfig(model=ModelConfig(target=str(SHIPPED_TARGET), **optional))

@@ -17,10 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from strategies.artifacts.cmlm import CMLM
-from strategies.artifacts.eagle import EagleHead
-from strategies.artifacts.exits import ExitHeads
-from strategies.artifacts.heads import DraftHeads
 from strategies.base import OutputColumns, Strategy
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.decoders.calm import LOGPROBS_REFUSAL, CalmStrategy
@@ -51,59 +47,44 @@ from strategies.verification.speculative import DraftingMethod, SpeculativeStrat
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
 MASK_PREDICT = "mask_predict"  # not a drafter either: the CMLM alone, lossy, never among `auto`'s candidates
-OPTIONAL_MODELS = ("draft", "heads", "exits", "cmlm", "eagle")  # model kinds, each the `model.<kind>` key that sets it
-_MODEL_ROLES = {
-    "draft": "a draft model",
-    "heads": "heads trained on the target",
-    "exits": "exit heads trained on the target",
-    "cmlm": "a conditional masked LM (accelgen train cmlm)",
-    "eagle": "an EAGLE head trained on the target (accelgen train eagle)",
-}
 
 
-@dataclass
 class Models:
-    """What strategies draft and verify with: the target, and the optional draft model, heads, exits, CMLM
-    and EAGLE head.
+    """What strategies draft and verify with: the target, and optional models by kind (`draft`, `heads`,
+    `exits`, `cmlm`, `eagle`: the `model.<kind>` keys, whose table is `workers/model_kinds.py`).
 
-    An optional model may be given as a loader instead (`loaders`, by name): it is loaded the first time
+    An optional model may be given as a loader instead (`loaders`, by kind): it is loaded the first time
     a strategy that uses it is created (`get`), so a job whose strategies never draft with the draft
     model never reads it. `load_s` says how long each loader took, for the job's start-up phases.
     """
 
-    target: ModelRunner
-    draft: ModelRunner | None = None
-    heads: DraftHeads | None = None
-    exits: ExitHeads | None = None
-    cmlm: CMLM | None = None
-    eagle: EagleHead | None = None
-    loaders: dict[str, Callable[[], Any]] = field(default_factory=dict)
-    load_s: dict[str, float] = field(default_factory=dict)
+    def __init__(self, target: ModelRunner, loaders: dict[str, Callable[[], Any]] | None = None, **loaded: Any) -> None:
+        self.target = target
+        self.loaded = {kind: model for kind, model in loaded.items() if model is not None}
+        self.loaders = dict(loaders or {})
+        self.load_s: dict[str, float] = {}
 
     def available(self) -> set[str]:
         """The optional models that are loaded or can be."""
-        return {m for m in OPTIONAL_MODELS if getattr(self, m) is not None or m in self.loaders}
+        return set(self.loaded) | set(self.loaders)
 
-    def get(self, model: str) -> Any:
-        """Optional model `model` (one of `OPTIONAL_MODELS`), loaded now if it was given as a loader; None
-        if it was not given."""
-        if getattr(self, model) is None and model in self.loaders:
+    def get(self, kind: str) -> Any:
+        """The optional model of `kind`, loaded now if it was given as a loader; None if it was not given."""
+        if kind not in self.loaded and kind in self.loaders:
             began = time.perf_counter()
-            setattr(self, model, self.loaders.pop(model)())
-            self.load_s[model] = time.perf_counter() - began
-        return getattr(self, model)
+            self.loaded[kind] = self.loaders.pop(kind)()
+            self.load_s[kind] = time.perf_counter() - began
+        return self.loaded.get(kind)
 
 
-def _need(models: Models, model: str, strategy: str) -> Any:
-    """Optional model `model` (a kind of `OPTIONAL_MODELS`) for `strategy`, or an error naming its key."""
-    found = models.get(model)
+def _need(models: Models, kind: str, strategy: str) -> Any:
+    """The optional model of `kind` for `strategy`, or an error naming its key. A job asks for its
+    strategies' models before it starts (`workers.model_kinds.missing_models`), so this is the last
+    word of a direct caller that did not."""
+    found = models.get(kind)
     if found is None:
-        raise ValueError(_missing_model(strategy, model))
+        raise ValueError(f"strategy {strategy} needs the model that model.{kind} sets, and none was given")
     return found
-
-
-def _missing_model(name: str, model: str) -> str:
-    return f"strategy {name} needs {_MODEL_ROLES[model]}: set model.{model}"
 
 
 @dataclass(frozen=True)
@@ -509,12 +490,12 @@ def lossy_reason(name: str, options: StrategyOptions) -> str | None:
 
 
 def needs_models(name: str, options: StrategyOptions) -> set[str]:
-    """Which optional models (`draft`, `heads`, `exits`, `cmlm`, `eagle`) strategy `name` uses; `auto` those of its
+    """Which optional model kinds strategy `name` uses; `auto` those of its
     `strategy.candidates`, or any when they are left to the models at hand."""
     if name == AUTO:
         if options.candidates:
             return set().union(*(needs_models(c, options) for c in options.candidates if c != AUTO))
-        return set(OPTIONAL_MODELS)
+        return set().union(*(spec.needs(options) for spec in _SPECS.values()))
     spec = _SPECS.get(name)
     return set() if spec is None else set(spec.needs(options))
 

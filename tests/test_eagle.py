@@ -13,7 +13,7 @@ import torch
 from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
 
-from jobs.shipped import SHIPPED_EAGLE, SHIPPED_TARGET
+from jobs.shipped import SHIPPED_TARGET, shipped
 from strategies import registry
 from strategies.artifacts.eagle import EagleConfig, EagleHead, load_eagle
 from strategies.base import GenerationParams, RowRequest
@@ -221,7 +221,7 @@ def test_a_head_for_another_target_is_refused(tmp_path, tiny_model_dir, tiny_dra
     assert all(torch.equal(p, q) for p, q in zip(loaded.state_dict().values(), head.state_dict().values(), strict=True))
     assert "embed" not in str(list(loaded.state_dict()))  # the target's own tensors are never saved with it
     models = load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"eagle": str(tmp_path / "eagle")})
-    assert models.models.eagle.lm_head is not None
+    assert models.models.get("eagle").lm_head is not None
     head.config.target_weights_sha256 = weights_sha256(tiny_draft_dir)
     head.config.target_path = str(tiny_draft_dir)
     head.save(tmp_path / "other")
@@ -231,7 +231,7 @@ def test_a_head_for_another_target_is_refused(tmp_path, tiny_model_dir, tiny_dra
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
 def test_the_shipped_head_on_the_shipped_target_equals_greedy(prompts):
-    loaded = load_models(str(SHIPPED_TARGET), torch.float64, torch.device("cpu"), {"eagle": str(SHIPPED_EAGLE)})
+    loaded = load_models(str(SHIPPED_TARGET), torch.float64, torch.device("cpu"), {"eagle": str(shipped("eagle"))})
     target, models = loaded.models.target, loaded.models
     params = _params(24)
     reference = _tokens(AutoregressiveStrategy(target), prompts, params)

@@ -309,7 +309,7 @@ def test_exits_folder_round_trip_and_refusal(tmp_path, model_dir, model, tiny_mo
     assert torch.allclose(loaded.logits(2, hidden), exits.logits(2, hidden))
     assert "lm_head" not in loaded.state_dict()
     models = load_models(str(model_dir), torch.float64, torch.device("cpu"), {"exits": str(tmp_path / "exits")})
-    assert models.models.exits.layers == [1, 2, 3]
+    assert models.models.get("exits").layers == [1, 2, 3]
     with pytest.raises(ValueError, match=f"trained for the target at {model_dir}"):
         load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"exits": str(tmp_path / "exits")})
 

@@ -174,7 +174,7 @@ def test_the_folder_loads_with_plain_transformers_and_the_block_pass_is_a_4d_mas
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits[0]  # [n, V]
     plain = torch.log_softmax(logits[len(context) + 2 :, : config.content_vocab_size], dim=-1)
-    cmlm = models.cmlm
+    cmlm = models.get("cmlm")
     kv = cmlm.new_kv(1)
     read = cmlm.token_logprobs(cmlm.read(kv, [context], [block]).states)
     assert kv.num_slots == len(context)  # the block's slots are dropped, the context stays

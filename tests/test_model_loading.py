@@ -55,14 +55,14 @@ def test_an_actor_loads_the_draft_once_and_only_for_a_strategy_that_drafts_with_
     assert worker_spec(config, "job").models == {}
     spec = dataclasses.replace(worker_spec(config, "job"), models={"draft": str(tiny_draft_dir)})
     generator = Generator(spec)
-    assert generator.models.draft is None and "draft" not in generator.ready()["load_s"]
+    assert generator.models.loaded.get("draft") is None and "draft" not in generator.ready()["load_s"]
     generator._strategy("prompt_lookup")
-    assert generator.models.draft is None
+    assert generator.models.loaded.get("draft") is None
     speculative = generator._strategy("speculative")
-    draft = generator.models.draft
+    draft = generator.models.loaded.get("draft")
     assert draft is not None and speculative.drafters["speculative"].proposer.draft is draft
     loaded = generator.ready()["load_s"]
     assert set(loaded) == {"target", "draft"} and loaded["draft"] > 0
     generator._strategies.clear()
     generator._strategy("speculative")
-    assert generator.models.draft is draft and generator.ready()["load_s"]["draft"] == loaded["draft"]
+    assert generator.models.loaded.get("draft") is draft and generator.ready()["load_s"]["draft"] == loaded["draft"]

@@ -105,7 +105,7 @@ def test_models_needed_come_from_the_proposer_each_option_picks():
         "heads",
         "draft",
     }
-    assert registry.models_needed(StrategyOptions(name="auto")) == set(registry.OPTIONAL_MODELS)
+    assert registry.models_needed(StrategyOptions(name="auto")) == {"draft", "heads", "exits", "cmlm", "eagle"}
     for drafter in DRAFTERS:  # every drafter the options' help names is one the registry builds
         assert registry.problems(_options("speculative", speculative={"drafter": drafter}), greedy=True) == []
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from jobs.shipped import SHIPPED_DRAFT, SHIPPED_TARGET
+from jobs.shipped import SHIPPED_TARGET, shipped
 
 CARD = (SHIPPED_TARGET.parent / "README.md").read_text()
 
@@ -19,7 +19,7 @@ def _card_row(label: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")[1:]]
 
 
-@pytest.mark.parametrize(("column", "path"), [(0, SHIPPED_TARGET), (1, SHIPPED_DRAFT)], ids=["target", "draft"])
+@pytest.mark.parametrize(("column", "path"), [(0, SHIPPED_TARGET), (1, shipped("draft"))], ids=["target", "draft"])
 def test_config_matches_the_model_card(column, path):
     config = AutoConfig.from_pretrained(path)
     hidden, layers, mlp = (int(x) for x in re.findall(r"\d+", _card_row("hidden size")[column]))
@@ -35,7 +35,7 @@ def test_config_matches_the_model_card(column, path):
 
 def test_tokenizer_round_trips_and_the_models_agree_on_it():
     tokenizer = AutoTokenizer.from_pretrained(SHIPPED_TARGET)
-    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(SHIPPED_DRAFT).get_vocab()
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(shipped("draft")).get_vocab()
     text = 'def f(x):\n    """Return x — ünïcødé, 汉字, 🙂."""\n    return x\t# done\n'
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
@@ -52,7 +52,7 @@ CODE = (
 )
 
 
-@pytest.mark.parametrize("path", [SHIPPED_TARGET, SHIPPED_DRAFT], ids=["target", "draft"])
+@pytest.mark.parametrize("path", [SHIPPED_TARGET, shipped("draft")], ids=["target", "draft"])
 def test_the_models_have_learned_python(path):
     """Far below a uniform guess's ln(8192) = 9.0 nats a token on ordinary code (the card's held-out
     losses: 3.5 and 4.2), and a function's header is continued by its indented body."""

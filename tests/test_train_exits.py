@@ -59,7 +59,7 @@ def test_saved_folder_loads_names_its_target_and_reports_agreement(exits_dir: Pa
     exits = load_exits(exits_dir, torch.float64, torch.device("cpu"))
     assert any(not torch.equal(m.up.weight, torch.zeros_like(m.up.weight)) for m in exits.exits.values())
     loaded = load_models(str(target_dir), torch.float32, torch.device("cpu"), {"exits": str(exits_dir)})
-    assert loaded.models.exits.layers == [1, 2]
+    assert loaded.models.get("exits").layers == [1, 2]
 
 
 def test_interrupted_run_resumes_to_the_uninterrupted_exits(

@@ -25,15 +25,7 @@ import torch
 
 from jobs.args import print_keys, split_args
 from jobs.bench.agreement import agreement
-from jobs.shipped import (
-    SAMPLE_PROMPTS,
-    SHIPPED_CMLM,
-    SHIPPED_DRAFT,
-    SHIPPED_EAGLE,
-    SHIPPED_EXITS,
-    SHIPPED_HEADS,
-    SHIPPED_TARGET,
-)
+from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
 from pipeline.config import load_config, option
 from pipeline.errors import JobError
 from strategies import registry
@@ -42,7 +34,7 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import DRAFTERS, StrategyOptions
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
-from workers.model_kinds import needed_by
+from workers.model_kinds import KINDS, needed_by
 from workers.model_loading import load_models, resolve_dtype
 from workers.rows import repetition_rate
 from workers.storage import filesystem
@@ -52,16 +44,11 @@ JACOBI_COUNTS = ("iterations", "blocks", "committed", "fast_forwarded", "station
 
 
 @dataclass
-class BenchConfig:
+class _BenchSettings:
     prompts: str = option(str(SAMPLE_PROMPTS), "Prompts: a Parquet URL, or a JSONL(.gz) file with a prompt field.")
     prompt_column: str = option("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
     num_prompts: int = option(16, "Prompts decoded per contender and batch size (cycled to fill a batch).")
     model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
-    draft: str = option(str(SHIPPED_DRAFT), "Draft model for speculative strategies and assisted generation.")
-    heads: str = option(str(SHIPPED_HEADS), "Draft heads of the target for medusa and blockwise.")
-    exits: str = option(str(SHIPPED_EXITS), "Exit heads of the target for self_speculative and calm.")
-    cmlm: str = option(str(SHIPPED_CMLM), "Conditional masked LM for mask_predict and the cmlm drafter.")
-    eagle: str = option(str(SHIPPED_EAGLE), "EAGLE head of the target for strategy eagle.")
     dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
     strategies: list[str] = option(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
     mask_predict_iterations: list[int] = option(
@@ -112,6 +99,18 @@ class BenchConfig:
     vllm_python: str = option(
         "", "job=true: python of a virtual environment holding vLLM (README); empty: vLLM not measured."
     )
+
+
+def _bench_config() -> type:
+    """The bench's keys: its settings, then one key per optional model kind (`workers/model_kinds.py`),
+    the shipped family's by default, as the job's `model.<kind>`."""
+    kinds = [(kind.name, str | None, option(shipped_or_none(kind.name), kind.help)) for kind in KINDS]
+    config = dataclasses.make_dataclass("BenchConfig", kinds, bases=(_BenchSettings,))
+    config.__module__ = __name__
+    return config
+
+
+BenchConfig = _bench_config()
 
 
 def read_prompts(url: str, column: str) -> list[str]:
@@ -175,21 +174,9 @@ class Bench:
         uses = set(config.strategies)
         variants = [v for n in uses for v in self._variants(n, dataclasses.replace(config.strategy, name=n)).values()]
         needs = set().union(*(needed_by(v) for v in variants))
-        needs_draft = "draft" in needs or "assisted" in config.transformers
-        needs_heads = "heads" in needs and config.heads
-        needs_exits = "exits" in needs and config.exits
-        loaded = load_models(
-            config.model,
-            dtype,
-            self.device,
-            {
-                "draft": config.draft if needs_draft else None,
-                "heads": config.heads if needs_heads else None,
-                "exits": config.exits if needs_exits else None,
-                "cmlm": config.cmlm if "cmlm" in needs else None,
-                "eagle": config.eagle if "eagle" in needs and config.eagle else None,
-            },
-        )
+        if "assisted" in config.transformers:  # transformers' assisted generation drafts with the draft model
+            needs.add("draft")
+        loaded = load_models(config.model, dtype, self.device, {k: getattr(config, k) for k in needs})
         self.model, self.tokenizer, self.draft_model, self.models = (
             loaded.target,
             loaded.tokenizer,

@@ -46,6 +46,7 @@ from jobs.shipped import default_job_config
 from pipeline.config import load_config
 from pipeline.errors import JobError
 from pipeline.threads import default_torch_threads
+from workers.model_kinds import KINDS
 
 AUTOREGRESSIVE = "autoregressive"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "vllm_offline.py"
@@ -114,8 +115,8 @@ def run_job(overrides: list[str], output: Path, log: Path) -> Timed:
 def job_overrides(config: Any, input_folder: Path, strategy: str, batch_size: int) -> list[str]:
     """The job's keys: the bench's models, dtype and length, then `job_overrides` (which may change any of them)."""
     models = [f"model.target={config.model}", f"model.dtype={config.dtype}"]
-    for key in ("draft", "heads", "exits", "cmlm"):
-        models.append(f"model.{key}={getattr(config, key) or 'null'}")
+    for kind in KINDS:
+        models.append(f"{kind.key}={getattr(config, kind.name) or 'null'}")
     return [
         f"input.url={input_folder}",
         "input.id_column=id",
