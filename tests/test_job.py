@@ -408,14 +408,15 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
     stats = json.loads(shared.read_text())
     assert [(e["target"], e["dtype"]) for e in stats["entries"]] == [(target["target"], "float64")]
     assert stats == json.loads((tmp_path / "auto" / "_logs" / "controller_stats.json").read_text())
-    # auto tried drafters on its own, among the lossless ones whose models the job has (no heads, no exits),
-    # and its records account for every target forward.
+    # auto drafts only among the lossless drafters whose models the job has (no heads, no exits, no EAGLE
+    # head), and its records account for every target forward. Whether it explores any in a job of 60
+    # tokens is the controller's exploration budget's to say (a share of the decode time), not asserted.
     logs = _read_logs(tmp_path / "auto")
     steps = Counter()
     for record in logs:
         steps.update(record["steps_by_drafter"])
     candidates = {"speculative", "prompt_lookup", "lookahead", "jacobi"}
-    assert set(steps) - {"autoregressive"} and set(steps) <= candidates | {"autoregressive"}
+    assert set(steps) <= candidates | {"autoregressive"}
     assert sum(steps.values()) == sum(r["target_forwards"] for r in logs)
     assert {r["strategy"] for r in rows} <= candidates | {"autoregressive"}
     assert all({"from", "to", "reason"} <= set(e) for r in logs for e in r["switches"])
