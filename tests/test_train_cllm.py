@@ -178,7 +178,7 @@ def test_state_batches_are_a_pure_function_of_seed_and_step() -> None:
 
 def load_trajectories(cllm_dir: Path) -> Trajectories:
     state = torch.load(cllm_dir / "checkpoint" / DATA_SUBDIR / checkpoint.STATE_FILE, weights_only=True)
-    return Trajectories(state["sequences"], state["states"], state["blocks"], state["prompt_tokens"])
+    return Trajectories(state["sequences"], state["states"], state["blocks"], state["prompt_tokens"], state["corpus"])
 
 
 def test_packed_rows_give_the_logits_of_separate_forwards(cllm_dir: Path, tiny_model_dir: Path) -> None:
@@ -201,7 +201,8 @@ def test_packed_rows_give_the_logits_of_separate_forwards(cllm_dir: Path, tiny_m
 
 def test_training_lowers_the_consistency_loss(cllm_dir: Path, tiny_model_dir: Path) -> None:
     data = load_trajectories(cllm_dir)
-    assert data.sequences.shape == (8, PROMPT + BLOCKS * BLOCK)
+    assert data.sequences.shape == data.corpus.shape == (8, PROMPT + BLOCKS * BLOCK)
+    assert torch.equal(data.corpus[:, :PROMPT], data.sequences[:, :PROMPT])  # prompts start the corpus windows
     picks = torch.tensor(
         [(e, s) for e, (_, _, _, count) in enumerate(data.blocks.tolist()) for s in range(count - 1)]
     )  # [X, 2] every non-final state
@@ -304,6 +305,7 @@ def test_a_killed_collection_resumes_where_it_stopped(
         ("data.prompts=0", "data.prompts"),
         ("loss.ar_weight=-1", "loss.ar_weight"),
         ("loss.label_smoothing=1", "loss.label_smoothing"),
+        ("loss.ar_labels=gold", "loss.ar_labels"),
         ("eval.seq_len=200", "eval.seq_len"),
         ("train.save_dtype=int8", "train.save_dtype"),
     ],

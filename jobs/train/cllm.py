@@ -70,6 +70,9 @@ class Trajectories:
     states: torch.Tensor  # [S, n] int64: every kept block's states in order
     blocks: torch.Tensor  # [E, 4] int64: (row, k, first, count) of each kept block
     prompt_tokens: int
+    # [N, P + K*n] int64: the corpus window each prompt starts, its text past the prompt the corpus'
+    # own continuation (what `loss.ar_labels=corpus` learns); None where no loss reads it (held-out prompts).
+    corpus: torch.Tensor | None = None
 
     @property
     def block_size(self) -> int:
@@ -150,6 +153,11 @@ def training_trajectories(
     state = checkpoint.load_checkpoint(directory, wanted)
     done, earlier_s = None, 0.0
     if state is not None:
+        if "corpus" not in state:
+            raise JobError(
+                f"the trajectories in {directory} were collected before collection kept the corpus windows "
+                "(and drew its prompts from them): delete that directory to collect them again"
+            )
         done, earlier_s = Trajectories(**{key: state[key] for key in _TRAJECTORY_FIELDS}), state["wall_s"]
         if len(done.sequences) == data.prompts:
             print(f"reusing the trajectories of {len(done.sequences)} prompts in {directory}")
@@ -157,9 +165,13 @@ def training_trajectories(
         print(f"resuming the collection after {len(done.sequences)}/{data.prompts} prompts in {directory}")
     start = time.perf_counter()
     tokens = encode_documents(tokenizer, corpus.train)  # [M]
-    prompts = draw_prompts(tokens, data.prompts, data.prompt_tokens, config.train.seed)  # [N, P]
+    # Windows as long as the decoded rows: prompts and the corpus' continuations, whichever labels L_AR
+    # reads, so trials of either label on one collection see the same prompts.
+    windows = draw_prompts(tokens, data.prompts, data.prompt_tokens + data.blocks * data.block_size, config.train.seed)
+    prompts = windows[:, : data.prompt_tokens]  # [N, P]
 
     def save(partial: Trajectories) -> None:
+        partial.corpus = windows[: len(partial.sequences)]
         wall_s = round(earlier_s + time.perf_counter() - start, 1)
         checkpoint.save_checkpoint(directory, {**vars(partial), "wall_s": wall_s, "fingerprint": wanted})
 
@@ -175,6 +187,7 @@ def training_trajectories(
         done,
         save,
     )
+    trajectories.corpus = windows
     return trajectories, round(earlier_s + time.perf_counter() - start, 1)
 
 
@@ -433,14 +446,40 @@ def block_logits(
     return on_state, on_fixed, state.to(device), fixed.to(device)
 
 
+def corpus_logits(model: torch.nn.Module, data: Trajectories, picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's logits [B, n, V] (float32) at the picked blocks' positions of their corpus windows,
+    on the corpus' own context, and the corpus tokens there [B, n]: what the paper's `use_gt_labels`
+    trains L_AR on, the corpus text instead of the target's greedy tokens.
+
+    `picks` [B, 2] (block, state). Rows `corpus[row, :P + (k+1)*n]`, right-padded: causal attention
+    keeps every real token blind to the padding after it.
+    """
+    if data.corpus is None:
+        raise JobError("loss.ar_labels=corpus needs the corpus windows of the trajectories; these have none")
+    block = data.blocks[picks.cpu()[:, 0]]  # [B, 4] (row, k, first, count)
+    n = data.block_size
+    ends = data.prompt_tokens + (block[:, 1] + 1) * n  # [B] each row's window up to its block's end
+    inputs = torch.zeros(len(block), int(ends.max()), dtype=torch.long)  # [B, T]
+    for b, (row, end) in enumerate(zip(block[:, 0].tolist(), ends.tolist(), strict=True)):
+        inputs[b, :end] = data.corpus[row, :end]
+    slots = ends[:, None] - n - 1 + torch.arange(n)  # [B, n] the outputs that predict the block's tokens
+    device = next(model.parameters()).device
+    hidden = model.get_decoder()(input_ids=inputs.to(device)).last_hidden_state  # [B, T, H]
+    index = slots.to(device)[..., None].expand(-1, -1, hidden.shape[-1])  # [B, n, H]
+    logits = model.get_output_embeddings()(hidden.gather(1, index)).float()  # [B, n, V]
+    return logits, inputs.gather(1, slots + 1).to(device)
+
+
 def cllm_losses(
-    model: torch.nn.Module, data: Trajectories, picks: torch.Tensor, label_smoothing: float
+    model: torch.nn.Module, data: Trajectories, picks: torch.Tensor, label_smoothing: float, ar_labels: str = "target"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L_GC, L_AR) of the picked states `picks` [B, 2] (block, state)."""
+    """(L_GC, L_AR) of the picked states `picks` [B, 2] (block, state); L_AR on the fixed points
+    (`ar_labels` "target") or on the corpus text at the same positions ("corpus", `corpus_logits`)."""
     on_state, on_fixed, state, fixed = block_logits(model, data, picks)  # [B, n, V] x 2, [B, n] x 2
     diverged = (state != fixed).int().cumsum(dim=1).bool()  # [B, n] from the first wrong position on
     consistency = F.cross_entropy(on_state[diverged], on_fixed[diverged].detach().softmax(dim=-1))
-    autoregressive = F.cross_entropy(on_fixed.flatten(0, 1), fixed.flatten(), label_smoothing=label_smoothing)
+    logits, labels = (on_fixed, fixed) if ar_labels == "target" else corpus_logits(model, data, picks)
+    autoregressive = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), label_smoothing=label_smoothing)
     return consistency, autoregressive
 
 
@@ -448,7 +487,7 @@ def cllm_objective(data: Trajectories, loss: CLLMLossConfig) -> Objective:
     """The training objective L_GC + ar_weight · L_AR over a batch of picks from `StateSampler`."""
 
     def objective(model: torch.nn.Module, picks: torch.Tensor) -> torch.Tensor:
-        consistency, autoregressive = cllm_losses(model, data, picks, loss.label_smoothing)
+        consistency, autoregressive = cllm_losses(model, data, picks, loss.label_smoothing, loss.ar_labels)
         return consistency + loss.ar_weight * autoregressive
 
     return objective
