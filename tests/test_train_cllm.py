@@ -92,8 +92,17 @@ def test_trajectories_end_at_greedy_decoding(tiny_model_dir: Path, one_thread: N
 
 def test_batched_collection_equals_one_prompt_at_a_time(tiny_model_dir: Path, one_thread: None) -> None:
     """Prompts of 3, 8 and 5 tokens, left-padded in one batch: each row's fixed points and every state
-    of its trajectories are those of the row decoded alone, and the fixed points are greedy decoding."""
+    of its trajectories are those of the row decoded alone, and the fixed points are greedy decoding.
+
+    The random model's attention is sharpened and strengthened (queries and its output scaled up) so
+    that its choices depend on positions: with the guesses' positions counted on the padded slot axis
+    instead of each row's own tokens, this test fails (checked by hand); at the random weights, whose
+    tied embeddings make each choice mostly the input token's, it would not."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight *= 30
+            layer.self_attn.o_proj.weight *= 30
     runner = ModelRunner(model)
     generator = torch.Generator().manual_seed(2)
     prompts = [torch.randint(2, model.config.vocab_size, (length,), generator=generator) for length in (3, 8, 5)]
