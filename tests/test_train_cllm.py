@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -304,6 +305,24 @@ def test_a_killed_collection_resumes_where_it_stopped(
     assert torch.equal(load_trajectories(tmp_path).sequences, load_trajectories(cllm_dir).sequences)
     resumed, uninterrupted = load_file(tmp_path / "model.safetensors"), load_file(cllm_dir / "model.safetensors")
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_a_trial_of_corpus_labels_reuses_the_collection(
+    cllm_dir: Path, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A trial that changes only the loss starts from a copy of another run's trajectories: it collects
+    nothing, and L_AR on the corpus text trains other weights than L_AR on the fixed points."""
+    shutil.copytree(cllm_dir / "checkpoint" / DATA_SUBDIR, tmp_path / "checkpoint" / DATA_SUBDIR)
+    args = ["cllm", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_CLLM, "loss.ar_labels=corpus"]
+    assert main(args) == 0
+    assert "reusing the trajectories of 8 prompts" in capsys.readouterr().out
+    record = json.loads((tmp_path / "training.json").read_text())
+    assert record["config"]["loss.ar_labels"] == "corpus"
+    corpus_trained, target_trained = (
+        load_file(tmp_path / "model.safetensors"),
+        load_file(cllm_dir / "model.safetensors"),
+    )
+    assert not all(torch.equal(corpus_trained[k], target_trained[k]) for k in target_trained)
 
 
 @pytest.mark.parametrize(
