@@ -325,6 +325,18 @@ def test_a_trial_of_corpus_labels_reuses_the_collection(
     assert not all(torch.equal(corpus_trained[k], target_trained[k]) for k in target_trained)
 
 
+def test_trajectories_without_corpus_windows_are_refused(
+    cllm_dir: Path, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Trajectories saved before collection kept the corpus windows drew their prompts otherwise: a run
+    refuses to resume on them and says what to delete."""
+    state = torch.load(cllm_dir / "checkpoint" / DATA_SUBDIR / checkpoint.STATE_FILE, weights_only=True)
+    del state["corpus"]
+    checkpoint.save_checkpoint(tmp_path / "checkpoint" / DATA_SUBDIR, state)
+    assert main(["cllm", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_CLLM]) == 2
+    assert f"delete {tmp_path / 'checkpoint'}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [

@@ -70,8 +70,8 @@ class Trajectories:
     states: torch.Tensor  # [S, n] int64: every kept block's states in order
     blocks: torch.Tensor  # [E, 4] int64: (row, k, first, count) of each kept block
     prompt_tokens: int
-    # [N, P + K*n] int64: the corpus window each prompt starts, its text past the prompt the corpus'
-    # own continuation (what `loss.ar_labels=corpus` learns); None where no loss reads it (held-out prompts).
+    # [N, P + K*n] int64: each prompt's corpus window, the prompt then the text that followed it in the
+    # corpus (what `loss.ar_labels=corpus` learns); None where no loss reads it (held-out prompts).
     corpus: torch.Tensor | None = None
 
     @property
@@ -156,7 +156,7 @@ def training_trajectories(
         if "corpus" not in state:
             raise JobError(
                 f"the trajectories in {directory} were collected before collection kept the corpus windows "
-                "(and drew its prompts from them): delete that directory to collect them again"
+                f"(and drew its prompts from them): delete {checkpoint_dir} to collect them and train again"
             )
         done, earlier_s = Trajectories(**{key: state[key] for key in _TRAJECTORY_FIELDS}), state["wall_s"]
         if len(done.sequences) == data.prompts:
