@@ -36,6 +36,7 @@ def _model_and_block() -> tuple[torch.nn.Module, Trajectories]:
         states=torch.tensor([[0, 3, 2], [0, 1, 2]]),  # the block's states: y, then the fixed point
         blocks=torch.tensor([[0, 0, 0, 2]]),  # (row, block k, first state, count)
         prompt_tokens=1,
+        corpus=torch.tensor([[3, 0, 3, 3]]),  # the corpus window: the prompt, then the corpus' own text
     )
     return bigram_model(AFTER.log()).float(), data
 
@@ -56,6 +57,18 @@ def test_consistency_and_autoregressive_losses_by_hand():
     consistency, autoregressive = cllm_losses(model, data, torch.tensor([[0, 0]]), label_smoothing=0.1)
     assert math.isclose(consistency.item(), 2 * LN2, rel_tol=1e-6)
     expected_ar = ((0.9 * 3 + 0.225) + (0.9 * 2 + 0.225) + (0.9 * 2 + 0.2)) / 3 * LN2
+    assert math.isclose(autoregressive.item(), expected_ar, rel_tol=1e-6)
+
+
+def test_corpus_labels_train_the_autoregressive_loss_on_the_corpus_text():
+    """`loss.ar_labels=corpus` (the paper's use_gt_labels): L_AR reads the corpus window [3 0 3 3] on its
+    own context, labels 0 after 3, 3 after 0, 3 after 3, s = 0.1:
+      (0.9·3 + 0.1·2.25) + (0.9·3 + 0.1·2.25) + (0.9·1 + 0.1·2.25) bits over 3 positions.
+    L_GC does not change: it reads the trajectory alone."""
+    model, data = _model_and_block()
+    consistency, autoregressive = cllm_losses(model, data, torch.tensor([[0, 0]]), 0.1, ar_labels="corpus")
+    assert math.isclose(consistency.item(), 2 * LN2, rel_tol=1e-6)
+    expected_ar = ((0.9 * 3 + 0.225) + (0.9 * 3 + 0.225) + (0.9 * 1 + 0.225)) / 3 * LN2
     assert math.isclose(autoregressive.item(), expected_ar, rel_tol=1e-6)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jobs.train import checkpoint
+from jobs.train import checkpoint, cllm
 from jobs.train.cli import main
 from jobs.train.cllm import (
     DATA_SUBDIR,
@@ -21,9 +22,12 @@ from jobs.train.cllm import (
     block_statistics,
     cllm_losses,
     collect_trajectories,
+    initial_guesses,
+    jacobi_blocks,
     trajectory_statistics,
 )
 from jobs.train.config import TrainConfig
+from strategies.runtime.runner import ModelRunner
 
 PROMPT, BLOCK, BLOCKS = 8, 4, 3
 TINY_CLLM = [
@@ -87,6 +91,62 @@ def test_trajectories_end_at_greedy_decoding(tiny_model_dir: Path, one_thread: N
     assert 1.0 <= trajectory_statistics(data)["tokens_per_iteration"] <= BLOCK
 
 
+def test_batched_collection_equals_one_prompt_at_a_time(tiny_model_dir: Path, one_thread: None) -> None:
+    """Prompts of 3, 8 and 5 tokens, left-padded in one batch: each row's fixed points and every state
+    of its trajectories are those of the row decoded alone, and the fixed points are greedy decoding.
+
+    The random model's attention is sharpened and strengthened (queries and its output scaled up) so
+    that its choices depend on positions: with the guesses' positions counted on the padded slot axis
+    instead of each row's own tokens, this test fails (checked by hand); at the random weights, whose
+    tied embeddings make each choice mostly the input token's, it would not."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight *= 30
+            layer.self_attn.o_proj.weight *= 30
+    runner = ModelRunner(model)
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(2, model.config.vocab_size, (length,), generator=generator) for length in (3, 8, 5)]
+    guesses = torch.randint(2, model.config.vocab_size, (3, BLOCKS, BLOCK), generator=generator)  # [B, K, n]
+    fixed, trajectories = jacobi_blocks(runner, prompts, guesses)  # [B, K*n], [K][B] of [count, n]
+    for b, prompt in enumerate(prompts):
+        alone_fixed, alone = jacobi_blocks(runner, [prompt], guesses[b : b + 1])
+        assert torch.equal(fixed[b], alone_fixed[0])
+        assert all(torch.equal(trajectories[k][b], alone[k][0]) for k in range(BLOCKS))
+        assert torch.equal(fixed[b], greedy(model, prompt, BLOCKS * BLOCK)[len(prompt) :])
+    assert any(len(trajectories[k][b]) > 2 for k in range(BLOCKS) for b in range(3))  # guesses took refining
+
+
+def test_initial_guesses_do_not_depend_on_the_batch() -> None:
+    prompts = torch.arange(40).view(4, 10)  # [N, P]
+    together = initial_guesses(prompts, 0, BLOCK, BLOCKS, seed=3)  # [4, K, n]
+    assert torch.equal(together[2:], initial_guesses(prompts[2:], 2, BLOCK, BLOCKS, seed=3))
+    assert all(set(together[b].flatten().tolist()) <= set(prompts[b].tolist()) for b in range(4))
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_collection_resumes_to_the_uninterrupted_trajectories(tiny_model_dir: Path, one_thread: None) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    prompts = torch.randint(2, model.config.vocab_size, (5, PROMPT), generator=torch.Generator().manual_seed(4))
+    whole = collect_trajectories(model, prompts, BLOCK, BLOCKS, 2, seed=0, eos=frozenset(), desc="test")
+    saved: list[Trajectories] = []
+
+    def save_then_die(partial: Trajectories) -> None:
+        saved.append(partial)
+        if len(saved) == 2:  # after the second batch of two prompts
+            raise Killed
+
+    with pytest.raises(Killed):
+        collect_trajectories(model, prompts, BLOCK, BLOCKS, 2, 0, frozenset(), "test", save=save_then_die)
+    assert len(saved[-1].sequences) == 4
+    resumed = collect_trajectories(model, prompts, BLOCK, BLOCKS, 2, 0, frozenset(), "test", done=saved[-1])
+    for field in ("sequences", "states", "blocks"):
+        assert torch.equal(getattr(resumed, field), getattr(whole, field))
+
+
 def test_a_row_stops_after_the_block_holding_eos(tiny_model_dir: Path, one_thread: None) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
     prompts = torch.randint(2, model.config.vocab_size, (2, PROMPT), generator=torch.Generator().manual_seed(1))
@@ -128,7 +188,7 @@ def test_state_batches_are_a_pure_function_of_seed_and_step() -> None:
 
 def load_trajectories(cllm_dir: Path) -> Trajectories:
     state = torch.load(cllm_dir / "checkpoint" / DATA_SUBDIR / checkpoint.STATE_FILE, weights_only=True)
-    return Trajectories(state["sequences"], state["states"], state["blocks"], state["prompt_tokens"])
+    return Trajectories(state["sequences"], state["states"], state["blocks"], state["prompt_tokens"], state["corpus"])
 
 
 def test_packed_rows_give_the_logits_of_separate_forwards(cllm_dir: Path, tiny_model_dir: Path) -> None:
@@ -151,7 +211,8 @@ def test_packed_rows_give_the_logits_of_separate_forwards(cllm_dir: Path, tiny_m
 
 def test_training_lowers_the_consistency_loss(cllm_dir: Path, tiny_model_dir: Path) -> None:
     data = load_trajectories(cllm_dir)
-    assert data.sequences.shape == (8, PROMPT + BLOCKS * BLOCK)
+    assert data.sequences.shape == data.corpus.shape == (8, PROMPT + BLOCKS * BLOCK)
+    assert torch.equal(data.corpus[:, :PROMPT], data.sequences[:, :PROMPT])  # prompts start the corpus windows
     picks = torch.tensor(
         [(e, s) for e, (_, _, _, count) in enumerate(data.blocks.tolist()) for s in range(count - 1)]
     )  # [X, 2] every non-final state
@@ -214,6 +275,68 @@ def test_interrupted_run_resumes_to_the_uninterrupted_weights(
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
+def test_a_killed_collection_resumes_where_it_stopped(
+    cllm_dir: Path,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """Killed in the second batch of four training prompts: the rerun collects only the rest and trains
+    to the weights of a run never killed."""
+    real_blocks, calls = cllm.jacobi_blocks, []
+
+    def die_in_the_second_batch(*args: object) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise Killed
+        return real_blocks(*args)
+
+    args = ["cllm", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_CLLM]
+    monkeypatch.setattr(cllm, "jacobi_blocks", die_in_the_second_batch)
+    with pytest.raises(Killed):
+        main(args)
+    monkeypatch.undo()
+    assert len(load_trajectories(tmp_path).sequences) == 4
+    capsys.readouterr()
+
+    assert main(args) == 0
+    assert "resuming the collection after 4/8 prompts" in capsys.readouterr().out
+    assert torch.equal(load_trajectories(tmp_path).sequences, load_trajectories(cllm_dir).sequences)
+    resumed, uninterrupted = load_file(tmp_path / "model.safetensors"), load_file(cllm_dir / "model.safetensors")
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_a_trial_of_corpus_labels_reuses_the_collection(
+    cllm_dir: Path, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A trial that changes only the loss starts from a copy of another run's trajectories: it collects
+    nothing, and L_AR on the corpus text trains other weights than L_AR on the fixed points."""
+    shutil.copytree(cllm_dir / "checkpoint" / DATA_SUBDIR, tmp_path / "checkpoint" / DATA_SUBDIR)
+    args = ["cllm", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_CLLM, "loss.ar_labels=corpus"]
+    assert main(args) == 0
+    assert "reusing the trajectories of 8 prompts" in capsys.readouterr().out
+    record = json.loads((tmp_path / "training.json").read_text())
+    assert record["config"]["loss.ar_labels"] == "corpus"
+    corpus_trained, target_trained = (
+        load_file(tmp_path / "model.safetensors"),
+        load_file(cllm_dir / "model.safetensors"),
+    )
+    assert not all(torch.equal(corpus_trained[k], target_trained[k]) for k in target_trained)
+
+
+def test_trajectories_without_corpus_windows_are_refused(
+    cllm_dir: Path, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Trajectories saved before collection kept the corpus windows drew their prompts otherwise: a run
+    refuses to resume on them and says what to delete."""
+    state = torch.load(cllm_dir / "checkpoint" / DATA_SUBDIR / checkpoint.STATE_FILE, weights_only=True)
+    del state["corpus"]
+    checkpoint.save_checkpoint(tmp_path / "checkpoint" / DATA_SUBDIR, state)
+    assert main(["cllm", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_CLLM]) == 2
+    assert f"delete {tmp_path / 'checkpoint'}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
@@ -222,6 +345,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_weights(
         ("data.prompts=0", "data.prompts"),
         ("loss.ar_weight=-1", "loss.ar_weight"),
         ("loss.label_smoothing=1", "loss.label_smoothing"),
+        ("loss.ar_labels=gold", "loss.ar_labels"),
         ("eval.seq_len=200", "eval.seq_len"),
         ("train.save_dtype=int8", "train.save_dtype"),
     ],

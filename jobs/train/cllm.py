@@ -9,9 +9,12 @@ trajectory, so Jacobi needs fewer iterations for the same (nearly the same model
 
 Data, as in the paper's `generate_trajectory.py`: prompt windows of the corpus' training split,
 decoded block after block by the target with Jacobi from a guess of random prompt tokens, every
-state of each block kept; a block's fixed point joins the context of the next. The trajectories are
-collected once and cached in the checkpoint directory under the config's fingerprint, so a resumed
-run does not collect them again.
+state of each block kept (none sampled away: training draws one state per example, as the paper's
+trainer does); a block's fixed point joins the context of the next. Collection runs on the lean
+forward (`ModelRunner` over a `RaggedKV`), `data.batch_size` prompts' blocks in one forward per
+Jacobi iteration. The trajectories are cached in the checkpoint directory under the config's
+fingerprint after every batch of prompts, so a killed collection resumes after the last batch it
+saved and a resumed training run does not collect again.
 
 Loss, as in the paper's `cllm_trainer_global.py`: per example one random non-final state y of a
 block with fixed point y*, L = L_GC + ar_weight · L_AR. L_GC is the soft cross-entropy of the
@@ -28,8 +31,8 @@ and kept through an iteration while a wrong token stood before them), per block.
 
 from __future__ import annotations
 
-import inspect
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from jobs.train import checkpoint
 from jobs.train.config import CLLMJobConfig, CLLMLossConfig, TrainConfig, check_cllm
@@ -50,6 +53,7 @@ from jobs.train.on_target import start_on_target
 from jobs.train.sequences import data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents
 from pipeline.errors import JobError
+from strategies.runtime.runner import ModelRunner
 
 DATA_SUBDIR = "trajectories"  # the collected trajectories, a checkpoint of their own inside the checkpoint directory
 
@@ -66,6 +70,9 @@ class Trajectories:
     states: torch.Tensor  # [S, n] int64: every kept block's states in order
     blocks: torch.Tensor  # [E, 4] int64: (row, k, first, count) of each kept block
     prompt_tokens: int
+    # [N, P + K*n] int64: each prompt's corpus window, the prompt then the text that followed it in the
+    # corpus (what `loss.ar_labels=corpus` learns); None where no loss reads it (held-out prompts).
+    corpus: torch.Tensor | None = None
 
     @property
     def block_size(self) -> int:
@@ -142,20 +149,46 @@ def training_trajectories(
     and the seconds their collection took."""
     directory = checkpoint_dir / DATA_SUBDIR
     wanted = data_fingerprint(fingerprint)
-    state = checkpoint.load_checkpoint(directory, wanted)
-    if state is not None:
-        print(f"reusing the trajectories of {len(state['sequences'])} prompts in {directory}")
-        return Trajectories(**{key: state[key] for key in _TRAJECTORY_FIELDS}), state["wall_s"]
     data = config.data
+    state = checkpoint.load_checkpoint(directory, wanted)
+    done, earlier_s = None, 0.0
+    if state is not None:
+        if "corpus" not in state:
+            raise JobError(
+                f"the trajectories in {directory} were collected before collection kept the corpus windows "
+                f"(and drew its prompts from them): delete {checkpoint_dir} to collect them and train again"
+            )
+        done, earlier_s = Trajectories(**{key: state[key] for key in _TRAJECTORY_FIELDS}), state["wall_s"]
+        if len(done.sequences) == data.prompts:
+            print(f"reusing the trajectories of {len(done.sequences)} prompts in {directory}")
+            return done, earlier_s
+        print(f"resuming the collection after {len(done.sequences)}/{data.prompts} prompts in {directory}")
     start = time.perf_counter()
     tokens = encode_documents(tokenizer, corpus.train)  # [M]
-    prompts = draw_prompts(tokens, data.prompts, data.prompt_tokens, config.train.seed)  # [N, P]
+    # Windows as long as the decoded rows: prompts and the corpus' continuations, whichever labels L_AR
+    # reads, so trials of either label on one collection see the same prompts.
+    windows = draw_prompts(tokens, data.prompts, data.prompt_tokens + data.blocks * data.block_size, config.train.seed)
+    prompts = windows[:, : data.prompt_tokens]  # [N, P]
+
+    def save(partial: Trajectories) -> None:
+        partial.corpus = windows[: len(partial.sequences)]
+        wall_s = round(earlier_s + time.perf_counter() - start, 1)
+        checkpoint.save_checkpoint(directory, {**vars(partial), "wall_s": wall_s, "fingerprint": wanted})
+
     trajectories = collect_trajectories(
-        model, prompts, data.block_size, data.blocks, data.batch_size, config.train.seed, _eos(tokenizer), "collect"
+        model,
+        prompts,
+        data.block_size,
+        data.blocks,
+        data.batch_size,
+        config.train.seed,
+        _eos(tokenizer),
+        "collect",
+        done,
+        save,
     )
-    wall_s = round(time.perf_counter() - start, 1)
-    checkpoint.save_checkpoint(directory, {**vars(trajectories), "wall_s": wall_s, "fingerprint": wanted})
-    return trajectories, wall_s
+    trajectories.corpus = windows
+    return trajectories, round(earlier_s + time.perf_counter() - start, 1)
 
 
 def initial_guesses(prompts: torch.Tensor, first_row: int, block_size: int, blocks: int, seed: int) -> torch.Tensor:
@@ -180,19 +213,29 @@ def collect_trajectories(
     seed: int,
     eos: frozenset[int],
     desc: str,
+    done: Trajectories | None = None,
+    save: Callable[[Trajectories], None] | None = None,
 ) -> Trajectories:
     """Jacobi-decode `blocks` blocks of `block_size` after each prompt of `prompts` [N, P], keeping every state.
 
     A row's blocks after the first whose fixed point holds a token of `eos` are decoded (the batch
-    moves together) but not kept.
+    moves together) but not kept. Resumable: `done` holds the trajectories of the first rows, collected
+    earlier, and `save` receives the trajectories of every row so far after each batch. A row's
+    trajectories depend only on its prompt, its index and the seed, so where a run stopped does not
+    change what it collects.
     """
-    sequences, states, kept, offset = [], [], [], 0
+    runner = ModelRunner(model)
+    sequences, states, kept = [], [], []
+    if done is not None:
+        sequences, states, kept = [done.sequences], [done.states], done.blocks.tolist()
+    offset = sum(len(s) for s in states)
+    start = sum(len(s) for s in sequences)  # rows collected before
     eos_ids = torch.tensor(sorted(eos), dtype=torch.long)
-    with tqdm(total=len(prompts), desc=desc, unit="prompt", dynamic_ncols=True, mininterval=1.0) as bar:
-        for first_row in range(0, len(prompts), batch_size):
+    with tqdm(total=len(prompts), initial=start, desc=desc, unit="prompt", dynamic_ncols=True, mininterval=1.0) as bar:
+        for first_row in range(start, len(prompts), batch_size):
             chunk = prompts[first_row : first_row + batch_size]  # [B, P]
             guesses = initial_guesses(chunk, first_row, block_size, blocks, seed)  # [B, K, n]
-            fixed, trajectories = jacobi_blocks(model, chunk, guesses)  # [B, K*n], [K][B] of [count, n]
+            fixed, trajectories = jacobi_blocks(runner, list(chunk), guesses)  # [B, K*n], [K][B] of [count, n]
             sequences.append(torch.cat([chunk, fixed], dim=1))
             ended = torch.isin(fixed.view(len(chunk), blocks, block_size), eos_ids).any(-1)  # [B, K] block holds EOS
             after_eos = (ended.int().cumsum(dim=1) - ended.int()).bool()  # [B, K] an earlier block held EOS
@@ -202,33 +245,44 @@ def collect_trajectories(
                         kept.append((first_row + b, k, offset, len(row_states)))
                         states.append(row_states)
                         offset += len(row_states)
+            if save is not None:
+                save(_trajectories(sequences, states, kept, prompts.shape[1]))
             bar.update(len(chunk))
-    return Trajectories(torch.cat(sequences), torch.cat(states), torch.tensor(kept).view(-1, 4), prompts.shape[1])
+    return _trajectories(sequences, states, kept, prompts.shape[1])
 
 
-@torch.no_grad()
+def _trajectories(
+    sequences: list[torch.Tensor], states: list[torch.Tensor], kept: list[tuple[int, ...]], prompt_tokens: int
+) -> Trajectories:
+    return Trajectories(torch.cat(sequences), torch.cat(states), torch.tensor(kept).view(-1, 4), prompt_tokens)
+
+
 def jacobi_blocks(
-    model: torch.nn.Module, prompts: torch.Tensor, guesses: torch.Tensor
+    runner: ModelRunner, prompts: list[torch.Tensor], guesses: torch.Tensor
 ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
-    """Jacobi-decode blocks after `prompts` [B, P] from `guesses` [B, K, n], block after block.
+    """Jacobi-decode blocks after `prompts` (B rows [P_b], any lengths) from `guesses` [B, K, n], block
+    after block, every row's block in one forward per iteration.
 
     Returns the fixed points [B, K*n] and, per block and row, the states [count, n] from the guess to
-    the fixed point (first reached). The context's keys and values are cached; each iteration runs
-    the model over the guess only and drops its slots again.
+    the fixed point (first reached). The contexts sit left-padded in one `RaggedKV`; each iteration
+    runs the model over the guesses only and drops their slots again, and the batch iterates until its
+    slowest row has converged (a converged row's state repeats, and is recorded once).
     """
-    device = next(model.parameters()).device
+    device = runner.device
     n = guesses.shape[2]
-    cache = DynamicCache(config=model.config)
-    arg = _cache_arg(model)
-    logits = model(input_ids=prompts.to(device), use_cache=True, **{arg: cache}).logits  # [B, P, V]
-    first = logits[:, -1].argmax(-1)  # [B] the greedy token after the context: slot 0 of every state
+    kv = runner.new_kv(len(prompts))
+    first = runner.prefill(kv, [p.tolist() for p in prompts]).logits[:, -1].argmax(-1)  # [B] slot 0 of every state
+    offsets = torch.arange(n, device=device)  # [n]
+    real = torch.ones(len(prompts), n, dtype=torch.bool, device=device)  # [B, n] no padding among guesses
     fixed, trajectories = [], []
     for k in range(guesses.shape[1]):
         y = guesses[:, k].to(device)  # [B, n]
         history = [y]
+        context = kv.num_slots
         for _ in range(n + 1):  # n iterations reach the fixed point, one more confirms it
-            logits = model(input_ids=y[:, :-1], use_cache=True, **{arg: cache}).logits  # [B, n-1, V]
-            cache.crop(-(n - 1))  # negative: drop that many slots, in every transformers 5.x
+            positions = kv.next_pos[:, None] + offsets[: n - 1]  # [B, n-1]
+            logits = runner.forward(kv, y[:, :-1], positions, real[:, :-1]).logits  # [B, n-1, V]
+            kv.truncate(context)
             update = torch.cat([first[:, None], logits.argmax(-1)], dim=1)  # [B, n]
             if torch.equal(update, y):
                 break
@@ -238,7 +292,8 @@ def jacobi_blocks(
         reached = (steps == y.cpu()[:, None]).all(-1).int().argmax(-1)  # [B] first state equal to the fixed point
         trajectories.append([steps[b, : int(j) + 1] for b, j in enumerate(reached)])
         fixed.append(y.cpu())
-        logits = model(input_ids=y, use_cache=True, **{arg: cache}).logits  # [B, n, V]: the block joins the context
+        positions = kv.next_pos[:, None] + offsets  # [B, n]
+        logits = runner.forward(kv, y, positions, real, logits_to_keep=1).logits  # [B, 1, V]: the block joins
         first = logits[:, -1].argmax(-1)  # [B]
     return torch.cat(fixed, dim=1), trajectories
 
@@ -391,14 +446,40 @@ def block_logits(
     return on_state, on_fixed, state.to(device), fixed.to(device)
 
 
+def corpus_logits(model: torch.nn.Module, data: Trajectories, picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's logits [B, n, V] (float32) at the picked blocks' positions of their corpus windows,
+    on the corpus' own context, and the corpus tokens there [B, n]: what the paper's `use_gt_labels`
+    trains L_AR on, the corpus text instead of the target's greedy tokens.
+
+    `picks` [B, 2] (block, state). Rows `corpus[row, :P + (k+1)*n]`, right-padded: causal attention
+    keeps every real token blind to the padding after it.
+    """
+    if data.corpus is None:
+        raise JobError("loss.ar_labels=corpus needs the corpus windows of the trajectories; these have none")
+    block = data.blocks[picks.cpu()[:, 0]]  # [B, 4] (row, k, first, count)
+    n = data.block_size
+    ends = data.prompt_tokens + (block[:, 1] + 1) * n  # [B] each row's window up to its block's end
+    inputs = torch.zeros(len(block), int(ends.max()), dtype=torch.long)  # [B, T]
+    for b, (row, end) in enumerate(zip(block[:, 0].tolist(), ends.tolist(), strict=True)):
+        inputs[b, :end] = data.corpus[row, :end]
+    slots = ends[:, None] - n - 1 + torch.arange(n)  # [B, n] the outputs that predict the block's tokens
+    device = next(model.parameters()).device
+    hidden = model.get_decoder()(input_ids=inputs.to(device)).last_hidden_state  # [B, T, H]
+    index = slots.to(device)[..., None].expand(-1, -1, hidden.shape[-1])  # [B, n, H]
+    logits = model.get_output_embeddings()(hidden.gather(1, index)).float()  # [B, n, V]
+    return logits, inputs.gather(1, slots + 1).to(device)
+
+
 def cllm_losses(
-    model: torch.nn.Module, data: Trajectories, picks: torch.Tensor, label_smoothing: float
+    model: torch.nn.Module, data: Trajectories, picks: torch.Tensor, label_smoothing: float, ar_labels: str = "target"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L_GC, L_AR) of the picked states `picks` [B, 2] (block, state)."""
+    """(L_GC, L_AR) of the picked states `picks` [B, 2] (block, state); L_AR on the fixed points
+    (`ar_labels` "target") or on the corpus text at the same positions ("corpus", `corpus_logits`)."""
     on_state, on_fixed, state, fixed = block_logits(model, data, picks)  # [B, n, V] x 2, [B, n] x 2
     diverged = (state != fixed).int().cumsum(dim=1).bool()  # [B, n] from the first wrong position on
     consistency = F.cross_entropy(on_state[diverged], on_fixed[diverged].detach().softmax(dim=-1))
-    autoregressive = F.cross_entropy(on_fixed.flatten(0, 1), fixed.flatten(), label_smoothing=label_smoothing)
+    logits, labels = (on_fixed, fixed) if ar_labels == "target" else corpus_logits(model, data, picks)
+    autoregressive = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), label_smoothing=label_smoothing)
     return consistency, autoregressive
 
 
@@ -406,7 +487,7 @@ def cllm_objective(data: Trajectories, loss: CLLMLossConfig) -> Objective:
     """The training objective L_GC + ar_weight · L_AR over a batch of picks from `StateSampler`."""
 
     def objective(model: torch.nn.Module, picks: torch.Tensor) -> torch.Tensor:
-        consistency, autoregressive = cllm_losses(model, data, picks, loss.label_smoothing)
+        consistency, autoregressive = cllm_losses(model, data, picks, loss.label_smoothing, loss.ar_labels)
         return consistency + loss.ar_weight * autoregressive
 
     return objective
@@ -452,8 +533,3 @@ def _report(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 def _eos(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     return frozenset() if tokenizer.eos_token_id is None else frozenset({tokenizer.eos_token_id})
-
-
-def _cache_arg(model: torch.nn.Module) -> str:
-    """transformers renamed `past_key_values` to `cache` during 5.x: the name this version takes."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

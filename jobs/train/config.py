@@ -15,6 +15,7 @@ from pipeline.config import option
 from pipeline.errors import JobError
 
 PRECISIONS = ("float32", "bfloat16")
+CLLM_AR_LABELS = ("target", "corpus")
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -353,6 +354,12 @@ class CLLMLossConfig:
         "against the global consistency loss (weight 1). Keeps the model from collapsing to repeats.",
     )
     label_smoothing: float = option(0.1, "Label smoothing of the autoregressive loss, in [0, 1).")
+    ar_labels: str = option(
+        "target",
+        f"One of {CLLM_AR_LABELS}: what the autoregressive loss learns at each block. target: the fixed point, the "
+        "target's greedy tokens (the paper's default). corpus: the corpus text that followed the prompt, on the "
+        "corpus' own context (the paper's use_gt_labels). Either reuses one collection of trajectories.",
+    )
 
 
 @dataclass
@@ -439,6 +446,8 @@ def check_cllm(config: CLLMJobConfig, context: int) -> None:
         raise JobError(f"loss.ar_weight={config.loss.ar_weight}: use a value >= 0")
     if not 0.0 <= config.loss.label_smoothing < 1.0:
         raise JobError(f"loss.label_smoothing={config.loss.label_smoothing}: use a value in [0, 1)")
+    if config.loss.ar_labels not in CLLM_AR_LABELS:
+        raise JobError(f"loss.ar_labels={config.loss.ar_labels!r}: use one of {CLLM_AR_LABELS}")
     if min(config.eval.prompts, config.eval.heldout_tokens) < 0 or min(config.eval.seq_len, config.eval.batch_size) < 1:
         raise JobError("eval.prompts and eval.heldout_tokens must be >= 0, eval.seq_len and eval.batch_size >= 1")
     if config.eval.seq_len > context:
