@@ -18,7 +18,14 @@ from strategies.verification.acceptance import (
     typical_walk,
     walk,
 )
-from strategies.verification.drafts import Draft, children_by_slot, draft_problem, tree_attention, tree_depths
+from strategies.verification.drafts import (
+    Draft,
+    children_by_slot,
+    draft_problem,
+    is_chain,
+    tree_attention,
+    tree_depths,
+)
 
 
 def test_tree_helpers_on_a_literal_tree():
@@ -36,6 +43,28 @@ def test_tree_helpers_on_a_literal_tree():
     assert "vocabulary" in draft_problem(Draft([100], [-1]), 100, 5, 5)
     assert "at most" in draft_problem(Draft.chain([1, 2, 3]), 100, 2, 5)
     assert "parent" in draft_problem(Draft([1, 2], [-1, 1]), 100, 5, 5)
+
+
+def test_draft_problems_at_each_bound_and_the_chain_shapes():
+    assert Draft.chain([4, 5, 6]).parents == [-1, 0, 1] and Draft.chain([4, 5]).tokens == [4, 5]
+    assert Draft.empty().tokens == [] and Draft.empty().parents == [] and len(Draft.empty()) == 0
+    assert draft_problem(Draft.empty(), vocab_size=10, max_nodes=0, max_depth=0) is None
+    chain = Draft.chain([0, 9, 3])  # vocabulary ids at both ends, as many nodes and as deep as allowed
+    assert draft_problem(chain, vocab_size=10, max_nodes=3, max_depth=3) is None
+    assert draft_problem(chain, 10, 2, 3) == "3 tokens, at most 2 allowed"
+    assert draft_problem(chain, 10, 3, 2) == "a branch deeper than the 2 tokens the row can still emit"
+    assert draft_problem(Draft([1, 2], [-1]), 10, 5, 5) == "tokens and parents differ in length"
+    assert draft_problem(Draft([-1], [-1]), 10, 5, 5) == "token id outside the vocabulary"
+    assert draft_problem(Draft([10], [-1]), 10, 5, 5) == "token id outside the vocabulary"
+    assert draft_problem(Draft([1], [-2]), 10, 5, 5) == "a parent index does not precede its node"
+    assert draft_problem(Draft([1, 2], [-1, 1]), 10, 5, 5) == "a parent index does not precede its node"
+    assert draft_problem(Draft([1, 2], [-1, 0], torch.zeros(2, 10)), 10, 5, 5) is None
+    wrong = Draft([1, 2], [-1, 0], torch.zeros(2, 9))
+    assert draft_problem(wrong, 10, 5, 5) == "probs of shape (2, 9), expected (2, 10)"
+    assert is_chain(chain) and is_chain(Draft.empty()) and not is_chain(Draft([1, 2], [-1, -1]))
+    # Two children of one node with the same token: the first keeps the slot.
+    assert children_by_slot(Draft([7, 7, 8], [-1, -1, 0])) == [{7: 1}, {8: 3}, {}, {}]
+    assert tree_attention([], width=2).tolist() == [[True, False], [False, True]]
 
 
 def test_walk_follows_the_targets_choices():
