@@ -240,11 +240,14 @@ def test_top_k_relaxed_acceptance_takes_any_token_among_the_targets_top_k():
     assert top2.tokens == [1, 3, 1]  # 1 is 2nd at slot 0, 3 is 1st at slot 1, then the argmax 1
     top1 = Relaxed(top_beta=1).accept(logits[None], [chain], None, SamplingParams())[0]
     assert top1.tokens == [0]  # top-1 is exact greedy: the first draft token fails
-    assert Relaxed(top_beta=2).refusal(greedy=False, trees=False) is not None
+    assert Relaxed(top_beta=2).refusal(greedy=False, trees=False).endswith("use generation.temperature=0")
+    assert Relaxed(top_beta=2).refusal(greedy=True, trees=True) is None
 
 
 def test_rejection_sampling_refuses_trees_and_exact_matching_takes_them():
-    assert "chains" in RejectionSampling().refusal(greedy=False, trees=True)
+    refusal = RejectionSampling().refusal(greedy=False, trees=True)
+    assert refusal.startswith("rejection sampling verifies chains: testing several children against one p")
+    assert refusal.endswith("repeats chances and biases the output; verify trees with exact matching instead")
     assert RejectionSampling().refusal(greedy=True, trees=True) is None
     assert ExactMatch().refusal(greedy=False, trees=True) is None
     tree = Draft([1, 2], [-1, -1], probs=torch.full((2, 4), 0.25, dtype=torch.float64))

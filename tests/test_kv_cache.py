@@ -185,6 +185,8 @@ def test_extend_pads_the_shorter_side_on_the_left():
     nothing = RaggedKV(num_layers=2, batch_size=1, device=cpu)
     nothing.extend(RaggedKV(num_layers=2, batch_size=2, device=cpu))
     assert nothing.valid.shape == (3, 0) and nothing.layers[0].length == 0
+    with pytest.raises(ValueError):  # caches of different models never join
+        kv.extend(RaggedKV(num_layers=3, batch_size=1, device=cpu))
 
 
 def test_truncate_drops_the_slots_of_a_read_only_forward():

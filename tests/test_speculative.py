@@ -13,10 +13,11 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.proposers.draft_model import DraftModelProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from strategies.verification.acceptance import Relaxed
-from strategies.verification.drafts import Draft
+from strategies.verification.acceptance import Relaxed, Verdict
+from strategies.verification.drafts import Draft, tree_attention
 from strategies.verification.metrics import tally_faults
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.verification.verify import Verification, verify_inputs
 
 K = 4
 
@@ -182,3 +183,22 @@ def test_proposer_faults_fall_back_to_autoregressive_steps(target, mode):
         assert out.stats["fallbacks"] > 0
     else:
         assert list(out.stats["faults"]) == ["scripted"] and "proposer scripted" in out.stats["faults"]["scripted"][0]
+
+
+def test_verify_inputs_and_emitting_logits_on_literal_drafts():
+    """Slot 0 is the pending token, slot i+1 node i at `next_pos + depth`; rows right-padded."""
+    tree = Draft([10, 11, 12], [-1, -1, 0])
+    inputs = verify_inputs([7, 8, 9], [tree, Draft.chain([20]), Draft.empty()], torch.tensor([5, 3, 2]))
+    assert inputs.ids.tolist() == [[7, 10, 11, 12], [8, 20, 0, 0], [9, 0, 0, 0]] and inputs.ids.dtype == torch.long
+    assert inputs.depths.tolist() == [[0, 1, 1, 2], [0, 1, 0, 0], [0, 0, 0, 0]]
+    assert inputs.positions.tolist() == [[5, 6, 6, 7], [3, 4, 3, 3], [2, 2, 2, 2]]
+    assert inputs.valid.tolist() == [[True] * 4, [True, True, False, False], [True, False, False, False]]
+    assert inputs.attend.tolist() == [
+        tree_attention(d.parents, 4).tolist() for d in (tree, Draft.chain([20]), Draft.empty())
+    ]
+    chains = verify_inputs([7, 8], [Draft.chain([1, 2]), Draft.chain([3])], torch.tensor([0, 4]))
+    assert chains.attend is None and chains.positions.tolist() == [[0, 1, 2], [4, 5, 4]]
+
+    logits = torch.arange(6, dtype=torch.float64).reshape(2, 3, 1)  # [B, W, 1]: 3 row + slot
+    checked = Verification([Verdict([2], [11, 12]), Verdict([1, 2], [20, 21, 22])], states=None, logits=logits)
+    assert checked.emitting_logits()[:, 0].tolist() == [0, 2, 3, 4, 5]
