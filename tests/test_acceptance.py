@@ -254,3 +254,15 @@ def test_rejection_sampling_refuses_trees_and_exact_matching_takes_them():
     slots = Slots(seed=0, keys=torch.tensor([7]), positions=torch.tensor([[0, 1, 1]]))
     with pytest.raises(ValueError, match="chains"):
         RejectionSampling().accept(torch.zeros(1, 3, 4), [tree], slots, SamplingParams(temperature=1.0))
+
+
+@pytest.mark.parametrize("rule", [RejectionSampling(), Typical(epsilon=0.3, delta=0.09)])
+def test_greedy_rules_take_trees_by_exact_matching(rule):
+    """At temperature 0 rejection sampling and typical acceptance are exact matching, trees included."""
+    tree = Draft(tokens=[1, 2, 3], parents=[-1, -1, 1])  # 2 and 1 below the pending token, 3 below 2
+    logits = torch.zeros(2, 4, 4)
+    logits[0, 0, 2] = logits[0, 2, 3] = logits[0, 3, 0] = 1.0  # row 0: the target agrees with 2, then 3
+    logits[1, 0, 3] = 1.0  # row 1: it wants 3 at once
+    slots = Slots(seed=0, keys=torch.tensor([1, 2]), positions=torch.zeros(2, 4, dtype=torch.long))
+    verdicts = rule.accept(logits, [tree, tree], slots, SamplingParams())
+    assert [(v.accepted_slots, v.tokens) for v in verdicts] == [([2, 3], [2, 3, 0]), ([], [3])]
