@@ -207,6 +207,24 @@ def test_typical_walk_on_literal_distributions():
     skewed = torch.tensor([[0.1, 0.3, 0.6, 0.0], flat, flat], dtype=torch.float64)
     assert typical_walk(siblings, skewed, [2, 0, 0], epsilon=0.05, delta=0.1).accepted_slots == [2]
     assert typical_walk(Draft.empty(), skewed, [2], epsilon=0.05, delta=0.1).tokens == [2]
+    # Equal leaves: the first listed wins. A token the target gives p = 0 fails without a log of 0.
+    tied = torch.tensor([[0.0, 0.5, 0.5, 0.0], flat, flat], dtype=torch.float64)
+    assert typical_walk(siblings, tied, [1, 0, 0], epsilon=0.05, delta=0.1).accepted_slots == [1]
+    assert typical_walk(Draft([3], [-1]), tied, [1, 0], epsilon=0.05, delta=0.1).tokens == [1]
+
+
+def test_typical_walk_compares_each_node_with_its_parents_slot_strictly():
+    """p(x) must exceed the threshold of the slot x was drafted at: equal is not enough."""
+    certain = [1.0, 0.0, 0.0, 0.0]  # threshold min(ε, δ) = ε
+    draft = Draft(tokens=[1, 2], parents=[-1, 0])  # a chain: 1 at slot 0, 2 at slot 1
+    at_slot_0 = [0.0, 0.25, 0.0, 0.75]  # p(1) = 0.25
+    probs = torch.tensor([at_slot_0, [0.0, 0.0, 0.5, 0.5], certain], dtype=torch.float64)
+    assert typical_walk(draft, probs, [3, 3, 0], epsilon=0.25, delta=10.0).tokens == [3]  # 0.25 is not > 0.25
+    assert typical_walk(draft, probs, [3, 3, 0], epsilon=0.24, delta=10.0).tokens == [1, 2, 0]
+    # Thresholds δ·exp(−H) of 0.255, 0.262 and 0.5 at slots 0, 1, 2: node 2 (p 0.35 at slot 1) passes
+    # slot 1's, not slot 2's.
+    spread = [[0.0, 0.4, 0.0, 0.6], [0.0, 0.0, 0.35, 0.65], certain]
+    assert typical_walk(draft, torch.tensor(spread, dtype=torch.float64), [3, 3, 0], 1.0, 0.5).tokens == [1, 2, 0]
 
 
 def test_typical_acceptance_matches_medusas_reference():
