@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -83,6 +85,10 @@ def test_relaxed_walk_accepts_near_ties_only_within_beta_and_tolerance():
     assert relaxed_walk(chain, logits, top_beta=1, tolerance=0.0).tokens == [0]  # exact greedy: reject 1
     assert relaxed_walk(chain, logits, top_beta=2, tolerance=1.0).tokens == [1, 2, 0]
     assert relaxed_walk(chain, logits, top_beta=2, tolerance=0.1).tokens == [0]  # gap 0.5 > 0.1
+    # β may exceed the slots of a short draft (a chain of 1: 2 slots); it is capped by the vocabulary alone.
+    third = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    assert relaxed_walk(Draft.chain([2]), third, top_beta=3, tolerance=math.inf).tokens == [2, 3]
+    assert relaxed_walk(Draft.chain([3]), third, top_beta=9, tolerance=math.inf).tokens == [3, 3]
 
 
 def test_rejection_chains_on_literal_numbers():
@@ -98,6 +104,32 @@ def test_rejection_chains_on_literal_numbers():
     target_u = torch.tensor([[0.0, 0.95], [0.0, 0.0], [0.6, 0.0]], dtype=torch.float64)
     accepted, token = rejection_chains(p, q, tokens, lengths, accept_u, residual_u, target_u)
     assert accepted.tolist() == [1, 0, 0] and token.tolist() == [2, 0, 1]
+
+
+def test_rejection_chains_at_the_acceptance_boundary_with_no_draft_and_with_no_residual():
+    """Accept a drafted x exactly when u < p(x)/q(x); rejected, draw from max(0, p − q) of that row alone;
+    no draft at all, draw from p; no residual left by rounding (q over p everywhere), draw from p."""
+    p = torch.tensor([[[0.625, 0.375, 0.0], [0.0, 0.3, 0.7]]], dtype=torch.float64)  # [1, 2, 3]
+    q = torch.tensor([[[0.25, 0.75, 0.0]]], dtype=torch.float64)  # p/q for token 1: exactly 0.5
+    tokens, lengths = torch.tensor([[1]]), torch.tensor([1])
+    residual_u, target_u = torch.tensor([[0.99, 0.0]]), torch.tensor([[0.0, 0.0]])
+    for u, expected in ((0.5, ([0], [0])), (0.4999, ([1], [1]))):
+        accepted, token = rejection_chains(p, q, tokens, lengths, torch.tensor([[u, 0.0]]), residual_u, target_u)
+        assert (accepted.tolist(), token.tolist()) == expected
+    # No draft: the rows draw from p at slot 0.
+    flat = torch.tensor([[[0.2, 0.3, 0.5]]], dtype=torch.float64).expand(2, 1, 3)
+    none = torch.zeros(2, 0, dtype=torch.long)
+    u = torch.tensor([[0.1], [0.6]], dtype=torch.float64)
+    accepted, token = rejection_chains(flat, torch.zeros(2, 0, 3), none, torch.tensor([0, 0]), u, u, u)
+    assert accepted.tolist() == [0, 0] and token.tolist() == [0, 2]
+    # Row 0: q over p everywhere (a draft's rounding), token 0 rejected (u 0.9 >= 0.5/0.6): a draw from
+    # p. Row 1: the same p, q one-hot on 1, rejected: the residual [0.5, 0, 0].
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.1, 0.1, 0.8]], dtype=torch.float64).expand(2, 2, 3)
+    q = torch.tensor([[[0.6, 0.5, 0.1]], [[0.0, 1.0, 0.0]]], dtype=torch.float64)
+    u = torch.tensor([[0.9, 0.0], [0.9, 0.0]], dtype=torch.float64)
+    residual_u = torch.tensor([[0.7, 0.0], [0.7, 0.0]], dtype=torch.float64)
+    accepted, token = rejection_chains(p, q, torch.tensor([[0], [1]]), torch.tensor([1, 1]), u, residual_u, u)
+    assert accepted.tolist() == [0, 0] and token.tolist() == [1, 0]
 
 
 def test_rejection_sampling_keeps_the_target_on_its_device_and_brings_the_drafts_there():
