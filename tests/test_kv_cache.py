@@ -140,6 +140,9 @@ def test_compaction_keeps_the_longest_row_and_pads_the_others():
     empty = RaggedKV(num_layers=1, batch_size=2, device=torch.device("cpu"))
     empty.compact()
     assert empty.valid.shape == (2, 0)
+    finished = RaggedKV(num_layers=1, batch_size=0, device=torch.device("cpu"))  # every row done
+    finished.compact()
+    assert finished.valid.shape == (0, 0) and finished.waste() == 0.0
 
 
 def test_selecting_rows_trims_the_slots_no_kept_row_uses():
