@@ -50,6 +50,10 @@ def test_tree_helpers_on_a_literal_tree():
 def test_draft_problems_at_each_bound_and_the_chain_shapes():
     assert Draft.chain([4, 5, 6]).parents == [-1, 0, 1] and Draft.chain([4, 5]).tokens == [4, 5]
     assert Draft.empty().tokens == [] and Draft.empty().parents == [] and len(Draft.empty()) == 0
+    probs = torch.full((2, 4), 0.25)
+    assert Draft.chain([4, 5], probs).probs is probs and Draft.chain([4]).probs is None
+    with pytest.raises(ValueError):  # a malformed draft is never walked in part
+        children_by_slot(Draft([1, 2], [-1]))
     assert draft_problem(Draft.empty(), vocab_size=10, max_nodes=0, max_depth=0) is None
     chain = Draft.chain([0, 9, 3])  # vocabulary ids at both ends, as many nodes and as deep as allowed
     assert draft_problem(chain, vocab_size=10, max_nodes=3, max_depth=3) is None

@@ -23,8 +23,12 @@ def _reference(runner, prompt, extra):
     return _step(runner, kv, [extra])[0]
 
 
-def test_select_rows_compact_and_rollback_keep_logits(tiny_model_dir):
+@pytest.mark.parametrize("forward", ["lean", "transformers"])
+def test_select_rows_compact_and_rollback_keep_logits(tiny_model_dir, forward):
+    """Through the lean Llama forward (on the layers) and through transformers' own (on `kv.cache`)."""
     runner = ModelRunner(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64))
+    if forward == "transformers":
+        runner._fast = None
     kv = runner.new_kv(3)
     runner.prefill(kv, PROMPTS)
     assert kv.next_pos.tolist() == [7, 2, 4] and kv.waste() > 0
