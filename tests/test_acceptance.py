@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from strategies.runtime.sampling import SamplingParams
+from strategies.runtime.sampling import STREAM_ACCEPT, STREAM_TARGET, SamplingParams, keyed_uniform
 from strategies.verification.acceptance import (
     ExactMatch,
     RejectionSampling,
@@ -87,6 +87,7 @@ def test_relaxed_walk_accepts_near_ties_only_within_beta_and_tolerance():
     chain = Draft.chain([1, 2])
     logits = torch.tensor([[5.0, 4.5, 0.0, 0.0], [0.0, 0.0, 3.0, 3.2], [9.0, 0.0, 0.0, 0.0]])
     assert relaxed_walk(chain, logits, top_beta=1, tolerance=0.0).tokens == [0]  # exact greedy: reject 1
+    assert relaxed_walk(Draft.chain([0]), logits, top_beta=1, tolerance=0.0).tokens == [0, 3]  # the top itself
     assert relaxed_walk(chain, logits, top_beta=2, tolerance=1.0).tokens == [1, 2, 0]
     assert relaxed_walk(chain, logits, top_beta=2, tolerance=0.1).tokens == [0]  # gap 0.5 > 0.1
     # β may exceed the slots of a short draft (a chain of 1: 2 slots); it is capped by the vocabulary alone.
@@ -134,6 +135,14 @@ def test_rejection_chains_at_the_acceptance_boundary_with_no_draft_and_with_no_r
     residual_u = torch.tensor([[0.7, 0.0], [0.7, 0.0]], dtype=torch.float64)
     accepted, token = rejection_chains(p, q, torch.tensor([[0], [1]]), torch.tensor([1, 1]), u, residual_u, u)
     assert accepted.tolist() == [0, 0] and token.tolist() == [1, 0]
+
+
+def test_slot_uniforms_are_keyed_by_row_and_position():
+    slots = Slots(seed=3, keys=torch.tensor([7, 8]), positions=torch.tensor([[4, 5], [9, 4]]))
+    uniforms = slots.uniforms(STREAM_ACCEPT)
+    for (b, s), (key, position) in {(0, 0): (7, 4), (0, 1): (7, 5), (1, 0): (8, 9), (1, 1): (8, 4)}.items():
+        assert uniforms[b, s] == keyed_uniform(3, torch.tensor([key]), torch.tensor([position]), STREAM_ACCEPT)[0]
+    assert uniforms[0, 0] != uniforms[1, 1] and not torch.equal(uniforms, slots.uniforms(STREAM_TARGET))
 
 
 def test_rejection_sampling_keeps_the_target_on_its_device_and_brings_the_drafts_there():

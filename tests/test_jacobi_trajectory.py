@@ -174,3 +174,18 @@ def test_a_new_block_tops_up_the_refined_guess_and_rows_without_a_draft_step_pla
     assert _propose(jacobi, [3, 3]) == [[6, 9], [9]]
     jacobi.emitted([[7], [3]], None)
     assert [row.guess for row in jacobi.rows] == [[9], [9, 9, 9]] and jacobi.stats()["jacobi_iterations"] == 3
+
+
+def test_rows_of_different_draft_lengths_refine_only_their_own_slots():
+    jacobi = _jacobi("pgj", 3, "pad", [[1], [2]])
+    assert _propose(jacobi, [3, 1]) == [[9, 9, 9], [9]]
+    # Row 1 drafted one token: its slots 2 and 3 are padding, their choices are no guess.
+    jacobi.emitted([[5], [4]], _verified([[5, 9, 7, 8], [4, 3, 2, 1]]))
+    assert _state(jacobi) == [([9, 7, 8], [True, False, False]), ([3, 9], [False, False])]
+
+
+def test_a_fresh_proposer_reports_zeros_and_refuses_unknown_settings():
+    assert set(JacobiProposer("pgj", 3, "pad").stats().values()) == {0}
+    for mode, init in (("pgj", "noise"), ("gauss", "pad")):
+        with pytest.raises(ValueError, match="mode must be one of"):
+            JacobiProposer(mode, 3, init)

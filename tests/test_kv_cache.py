@@ -118,7 +118,7 @@ def test_a_layer_appends_in_place_and_grows_its_storage_by_doubling():
 
 def test_rollback_waste_and_compaction_on_literal_slots():
     kv = RaggedKV(num_layers=2, batch_size=2, device=torch.device("cpu"))
-    assert kv.waste() == 0.0 and kv.num_slots == 0
+    assert kv.waste() == 0.0 and kv.num_slots == 0 and kv.next_pos.dtype == torch.long
     _forward(kv, [[1, 2, 3], [4, 5, 6]], valid=[[T, T, T], [F, T, T]])  # row 1 left-padded
     _forward(kv, [[7, 8], [9, 10]])
     assert kv.next_pos.tolist() == [5, 4] and kv.num_slots == 5 and kv.waste() == pytest.approx(0.1)
