@@ -145,6 +145,15 @@ def test_slot_uniforms_are_keyed_by_row_and_position():
     assert uniforms[0, 0] != uniforms[1, 1] and not torch.equal(uniforms, slots.uniforms(STREAM_TARGET))
 
 
+def test_a_deterministic_draft_of_the_targets_certain_token_is_always_accepted():
+    """A draft without probabilities counts as one-hot q: p(x)/q(x) = 1 when the target is certain of x."""
+    logits = torch.zeros(16, 2, 4, dtype=torch.float64)
+    logits[:, 0, 1] = 100.0  # p(1) = 1 at slot 0, for every row's own uniforms
+    slots = Slots(seed=0, keys=torch.arange(16), positions=torch.zeros(16, 2, dtype=torch.long))
+    verdicts = RejectionSampling().accept(logits, [Draft.chain([1])] * 16, slots, SamplingParams(temperature=1.0))
+    assert all(v.accepted_slots == [1] for v in verdicts)
+
+
 def test_rejection_sampling_keeps_the_target_on_its_device_and_brings_the_drafts_there():
     """On a GPU the verify forward's logits and a draft model's probabilities live on the device, the
     keyed uniforms on the CPU: every tensor must meet on the target's device, nothing may leave it

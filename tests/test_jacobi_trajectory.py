@@ -152,6 +152,7 @@ def test_hgj_cuts_a_guess_after_an_eos_and_counts_stationary_tokens(ignore_eos):
     stats = jacobi.stats()
     assert (stats["jacobi_iterations"], stats["jacobi_committed"], stats["jacobi_stationary"]) == (3, 5, 1)
     assert stats["jacobi_fast_forwarded"] == 2 and _state(jacobi) == [([7], [False])]
+    assert (stats["jacobi_iterations_per_block"], stats["jacobi_committed_per_iteration"]) == (1.5, 1.667)
 
 
 def test_a_new_block_tops_up_the_refined_guess_and_rows_without_a_draft_step_plainly():
