@@ -190,3 +190,10 @@ def test_a_fresh_proposer_reports_zeros_and_refuses_unknown_settings():
     for mode, init in (("pgj", "noise"), ("gauss", "pad")):
         with pytest.raises(ValueError, match="mode must be one of"):
             JacobiProposer(mode, 3, init)
+
+
+def test_iterations_per_block_are_rounded_to_three_digits():
+    jacobi = _jacobi("pgj", 3, "pad", [[1], [2], [3]])  # three blocks, two of them iterated once
+    assert _propose(jacobi, [3, 3, 0]) == [[9, 9, 9], [9, 9, 9], []]
+    jacobi.emitted([[5], [5], [5]], _verified([[5, 0, 0, 0], [5, 0, 0, 0], [5, 0, 0, 0]]))
+    assert jacobi.stats()["jacobi_iterations_per_block"] == 0.667
