@@ -42,7 +42,7 @@ soak: install
 
 # Mutation testing of the decoding cores against their fast tests ([tool.mutmut]); long, not part of `make test`.
 mutate: install
-	nice -n 19 $(BIN)/mutmut run --max-children 1
+	OMP_NUM_THREADS=1 nice -n 19 $(BIN)/mutmut run --max-children 1
 	$(BIN)/mutmut results
 
 # A GPU machine without internet: wheels of what its image lacks, downloaded here into .whl/ (carried there).

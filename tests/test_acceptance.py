@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from strategies.runtime.sampling import SamplingParams
+from strategies.runtime.sampling import STREAM_ACCEPT, STREAM_TARGET, SamplingParams, keyed_uniform
 from strategies.verification.acceptance import (
     ExactMatch,
     RejectionSampling,
@@ -18,7 +20,14 @@ from strategies.verification.acceptance import (
     typical_walk,
     walk,
 )
-from strategies.verification.drafts import Draft, children_by_slot, draft_problem, tree_attention, tree_depths
+from strategies.verification.drafts import (
+    Draft,
+    children_by_slot,
+    draft_problem,
+    is_chain,
+    tree_attention,
+    tree_depths,
+)
 
 
 def test_tree_helpers_on_a_literal_tree():
@@ -38,6 +47,32 @@ def test_tree_helpers_on_a_literal_tree():
     assert "parent" in draft_problem(Draft([1, 2], [-1, 1]), 100, 5, 5)
 
 
+def test_draft_problems_at_each_bound_and_the_chain_shapes():
+    assert Draft.chain([4, 5, 6]).parents == [-1, 0, 1] and Draft.chain([4, 5]).tokens == [4, 5]
+    assert Draft.empty().tokens == [] and Draft.empty().parents == [] and len(Draft.empty()) == 0
+    probs = torch.full((2, 4), 0.25)
+    assert Draft.chain([4, 5], probs).probs is probs and Draft.chain([4]).probs is None
+    with pytest.raises(ValueError):  # a malformed draft is never walked in part
+        children_by_slot(Draft([1, 2], [-1]))
+    assert draft_problem(Draft.empty(), vocab_size=10, max_nodes=0, max_depth=0) is None
+    chain = Draft.chain([0, 9, 3])  # vocabulary ids at both ends, as many nodes and as deep as allowed
+    assert draft_problem(chain, vocab_size=10, max_nodes=3, max_depth=3) is None
+    assert draft_problem(chain, 10, 2, 3) == "3 tokens, at most 2 allowed"
+    assert draft_problem(chain, 10, 3, 2) == "a branch deeper than the 2 tokens the row can still emit"
+    assert draft_problem(Draft([1, 2], [-1]), 10, 5, 5) == "tokens and parents differ in length"
+    assert draft_problem(Draft([-1], [-1]), 10, 5, 5) == "token id outside the vocabulary"
+    assert draft_problem(Draft([10], [-1]), 10, 5, 5) == "token id outside the vocabulary"
+    assert draft_problem(Draft([1], [-2]), 10, 5, 5) == "a parent index does not precede its node"
+    assert draft_problem(Draft([1, 2], [-1, 1]), 10, 5, 5) == "a parent index does not precede its node"
+    assert draft_problem(Draft([1, 2], [-1, 0], torch.zeros(2, 10)), 10, 5, 5) is None
+    wrong = Draft([1, 2], [-1, 0], torch.zeros(2, 9))
+    assert draft_problem(wrong, 10, 5, 5) == "probs of shape (2, 9), expected (2, 10)"
+    assert is_chain(chain) and is_chain(Draft.empty()) and not is_chain(Draft([1, 2], [-1, -1]))
+    # Two children of one node with the same token: the first keeps the slot.
+    assert children_by_slot(Draft([7, 7, 8], [-1, -1, 0])) == [{7: 1}, {8: 3}, {}, {}]
+    assert tree_attention([], width=2).tolist() == [[True, False], [False, True]]
+
+
 def test_walk_follows_the_targets_choices():
     draft = Draft(tokens=[10, 11, 12, 13], parents=[-1, -1, 1, 2])  # two branches below the pending token
     # Target picks 11 at the root, then 12, then something off the tree.
@@ -52,8 +87,13 @@ def test_relaxed_walk_accepts_near_ties_only_within_beta_and_tolerance():
     chain = Draft.chain([1, 2])
     logits = torch.tensor([[5.0, 4.5, 0.0, 0.0], [0.0, 0.0, 3.0, 3.2], [9.0, 0.0, 0.0, 0.0]])
     assert relaxed_walk(chain, logits, top_beta=1, tolerance=0.0).tokens == [0]  # exact greedy: reject 1
+    assert relaxed_walk(Draft.chain([0]), logits, top_beta=1, tolerance=0.0).tokens == [0, 3]  # the top itself
     assert relaxed_walk(chain, logits, top_beta=2, tolerance=1.0).tokens == [1, 2, 0]
     assert relaxed_walk(chain, logits, top_beta=2, tolerance=0.1).tokens == [0]  # gap 0.5 > 0.1
+    # β may exceed the slots of a short draft (a chain of 1: 2 slots); it is capped by the vocabulary alone.
+    third = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    assert relaxed_walk(Draft.chain([2]), third, top_beta=3, tolerance=math.inf).tokens == [2, 3]
+    assert relaxed_walk(Draft.chain([3]), third, top_beta=9, tolerance=math.inf).tokens == [3, 3]
 
 
 def test_rejection_chains_on_literal_numbers():
@@ -69,6 +109,49 @@ def test_rejection_chains_on_literal_numbers():
     target_u = torch.tensor([[0.0, 0.95], [0.0, 0.0], [0.6, 0.0]], dtype=torch.float64)
     accepted, token = rejection_chains(p, q, tokens, lengths, accept_u, residual_u, target_u)
     assert accepted.tolist() == [1, 0, 0] and token.tolist() == [2, 0, 1]
+
+
+def test_rejection_chains_at_the_acceptance_boundary_with_no_draft_and_with_no_residual():
+    """Accept a drafted x exactly when u < p(x)/q(x); rejected, draw from max(0, p − q) of that row alone;
+    no draft at all, draw from p; no residual left by rounding (q over p everywhere), draw from p."""
+    p = torch.tensor([[[0.625, 0.375, 0.0], [0.0, 0.3, 0.7]]], dtype=torch.float64)  # [1, 2, 3]
+    q = torch.tensor([[[0.25, 0.75, 0.0]]], dtype=torch.float64)  # p/q for token 1: exactly 0.5
+    tokens, lengths = torch.tensor([[1]]), torch.tensor([1])
+    residual_u, target_u = torch.tensor([[0.99, 0.0]]), torch.tensor([[0.0, 0.0]])
+    for u, expected in ((0.5, ([0], [0])), (0.4999, ([1], [1]))):
+        accepted, token = rejection_chains(p, q, tokens, lengths, torch.tensor([[u, 0.0]]), residual_u, target_u)
+        assert (accepted.tolist(), token.tolist()) == expected
+    # No draft: the rows draw from p at slot 0.
+    flat = torch.tensor([[[0.2, 0.3, 0.5]]], dtype=torch.float64).expand(2, 1, 3)
+    none = torch.zeros(2, 0, dtype=torch.long)
+    u = torch.tensor([[0.1], [0.6]], dtype=torch.float64)
+    accepted, token = rejection_chains(flat, torch.zeros(2, 0, 3), none, torch.tensor([0, 0]), u, u, u)
+    assert accepted.tolist() == [0, 0] and token.tolist() == [0, 2]
+    # Row 0: q over p everywhere (a draft's rounding), token 0 rejected (u 0.9 >= 0.5/0.6): a draw from
+    # p. Row 1: the same p, q one-hot on 1, rejected: the residual [0.5, 0, 0].
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.1, 0.1, 0.8]], dtype=torch.float64).expand(2, 2, 3)
+    q = torch.tensor([[[0.6, 0.5, 0.1]], [[0.0, 1.0, 0.0]]], dtype=torch.float64)
+    u = torch.tensor([[0.9, 0.0], [0.9, 0.0]], dtype=torch.float64)
+    residual_u = torch.tensor([[0.7, 0.0], [0.7, 0.0]], dtype=torch.float64)
+    accepted, token = rejection_chains(p, q, torch.tensor([[0], [1]]), torch.tensor([1, 1]), u, residual_u, u)
+    assert accepted.tolist() == [0, 0] and token.tolist() == [1, 0]
+
+
+def test_slot_uniforms_are_keyed_by_row_and_position():
+    slots = Slots(seed=3, keys=torch.tensor([7, 8]), positions=torch.tensor([[4, 5], [9, 4]]))
+    uniforms = slots.uniforms(STREAM_ACCEPT)
+    for (b, s), (key, position) in {(0, 0): (7, 4), (0, 1): (7, 5), (1, 0): (8, 9), (1, 1): (8, 4)}.items():
+        assert uniforms[b, s] == keyed_uniform(3, torch.tensor([key]), torch.tensor([position]), STREAM_ACCEPT)[0]
+    assert uniforms[0, 0] != uniforms[1, 1] and not torch.equal(uniforms, slots.uniforms(STREAM_TARGET))
+
+
+def test_a_deterministic_draft_of_the_targets_certain_token_is_always_accepted():
+    """A draft without probabilities counts as one-hot q: p(x)/q(x) = 1 when the target is certain of x."""
+    logits = torch.zeros(16, 2, 4, dtype=torch.float64)
+    logits[:, 0, 1] = 100.0  # p(1) = 1 at slot 0, for every row's own uniforms
+    slots = Slots(seed=0, keys=torch.arange(16), positions=torch.zeros(16, 2, dtype=torch.long))
+    verdicts = RejectionSampling().accept(logits, [Draft.chain([1])] * 16, slots, SamplingParams(temperature=1.0))
+    assert all(v.accepted_slots == [1] for v in verdicts)
 
 
 def test_rejection_sampling_keeps_the_target_on_its_device_and_brings_the_drafts_there():
@@ -178,6 +261,24 @@ def test_typical_walk_on_literal_distributions():
     skewed = torch.tensor([[0.1, 0.3, 0.6, 0.0], flat, flat], dtype=torch.float64)
     assert typical_walk(siblings, skewed, [2, 0, 0], epsilon=0.05, delta=0.1).accepted_slots == [2]
     assert typical_walk(Draft.empty(), skewed, [2], epsilon=0.05, delta=0.1).tokens == [2]
+    # Equal leaves: the first listed wins. A token the target gives p = 0 fails without a log of 0.
+    tied = torch.tensor([[0.0, 0.5, 0.5, 0.0], flat, flat], dtype=torch.float64)
+    assert typical_walk(siblings, tied, [1, 0, 0], epsilon=0.05, delta=0.1).accepted_slots == [1]
+    assert typical_walk(Draft([3], [-1]), tied, [1, 0], epsilon=0.05, delta=0.1).tokens == [1]
+
+
+def test_typical_walk_compares_each_node_with_its_parents_slot_strictly():
+    """p(x) must exceed the threshold of the slot x was drafted at: equal is not enough."""
+    certain = [1.0, 0.0, 0.0, 0.0]  # threshold min(ε, δ) = ε
+    draft = Draft(tokens=[1, 2], parents=[-1, 0])  # a chain: 1 at slot 0, 2 at slot 1
+    at_slot_0 = [0.0, 0.25, 0.0, 0.75]  # p(1) = 0.25
+    probs = torch.tensor([at_slot_0, [0.0, 0.0, 0.5, 0.5], certain], dtype=torch.float64)
+    assert typical_walk(draft, probs, [3, 3, 0], epsilon=0.25, delta=10.0).tokens == [3]  # 0.25 is not > 0.25
+    assert typical_walk(draft, probs, [3, 3, 0], epsilon=0.24, delta=10.0).tokens == [1, 2, 0]
+    # Thresholds δ·exp(−H) of 0.255, 0.262 and 0.5 at slots 0, 1, 2: node 2 (p 0.35 at slot 1) passes
+    # slot 1's, not slot 2's.
+    spread = [[0.0, 0.4, 0.0, 0.6], [0.0, 0.0, 0.35, 0.65], certain]
+    assert typical_walk(draft, torch.tensor(spread, dtype=torch.float64), [3, 3, 0], 1.0, 0.5).tokens == [1, 2, 0]
 
 
 def test_typical_acceptance_matches_medusas_reference():
@@ -211,14 +312,29 @@ def test_top_k_relaxed_acceptance_takes_any_token_among_the_targets_top_k():
     assert top2.tokens == [1, 3, 1]  # 1 is 2nd at slot 0, 3 is 1st at slot 1, then the argmax 1
     top1 = Relaxed(top_beta=1).accept(logits[None], [chain], None, SamplingParams())[0]
     assert top1.tokens == [0]  # top-1 is exact greedy: the first draft token fails
-    assert Relaxed(top_beta=2).refusal(greedy=False, trees=False) is not None
+    assert Relaxed(top_beta=2).refusal(greedy=False, trees=False).endswith("use generation.temperature=0")
+    assert Relaxed(top_beta=2).refusal(greedy=True, trees=True) is None
 
 
 def test_rejection_sampling_refuses_trees_and_exact_matching_takes_them():
-    assert "chains" in RejectionSampling().refusal(greedy=False, trees=True)
+    refusal = RejectionSampling().refusal(greedy=False, trees=True)
+    assert refusal.startswith("rejection sampling verifies chains: testing several children against one p")
+    assert refusal.endswith("repeats chances and biases the output; verify trees with exact matching instead")
     assert RejectionSampling().refusal(greedy=True, trees=True) is None
     assert ExactMatch().refusal(greedy=False, trees=True) is None
     tree = Draft([1, 2], [-1, -1], probs=torch.full((2, 4), 0.25, dtype=torch.float64))
     slots = Slots(seed=0, keys=torch.tensor([7]), positions=torch.tensor([[0, 1, 1]]))
     with pytest.raises(ValueError, match="chains"):
         RejectionSampling().accept(torch.zeros(1, 3, 4), [tree], slots, SamplingParams(temperature=1.0))
+
+
+@pytest.mark.parametrize("rule", [RejectionSampling(), Typical(epsilon=0.3, delta=0.09)])
+def test_greedy_rules_take_trees_by_exact_matching(rule):
+    """At temperature 0 rejection sampling and typical acceptance are exact matching, trees included."""
+    tree = Draft(tokens=[1, 2, 3], parents=[-1, -1, 1])  # 2 and 1 below the pending token, 3 below 2
+    logits = torch.zeros(2, 4, 4)
+    logits[0, 0, 2] = logits[0, 2, 3] = logits[0, 3, 0] = 1.0  # row 0: the target agrees with 2, then 3
+    logits[1, 0, 3] = 1.0  # row 1: it wants 3 at once
+    slots = Slots(seed=0, keys=torch.tensor([1, 2]), positions=torch.zeros(2, 4, dtype=torch.long))
+    verdicts = rule.accept(logits, [tree, tree], slots, SamplingParams())
+    assert [(v.accepted_slots, v.tokens) for v in verdicts] == [([2, 3], [2, 3, 0]), ([], [3])]

@@ -24,10 +24,14 @@ def test_every_acceptance_rule_declares_whether_it_is_lossless():
 
 
 def test_a_rule_that_does_not_say_whether_it_is_lossless_cannot_be_defined():
-    with pytest.raises(TypeError, match="must declare `lossless"):
+    with pytest.raises(TypeError, match="must declare `lossless") as refused:
 
         class Undeclared(AcceptanceRule):
             name: ClassVar[str] = "undeclared"
+
+    assert str(refused.value).endswith(
+        "in its class body: True only if every token it emits is the target's own choice"
+    )
 
     with pytest.raises(TypeError, match="must declare `lossless"):
 

@@ -13,10 +13,11 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.proposers.draft_model import DraftModelProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from strategies.verification.acceptance import Relaxed
-from strategies.verification.drafts import Draft
+from strategies.verification.acceptance import Relaxed, Verdict
+from strategies.verification.drafts import Draft, tree_attention
 from strategies.verification.metrics import tally_faults
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.verification.verify import Verification, verify, verify_inputs
 
 K = 4
 
@@ -182,3 +183,83 @@ def test_proposer_faults_fall_back_to_autoregressive_steps(target, mode):
         assert out.stats["fallbacks"] > 0
     else:
         assert list(out.stats["faults"]) == ["scripted"] and "proposer scripted" in out.stats["faults"]["scripted"][0]
+
+
+def test_verify_inputs_and_emitting_logits_on_literal_drafts():
+    """Slot 0 is the pending token, slot i+1 node i at `next_pos + depth`; rows right-padded."""
+    tree = Draft([10, 11, 12], [-1, -1, 0])
+    inputs = verify_inputs([7, 8, 9], [tree, Draft.chain([20]), Draft.empty()], torch.tensor([5, 3, 2]))
+    assert inputs.ids.tolist() == [[7, 10, 11, 12], [8, 20, 0, 0], [9, 0, 0, 0]] and inputs.ids.dtype == torch.long
+    assert inputs.depths.tolist() == [[0, 1, 1, 2], [0, 1, 0, 0], [0, 0, 0, 0]]
+    assert inputs.positions.tolist() == [[5, 6, 6, 7], [3, 4, 3, 3], [2, 2, 2, 2]]
+    assert inputs.valid.tolist() == [[True] * 4, [True, True, False, False], [True, False, False, False]]
+    assert inputs.attend.tolist() == [
+        tree_attention(d.parents, 4).tolist() for d in (tree, Draft.chain([20]), Draft.empty())
+    ]
+    chains = verify_inputs([7, 8], [Draft.chain([1, 2]), Draft.chain([3])], torch.tensor([0, 4]))
+    assert chains.attend is None and chains.positions.tolist() == [[0, 1, 2], [4, 5, 4]]
+
+    logits = torch.arange(6, dtype=torch.float64).reshape(2, 3, 1)  # [B, W, 1]: 3 row + slot
+    checked = Verification([Verdict([2], [11, 12]), Verdict([1, 2], [20, 21, 22])], states=None, logits=logits)
+    assert checked.emitting_logits()[:, 0].tolist() == [0, 2, 3, 4, 5]
+
+
+class _ScriptedRule:
+    """Hands back verdicts fixed in advance (or raises `error`) and keeps the slot positions it was
+    asked about. Duck-typed: a subclass of AcceptanceRule would join the registry's list of rules."""
+
+    def __init__(self, verdicts, error=None):
+        self.verdicts, self.error, self.positions = verdicts, error, None
+
+    def accept(self, logits, drafts, slots, sampling):
+        self.positions = slots.positions.tolist()
+        if self.error is not None:
+            raise self.error
+        return self.verdicts
+
+
+def test_verify_feeds_each_slot_its_ancestry_keeps_the_accepted_path_and_rolls_back_on_error(target):
+    """Logits, not tokens, are compared with a plain forward over each slot's path: a tiny random model's
+    argmax barely depends on the context, its logits do."""
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]
+    kv = target.new_kv(2)
+    target.prefill(kv, prompts)
+    pending, keys = [20, 21], torch.tensor([0, 1])
+    drafts = [Draft([30, 31, 32], [-1, -1, 1]), Draft.chain([33, 34])]  # row 0: 32 below 31; 30 a sibling
+    valid, next_pos = kv.valid.clone(), kv.next_pos.clone()
+    with pytest.raises(KeyError):  # a rule that refuses leaves every row's cache as it was
+        verify(target, kv, pending, drafts, _ScriptedRule(None, KeyError("no")), SamplingParams(), keys, [3, 1])
+    assert torch.equal(kv.valid[:, : valid.shape[1]], valid) and not kv.valid[:, valid.shape[1] :].any()
+    assert torch.equal(kv.next_pos, next_pos)
+
+    rule = _ScriptedRule([Verdict([2, 3], [31, 32, 40]), Verdict([], [41])])
+    checked = verify(target, kv, pending, drafts, rule, SamplingParams(), keys, [3, 1])
+    assert rule.positions == [[3, 4, 4, 5], [1, 2, 3, 1]]  # generated + depth; padding at depth 0
+    assert checked.states is None and kv.next_pos.tolist() == [next_pos[0] + 3, next_pos[1] + 1]
+
+    def reference(tokens):
+        return target.model(torch.tensor([tokens])).logits[0, -1]
+
+    paths = {
+        (0, 0): [20],
+        (0, 1): [20, 30],
+        (0, 2): [20, 31],
+        (0, 3): [20, 31, 32],
+        (1, 1): [21, 33],
+        (1, 2): [21, 33, 34],
+    }
+    for (row, slot), path in paths.items():
+        assert torch.allclose(checked.logits[row, slot], reference(prompts[row] + path), atol=1e-10)
+    # The next step sees each row's accepted path and nothing it rejected.
+    ids = torch.tensor([[40], [41]])
+    logits = target.forward(kv, ids, kv.next_pos[:, None], torch.ones_like(ids, dtype=torch.bool)).logits[:, -1]
+    assert torch.allclose(logits[0], reference(prompts[0] + [20, 31, 32, 40]), atol=1e-10)
+    assert torch.allclose(logits[1], reference(prompts[1] + [21, 41]), atol=1e-10)
+
+    one = target.new_kv(1)
+    target.prefill(one, [prompts[1]])
+    args = ([21], [Draft.chain([33])], _ScriptedRule([Verdict([1], [33, 42])]), SamplingParams(), keys[:1], [1])
+    asked = verify(target, one, *args, want_hidden=True)
+    assert asked.states.kept == [[0, 1]] and asked.states.hidden.shape[:2] == (1, 2)
+    assert torch.equal(asked.states.logits, asked.logits)
+    assert verify(target, one, *args, want_logits=True).states.hidden is None

@@ -99,20 +99,17 @@ class SlotLayer(CacheLayerMixin):
         like = self if self._k is not None else other
         if like._k is None:
             return
-        k = torch.cat(
-            [_pad_slots(self._held(rows, like, 0), pad), _pad_slots(other._held(other_rows, like, 0), other_pad)]
-        )
-        v = torch.cat(
-            [_pad_slots(self._held(rows, like, 1), pad), _pad_slots(other._held(other_rows, like, 1), other_pad)]
-        )
-        self._k, self._v, self.length = k, v, k.shape[2]
+        k, v = self._held(rows, like)
+        other_k, other_v = other._held(other_rows, like)
+        self._k = torch.cat([_pad_slots(k, pad), _pad_slots(other_k, other_pad)])
+        self._v = torch.cat([_pad_slots(v, pad), _pad_slots(other_v, other_pad)])
+        self.length = self._k.shape[2]
 
-    def _held(self, rows: int, like: SlotLayer, which: int) -> torch.Tensor:
-        """Keys (`which` 0) or values (1) [rows, H, length, D]; [rows, H, 0, D] shaped as `like`'s before a forward."""
+    def _held(self, rows: int, like: SlotLayer) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [rows, H, length, D]; [rows, H, 0, D] shaped as `like`'s before a forward."""
         if self._k is not None:
-            return self.keys if which == 0 else self.values
-        template = like._k if which == 0 else like._v
-        return template.new_zeros(rows, template.shape[1], 0, template.shape[3])
+            return self.keys, self.values
+        return tuple(t.new_zeros(rows, t.shape[1], 0, t.shape[3]) for t in (like._k, like._v))
 
     def select(self, rows: torch.Tensor, slots: torch.Tensor | None) -> None:
         """Keep `rows` [B'] (and, per kept row, slot indices `slots` [B', S'] in order) — a copy."""
@@ -221,7 +218,7 @@ class RaggedKV:
         rows, other_rows = self.valid.shape[0], other.valid.shape[0]
         for layer, joining in zip(self.layers, other.layers, strict=True):
             layer.join(joining, rows, other_rows, pad, other_pad)
-        self.valid = torch.cat([_pad_slots(self.valid, pad), _pad_slots(other.valid, other_pad)], dim=0)
+        self.valid = torch.cat([_pad_slots(self.valid, pad), _pad_slots(other.valid, other_pad)])
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
 
     def select_rows(self, rows: torch.Tensor) -> None:

@@ -110,13 +110,13 @@ def rejection_chains(
     q = q.to(p.dtype)
     p_drafted = p[:, :-1].gather(-1, tokens[..., None])[..., 0]  # [B, N]
     q_drafted = q.gather(-1, tokens[..., None])[..., 0].clamp(min=torch.finfo(q.dtype).tiny)  # [B, N]
-    ratio = torch.cat([p_drafted / q_drafted, torch.ones_like(p_drafted[:, :1])], dim=-1)  # [B, N + 1]
+    ratio = torch.cat([p_drafted / q_drafted, p.new_ones(b, 1)], dim=-1)  # [B, N + 1]; no draft: N = 0
     # A chain stops at its first rejected token, else at its end; argmax takes the first stop.
     rejected = (slots[None] < lengths[:, None]) & (accept_u.to(ratio.dtype) >= ratio.clamp(max=1.0))  # [B, N + 1]
     accepted = (rejected | (slots[None] >= lengths[:, None])).int().argmax(dim=-1)  # [B]
     was_rejected = (accepted < lengths)[:, None]  # [B, 1]
     p_there = p[rows, accepted]  # [B, V]
-    q_there = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted]  # [B, V]; zeros past the chain
+    q_there = torch.cat([q, q.new_zeros(b, 1, q.shape[-1])], dim=1)[rows, accepted]  # [B, V]; zeros past the chain
     residual = (p_there - q_there).clamp(min=0)
     # p == q leaves no residual: any draw from p is exact.
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_there)
