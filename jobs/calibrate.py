@@ -190,8 +190,8 @@ class CalibrateConfig:
     prompts: str = option(
         str(SAMPLE_PROMPTS),
         f"Prompts: a Parquet URL, a JSONL(.gz) file with a prompt field, or {CORPUS_PROMPTS!r}: windows of "
-        "max_prompt_tokens tokens at random offsets (seed) of the training corpus's train split (corpus.*), "
-        "never text held out of training or benchmark prompts.",
+        "max_prompt_tokens tokens at random offsets (seed) of the training corpus's train split (corpus.*): "
+        "neither its held-out files nor benchmark prompts.",
     )
     prompt_column: str = option("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
     num_prompts: int = option(16, "The first this many prompts are decoded: the even ones choose, the odd ones report.")
@@ -210,7 +210,8 @@ class CalibrateConfig:
     )
     measures: list[str] = option(
         [],
-        f"Candidate values of strategy.calm.measure ({CALM_MEASURES}), each at every threshold; empty: calm.measure.",
+        f"Candidate values of strategy.calm.measure ({', '.join(CALM_MEASURES)}), each at every threshold; "
+        "empty: calm.measure.",
     )
     target_agreement: float = option(0.95, "Share of tokens that must equal the full model's greedy choice.")
     repeats: int = option(1, "Timed passes per threshold, each after a greedy pass; the curve shows medians.")
@@ -235,9 +236,15 @@ def run(config: CalibrateConfig) -> Calibration:
         raise JobError(f"exits={config.exits!r}: {exc}") from None
     prompts = read_token_prompts(config, loaded.tokenizer)
     models = loaded.models
+    exits = models.get("exits")
+    if "classifier" in (config.measures or [config.calm.measure]) and not exits.has_classifier:
+        raise JobError(
+            f"measure classifier: the exits at {config.exits} have no classifier; train them with "
+            "exits.classifier=true (accelgen train exits) or leave classifier out of measures"
+        )
     result = calibrate(
         models.target,
-        models.get("exits"),
+        exits,
         config.calm,
         prompts,
         config.max_new_tokens,

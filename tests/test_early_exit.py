@@ -330,6 +330,13 @@ def test_calibrate_command_takes_training_prompts_from_the_corpus(tmp_path, mode
     assert all(p["agreement"] < 0.95 or p["mean_exit_layer"] >= chosen["mean_exit_layer"] for p in report["points"])
     with pytest.raises(JobError, match=r"measures=\['entropy'\]: \['entropy'\] are not CALM measures"):
         calibrate_main(["calm", "measures=[entropy]", f"model={model_dir}", f"exits={tmp_path / 'exits'}"])
+    plain_exits = trained_like_exits(model)
+    plain_exits.config.target_path, plain_exits.config.target_weights_sha256 = str(model_dir), weights_sha256(model_dir)
+    plain_exits.save(tmp_path / "plain-exits")
+    with pytest.raises(JobError, match="have no classifier"):
+        calibrate_main(
+            ["calm", "measures=[state,classifier]", f"model={model_dir}", f"exits={tmp_path / 'plain-exits'}"]
+        )
 
 
 def test_shipped_calm_default_is_a_setting_its_calibration_run_chose_among():
