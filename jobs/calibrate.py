@@ -1,13 +1,15 @@
-"""`accelgen calibrate calm`: the CALM threshold that keeps a target share of tokens equal to the full model's.
+"""`accelgen calibrate calm`: the CALM setting that keeps a target share of tokens equal to the full model's.
 
 CALM is lossy: the lower its threshold, the earlier tokens exit and the more of them differ from
-what the target's last layer would say. On the user's own prompts this command decodes greedily with
-the full model, then with CALM at each candidate threshold, and prints the curve: mean exit layer,
+what the target's last layer would say. On the user's own prompts (or windows of the training
+corpus's train split, `prompts=corpus`) this command decodes greedily with the full model, then with
+CALM at each candidate measure and threshold, and prints the curve: mean exit layer,
 speed against plain greedy decoding (same prompts, same batches), agreement (the share of CALM's
 tokens equal to the full model's greedy choice after the same prefix, which is what the threshold
 controls) and the share of output positions equal to full greedy decoding (which falls faster: one
-differing token changes the rest of the row). The chosen threshold is the one with the shallowest
-mean exit layer whose agreement reaches `target_agreement`.
+differing token changes the rest of the row). The chosen setting is the one with the shallowest
+mean exit layer whose agreement reaches `target_agreement`. `jobs/configs/calibrate_calm.yaml` is
+the run that chose `CalmOptions`' shipped default.
 
 The prompts are split in two halves, deterministically: prompts 0, 2, 4… (in file order) choose the
 threshold, prompts 1, 3, 5… only report on it. A threshold picked and judged on the same prompts is
@@ -22,19 +24,25 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from jobs.args import print_keys, split_args
 from jobs.bench.decoding import read_prompts
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped
+from jobs.train.config import CorpusConfig
+from jobs.train.corpus import load_corpus
+from jobs.train.sequences import draw_prompts
+from jobs.train.tokenizer import encode_documents
 from pipeline.config import load_config, option
 from pipeline.errors import JobError
 from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, RowRequest, Strategy
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.decoders.calm import CalmStrategy
-from strategies.options import CalmOptions
+from strategies.options import CALM_MEASURES, CalmOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from workers.model_loading import load_models, resolve_dtype
@@ -42,8 +50,9 @@ from workers.model_loading import load_models, resolve_dtype
 
 @dataclass
 class CurvePoint:
-    """CALM at one threshold on the calibration prompts."""
+    """CALM at one measure and threshold on the calibration prompts."""
 
+    measure: str
     threshold: float
     agreement: float  # share of its tokens equal to the full model's greedy choice after the same prefix
     same_as_greedy: float  # share of output positions equal to full-model greedy decoding's
@@ -58,7 +67,7 @@ class Calibration:
     chosen: CurvePoint | None  # the shallowest point meeting the agreement target; None: no threshold did
     held_out_greedy_wall_s: float  # plain greedy decoding of the held-out half
     held_out: list[CurvePoint]  # the held-out half (prompts 1, 3, 5…) at the same thresholds, which reports
-    chosen_held_out: CurvePoint | None  # the chosen threshold on the held-out half
+    chosen_held_out: CurvePoint | None  # the chosen setting on the held-out half
 
 
 def decode(
@@ -116,19 +125,18 @@ def calibrate(
     target: float,
     batch_size: int,
     repeats: int = 1,
+    measures: tuple[str, ...] = (),
 ) -> Calibration:
-    """The threshold chosen on prompts 0, 2, 4… (the shallowest mean exit layer whose agreement reaches
-    `target`), and the curve of prompts 1, 3, 5… at the same thresholds, which reports on the choice."""
+    """The setting chosen on prompts 0, 2, 4… (of every measure in `measures`, or `options.measure` alone,
+    at every threshold: the shallowest mean exit layer whose agreement reaches `target`), and the curve
+    of prompts 1, 3, 5… at the same settings, which reports on the choice."""
     if len(prompts) < 2:
         raise JobError(f"calibration needs at least 2 prompts (one to choose, one to report on), got {len(prompts)}")
-    greedy_wall_s, points = curve(
-        runner, exits, options, prompts[0::2], max_new_tokens, thresholds, batch_size, repeats
-    )
-    held_wall_s, held_out = curve(
-        runner, exits, options, prompts[1::2], max_new_tokens, thresholds, batch_size, repeats
-    )
+    settings = [(m, t) for m in measures or (options.measure,) for t in thresholds]
+    greedy_wall_s, points = curve(runner, exits, options, prompts[0::2], max_new_tokens, settings, batch_size, repeats)
+    held_wall_s, held_out = curve(runner, exits, options, prompts[1::2], max_new_tokens, settings, batch_size, repeats)
     meeting = [p for p in points if p.agreement >= target]
-    chosen = min(meeting, key=lambda p: (p.mean_exit_layer, -p.threshold)) if meeting else None
+    chosen = min(meeting, key=lambda p: (p.mean_exit_layer, -p.agreement)) if meeting else None
     chosen_held_out = None if chosen is None else held_out[points.index(chosen)]
     return Calibration(greedy_wall_s, points, chosen, held_wall_s, held_out, chosen_held_out)
 
@@ -139,20 +147,20 @@ def curve(
     options: CalmOptions,
     prompts: list[list[int]],
     max_new_tokens: int,
-    thresholds: list[float],
+    settings: list[tuple[str, float]],
     batch_size: int,
     repeats: int,
 ) -> tuple[float, list[CurvePoint]]:
-    """CALM at each threshold on `prompts` (greedy, EOS ignored): its agreement with the full model and
-    its speed (the median of `repeats` passes, each threshold's after a greedy pass, on a machine that
-    drifts); and plain greedy decoding's median wall time."""
+    """CALM at each (measure, threshold) of `settings` on `prompts` (greedy, EOS ignored): its agreement
+    with the full model and its speed (the median of `repeats` passes, each after a greedy pass, on a
+    machine that drifts); and plain greedy decoding's median wall time."""
     params = GenerationParams(max_new_tokens, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
     plain = AutoregressiveStrategy(runner)
     greedy, _, _ = decode(plain, prompts, params, batch_size)
     greedy_walls = []
     points = []
-    for threshold in thresholds:
-        strategy = CalmStrategy(runner, exits, dataclasses.replace(options, threshold=threshold))
+    for measure, threshold in settings:
+        strategy = CalmStrategy(runner, exits, dataclasses.replace(options, measure=measure, threshold=threshold))
         walls = []
         for _ in range(repeats):
             greedy_walls.append(decode(plain, prompts, params, batch_size)[2])
@@ -163,6 +171,7 @@ def curve(
         depth = sum(b.stats["mean_exit_layer"] * sum(len(r.tokens) for r in b.rows) for b in batches)
         points.append(
             CurvePoint(
+                measure=measure,
                 threshold=threshold,
                 agreement=agreement(runner, prompts, outputs, batch_size),
                 same_as_greedy=positional / max(1, tokens),
@@ -173,12 +182,24 @@ def curve(
     return statistics.median(greedy_walls), points
 
 
+CORPUS_PROMPTS = "corpus"  # `prompts=corpus`: windows of the training corpus's train split
+
+
 @dataclass
 class CalibrateConfig:
-    prompts: str = option(str(SAMPLE_PROMPTS), "Prompts: a Parquet URL, or a JSONL(.gz) file with a prompt field.")
+    prompts: str = option(
+        str(SAMPLE_PROMPTS),
+        f"Prompts: a Parquet URL, a JSONL(.gz) file with a prompt field, or {CORPUS_PROMPTS!r}: windows of "
+        "max_prompt_tokens tokens at random offsets (seed) of the training corpus's train split (corpus.*): "
+        "neither its held-out files nor benchmark prompts.",
+    )
     prompt_column: str = option("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
     num_prompts: int = option(16, "The first this many prompts are decoded: the even ones choose, the odd ones report.")
-    max_prompt_tokens: int = option(256, "Prompts are cut to their last this many tokens.")
+    max_prompt_tokens: int = option(
+        256, f"Prompts are cut to their last this many tokens; with prompts={CORPUS_PROMPTS}, each is this long."
+    )
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    seed: int = option(0, f"Seed of the window offsets with prompts={CORPUS_PROMPTS}.")
     model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
     exits: str = option(str(shipped("exits")), "Exit heads of the target (`accelgen train exits`).")
     dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
@@ -187,11 +208,16 @@ class CalibrateConfig:
     thresholds: list[float] = option(
         [0.5, 0.7, 0.8, 0.9, 0.95, 0.99], "Candidate values of strategy.calm.threshold, each decoded once."
     )
+    measures: list[str] = option(
+        [],
+        f"Candidate values of strategy.calm.measure ({', '.join(CALM_MEASURES)}), each at every threshold; "
+        "empty: calm.measure.",
+    )
     target_agreement: float = option(0.95, "Share of tokens that must equal the full model's greedy choice.")
     repeats: int = option(1, "Timed passes per threshold, each after a greedy pass; the curve shows medians.")
     calm: CalmOptions = field(default_factory=CalmOptions)
     torch_threads: int = option(0, "torch threads; 0: all cores.")
-    report: str = option("", "Also write the curve and the choice as JSON to this path.")
+    report: str = option("", "Also write the curve and the choice as JSON to this local path.")
 
 
 def run(config: CalibrateConfig) -> Calibration:
@@ -200,19 +226,25 @@ def run(config: CalibrateConfig) -> Calibration:
         torch.set_num_threads(config.torch_threads)
     if not 0 < config.target_agreement <= 1 or min(config.batch_size, config.repeats) < 1 or not config.thresholds:
         raise JobError("target_agreement must be in (0, 1], batch_size and repeats >= 1, thresholds non-empty")
+    unknown = sorted(set(config.measures) - set(CALM_MEASURES))
+    if unknown:
+        raise JobError(f"measures={config.measures}: {unknown} are not CALM measures; use some of {CALM_MEASURES}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         loaded = load_models(config.model, resolve_dtype(config.dtype, device), device, {"exits": config.exits})
     except (OSError, ValueError) as exc:
         raise JobError(f"exits={config.exits!r}: {exc}") from None
-    texts = read_prompts(config.prompts, config.prompt_column)[: config.num_prompts]
-    if not texts:
-        raise JobError(f"prompts {config.prompts} hold no prompts in {config.prompt_column!r}")
-    prompts = [ids[-config.max_prompt_tokens :] for ids in loaded.tokenizer(texts)["input_ids"]]
+    prompts = read_token_prompts(config, loaded.tokenizer)
     models = loaded.models
+    exits = models.get("exits")
+    if "classifier" in (config.measures or [config.calm.measure]) and not exits.has_classifier:
+        raise JobError(
+            f"measure classifier: the exits at {config.exits} have no classifier; train them with "
+            "exits.classifier=true (accelgen train exits) or leave classifier out of measures"
+        )
     result = calibrate(
         models.target,
-        models.get("exits"),
+        exits,
         config.calm,
         prompts,
         config.max_new_tokens,
@@ -220,16 +252,30 @@ def run(config: CalibrateConfig) -> Calibration:
         config.target_agreement,
         config.batch_size,
         config.repeats,
+        tuple(config.measures),
     )
     print_curve(result, config)
     if config.report:
+        Path(config.report).parent.mkdir(parents=True, exist_ok=True)
         with open(config.report, "w") as f:
             json.dump(asdict(result), f, indent=1)
     return result
 
 
+def read_token_prompts(config: CalibrateConfig, tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    """The first `num_prompts` prompts of `config.prompts`, as token ids of at most `max_prompt_tokens`."""
+    if config.prompts == CORPUS_PROMPTS:
+        tokens = encode_documents(tokenizer, load_corpus(config.corpus).train)  # [N]
+        return draw_prompts(tokens, config.num_prompts, config.max_prompt_tokens, config.seed).tolist()
+    texts = read_prompts(config.prompts, config.prompt_column)[: config.num_prompts]
+    if not texts:
+        raise JobError(f"prompts {config.prompts} hold no prompts in {config.prompt_column!r}")
+    return [ids[-config.max_prompt_tokens :] for ids in tokenizer(texts)["input_ids"]]
+
+
 def print_curve(result: Calibration, config: CalibrateConfig) -> None:
-    print(f"calm ({config.calm.measure}, decay_tau {config.calm.decay_tau}, batch_exit {config.calm.batch_exit}):")
+    measures = ", ".join(config.measures or [config.calm.measure])
+    print(f"calm ({measures}; decay_tau {config.calm.decay_tau}, batch_exit {config.calm.batch_exit}):")
     halves = [
         ("calibration half (prompts 0, 2, 4…: chooses)", result.points, result.greedy_wall_s),
         ("held-out half (prompts 1, 3, 5…: reports)", result.held_out, result.held_out_greedy_wall_s),
@@ -237,24 +283,30 @@ def print_curve(result: Calibration, config: CalibrateConfig) -> None:
     for title, points, greedy_wall_s in halves:
         print(title)
         print(
-            f"{'threshold':>9}  {'exit layer':>10}  {'x greedy':>8}  {'agreement':>9}  {'same pos':>8}  {'wall_s':>7}"
+            f"{'measure':>10}  {'threshold':>9}  {'exit layer':>10}  {'x greedy':>8}  {'agreement':>9}  "
+            f"{'same pos':>8}  {'wall_s':>7}"
         )
         for p in points:
             speed = greedy_wall_s / p.wall_s if p.wall_s > 0 else float("nan")
             print(
-                f"{p.threshold:>9.4g}  {p.mean_exit_layer:>10.2f}  {speed:>8.2f}  {p.agreement:>9.3f}  "
-                f"{p.same_as_greedy:>8.3f}  {p.wall_s:>7.2f}"
+                f"{p.measure:>10}  {p.threshold:>9.4g}  {p.mean_exit_layer:>10.2f}  {speed:>8.2f}  "
+                f"{p.agreement:>9.3f}  {p.same_as_greedy:>8.3f}  {p.wall_s:>7.2f}"
             )
         print(f"greedy (full model): {greedy_wall_s:.2f} s")
     if result.chosen is None or result.chosen_held_out is None:
-        print(
-            f"no threshold reaches agreement {config.target_agreement} on the calibration half: try higher thresholds"
-        )
+        print(f"no setting reaches agreement {config.target_agreement} on the calibration half: try higher thresholds")
     else:
+        chosen, held = result.chosen, result.chosen_held_out
         print(
-            f"chosen: strategy.calm.threshold={result.chosen.threshold:g} (agreement {result.chosen.agreement:.3f} "
-            f"on the calibration half, {result.chosen_held_out.agreement:.3f} held out)"
+            f"chosen: strategy.calm.threshold={chosen.threshold:g} strategy.calm.measure={chosen.measure} "
+            f"(agreement {chosen.agreement:.3f} on the calibration half, {held.agreement:.3f} held out; "
+            f"mean exit layer {held.mean_exit_layer:.2f} held out)"
         )
+        if held.agreement < config.target_agreement:
+            print(
+                f"the held-out half falls short of agreement {config.target_agreement}: raise target_agreement "
+                "or num_prompts"
+            )
 
 
 def main(args: list[str]) -> int:

@@ -5,7 +5,7 @@
     accelgen train {tokenizer,lm,draft,eval} ...       build the shipped model family
     accelgen verify OUTPUT_URL [--input INPUT_URL]     check a job's output against the output contract
     accelgen report OUTPUT_URL [--out report.html]     one self-contained HTML page of a finished job
-    accelgen calibrate calm [key=value ...]            pick CALM's threshold for an agreement target
+    accelgen calibrate calm [CONFIG.yaml] [k=v ...]    pick CALM's measure and threshold for a target
 
 A `JobError` is printed as one message and exits with status 2; an incomplete job exits with 1. A
 job that ends short of success stops Ray quietly first, so that its message is the last line printed.
@@ -28,7 +28,7 @@ commands:
   train <job> [CONFIG.yaml] [key=value ...] build the shipped model family (accelgen train --help)
   verify OUTPUT_URL [--input INPUT_URL]     check an output: one row per input row, manifest, checksums
   report OUTPUT_URL [--out report.html]     a finished job's report: throughput, τ, switches, errors, totals
-  calibrate calm [key=value ...]            CALM's speed/agreement curve and threshold (accelgen calibrate calm --help)
+  calibrate calm [CONFIG.yaml] [k=v ...]    CALM's speed/agreement curve, measure and threshold (--help)
 """
 
 

@@ -19,8 +19,11 @@ from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from jobs.calibrate import agreement, calibrate, decode
+from jobs.calibrate import CalibrateConfig, agreement, calibrate, decode, read_token_prompts
 from jobs.calibrate import main as calibrate_main
+from jobs.train.corpus import load_corpus
+from jobs.train.tokenizer import encode_documents
+from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from strategies import registry
@@ -282,6 +285,67 @@ def test_calibrate_command_prints_the_curve_and_its_choice(tmp_path, model_dir, 
     assert [p["threshold"] for p in report["points"]] == [0.9, 2.0] and report["chosen"]["agreement"] >= 0.95
     assert [p["threshold"] for p in report["held_out"]] == [0.9, 2.0]
     assert report["chosen_held_out"]["threshold"] == report["chosen"]["threshold"]
+
+
+def test_calibrate_command_takes_training_prompts_from_the_corpus(tmp_path, model_dir, model, capsys):
+    exits = trained_like_exits(model, classifier=True)
+    exits.config.target_path, exits.config.target_weights_sha256 = str(model_dir), weights_sha256(model_dir)
+    exits.save(tmp_path / "exits")
+    corpus_keys = ["corpus.max_files=20", "corpus.heldout_percent=25"]
+    config = load_config(
+        CalibrateConfig(), None, ["prompts=corpus", "num_prompts=4", "max_prompt_tokens=12", "seed=3", *corpus_keys]
+    )
+    tokenizer = load_models(str(model_dir), torch.float64, torch.device("cpu"), {}).tokenizer
+    prompts = read_token_prompts(config, tokenizer)
+    corpus = load_corpus(config.corpus)
+    assert corpus.heldout, "the test's corpus must hold files out, or it cannot tell the splits apart"
+    train = encode_documents(tokenizer, corpus.train).tolist()
+    assert len(prompts) == 4 and all(len(p) == 12 for p in prompts) and len({tuple(p) for p in prompts}) == 4
+    # Each prompt is a window of the train split's token stream.
+    assert all(any(train[s : s + 12] == p for s in range(len(train) - 11)) for p in prompts)
+    args = [
+        "calm",
+        "prompts=corpus",
+        *corpus_keys,
+        "num_prompts=4",
+        "max_prompt_tokens=12",
+        f"model={model_dir}",
+        f"exits={tmp_path / 'exits'}",
+        "max_new_tokens=6",
+        "measures=[state,classifier]",
+        "thresholds=[0.9,2.0]",
+        f"report={tmp_path / 'out' / 'curve.json'}",
+    ]
+    assert calibrate_main(args) == 0
+    out = capsys.readouterr().out
+    assert "calm (state, classifier;" in out and "strategy.calm.measure=" in out
+    report = json.loads((tmp_path / "out" / "curve.json").read_text())
+    settings = [(p["measure"], p["threshold"]) for p in report["points"]]
+    assert settings == [("state", 0.9), ("state", 2.0), ("classifier", 0.9), ("classifier", 2.0)]
+    assert [(p["measure"], p["threshold"]) for p in report["held_out"]] == settings
+    never_exits = [p for p in report["points"] if p["threshold"] == 2.0]
+    assert all(p["agreement"] == 1.0 and p["mean_exit_layer"] == LAYERS for p in never_exits)
+    chosen = report["chosen"]
+    assert chosen["agreement"] >= 0.95
+    assert all(p["agreement"] < 0.95 or p["mean_exit_layer"] >= chosen["mean_exit_layer"] for p in report["points"])
+    with pytest.raises(JobError, match=r"measures=\['entropy'\]: \['entropy'\] are not CALM measures"):
+        calibrate_main(["calm", "measures=[entropy]", f"model={model_dir}", f"exits={tmp_path / 'exits'}"])
+    plain_exits = trained_like_exits(model)
+    plain_exits.config.target_path, plain_exits.config.target_weights_sha256 = str(model_dir), weights_sha256(model_dir)
+    plain_exits.save(tmp_path / "plain-exits")
+    with pytest.raises(JobError, match="have no classifier"):
+        calibrate_main(
+            ["calm", "measures=[state,classifier]", f"model={model_dir}", f"exits={tmp_path / 'plain-exits'}"]
+        )
+
+
+def test_shipped_calm_default_is_a_setting_its_calibration_run_chose_among():
+    run = load_config(CalibrateConfig(), str(Path(__file__).parents[1] / "jobs/configs/calibrate_calm.yaml"), [])
+    default = CalmOptions()
+    assert run.prompts == "corpus" and run.target_agreement >= 0.95
+    assert default.measure in run.measures and default.threshold in run.thresholds
+    assert default.decay_tau == run.calm.decay_tau and default.min_layer == run.calm.min_layer
+    assert default.batch_exit == run.calm.batch_exit
 
 
 def test_other_architectures_refuse_early_exit(model_dir, model):

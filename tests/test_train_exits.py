@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from safetensors.torch import load_file
 
 from jobs.train import checkpoint
 from jobs.train.cli import main
+from jobs.train.exits import balanced_accuracy, balanced_bce
 from jobs.train.windows import WindowSampler
 from strategies.artifacts.exits import CONFIG_FILE, WEIGHTS_FILE, load_exits, read_config
 from workers.model_loading import load_models, weights_sha256
@@ -54,7 +56,9 @@ def test_saved_folder_loads_names_its_target_and_reports_agreement(exits_dir: Pa
     report = config.training["heldout_agreement"]
     assert [r["layer"] for r in report] == [1, 2]
     assert all(0.0 <= r["agreement"] <= 1.0 and 0.0 <= r["logit_lens_agreement"] <= 1.0 for r in report)
-    assert all("classifier_accuracy" in r for r in report)
+    for r in report:  # each classifier beside "always no", the baseline it must beat
+        assert r["always_no_accuracy"] == pytest.approx(1 - r["agreement"], abs=1e-4)
+        assert 0.0 <= r["classifier_accuracy"] <= 1.0 and 0.0 <= r["classifier_balanced_accuracy"] <= 1.0
     assert "lm_head" not in load_file(exits_dir / WEIGHTS_FILE)  # the LM head is the target's, never saved
     exits = load_exits(exits_dir, torch.float64, torch.device("cpu"))
     assert any(not torch.equal(m.up.weight, torch.zeros_like(m.up.weight)) for m in exits.exits.values())
@@ -91,3 +95,27 @@ def test_interrupted_run_resumes_to_the_uninterrupted_exits(
 def test_user_errors_name_the_key(target_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["exits", f"target={target_dir}", f"output_dir={tmp_path}", "exits.layers=[3]"]) == 2
     assert "exits.layers=[3]" in capsys.readouterr().err
+
+
+def test_classifier_loss_weighs_each_class_equally() -> None:
+    # One agreeing position among four: plain BCE would weigh it 1/4, the balanced loss 1/2.
+    scores = torch.tensor([0.0, 0.0, 0.0, 2.0])
+    labels = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    log2, softplus2 = math.log(2), math.log(1 + math.exp(2))
+    expected = 0.5 * log2 + 0.5 * (log2 + log2 + softplus2) / 3
+    assert balanced_bce(scores, labels).item() == pytest.approx(expected)
+    plain = torch.nn.functional.binary_cross_entropy_with_logits(scores, labels).item()
+    assert plain == pytest.approx((3 * log2 + softplus2) / 4) and plain != pytest.approx(expected)
+    # Always "no" on 1 agreeing position in 4 costs the rare class as much as the common one.
+    always_no = torch.tensor([-3.0, -3.0, -3.0, -3.0])
+    assert balanced_bce(always_no, labels).item() == pytest.approx(
+        0.5 * math.log(1 + math.exp(3)) + 0.5 * math.log(1 + math.exp(-3))
+    )
+    # A batch of one class is that class's mean loss.
+    assert balanced_bce(torch.tensor([0.0, 2.0]), torch.zeros(2)).item() == pytest.approx((log2 + softplus2) / 2)
+
+
+def test_balanced_accuracy_scores_always_no_at_one_half() -> None:
+    assert balanced_accuracy(0, 4, 96, 96) == 0.5  # "always no": 96% accurate, balanced 0.5
+    assert balanced_accuracy(1, 4, 90, 96) == pytest.approx(0.5 * (1 / 4 + 90 / 96))
+    assert balanced_accuracy(0, 0, 3, 4) == 0.75  # a class absent from the data is left out

@@ -7,12 +7,16 @@ the exit how sure the final layer is). The target is frozen; a step runs it once
 through the lean forward (`LayerPass`), keeping each exit layer's state, and trains only the exits:
 norms started from the final norm, low-rank adapters started at zero (so training starts from the
 logit lens) and, optionally, CALM's confidence classifier, a logistic unit trained with binary
-cross-entropy on "this exit's argmax equals the final layer's". The shared LM head is the target's
-and is never trained or saved.
+cross-entropy on "this exit's argmax equals the final layer's". That cross-entropy is class-balanced
+(`balanced_bce`): at the shallow exits most positions disagree, and a plainly weighted loss is
+minimised by a classifier that always answers "no", which never lets CALM exit. The shared LM head
+is the target's and is never trained or saved.
 
 What the exits are worth for early exit is their agreement with the final layer, measured on
 held-out windows, per layer, for the trained exits and for the logit lens they started from; both
-are printed and recorded in exits.json.
+are printed and recorded in exits.json, with each classifier's accuracy, its balanced accuracy (the
+mean of its accuracy on agreeing and on disagreeing positions) and the accuracy of always answering
+"no" beside them, the baseline a classifier must beat.
 """
 
 from __future__ import annotations
@@ -134,10 +138,20 @@ def exits_loss(runner: ModelRunner, exits: ExitHeads, classifier_weight: float) 
             if module.classifier is not None:
                 agrees = (logp.argmax(dim=-1) == final_choice).float()  # [B, T]
                 score = module.classifier(state.detach()).squeeze(-1).float()  # [B, T] logits
-                total = total + classifier_weight * F.binary_cross_entropy_with_logits(score, agrees)
+                total = total + classifier_weight * balanced_bce(score, agrees)
         return total
 
     return loss
+
+
+def balanced_bce(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of logits `scores` against 0/1 `labels` (same shape), each class's mean
+    weighing the same whatever its frequency (the mean of the classes present), so that the rarer
+    class is not traded away for the majority's accuracy: the class-balanced loss."""
+    losses = F.binary_cross_entropy_with_logits(scores, labels, reduction="none")
+    positive = labels > 0.5
+    class_means = [losses[members].mean() for members in (positive, ~positive) if members.any()]
+    return torch.stack(class_means).mean()
 
 
 def heldout_windows(tokens: torch.Tensor, count: int, seq_len: int) -> torch.Tensor:
@@ -153,10 +167,13 @@ def layer_agreement(
     exits: ExitHeads, runner: ModelRunner, windows: torch.Tensor, batch_size: int
 ) -> list[dict[str, Any]]:
     """Per exit: the share of positions of `windows` [E, T] whose argmax equals the final layer's, the
-    mean KL(p_L ‖ p_l), and (with a classifier) the share of its yes/no calls that are right."""
+    mean KL(p_L ‖ p_l), and (with a classifier) the share of its yes/no calls that are right, its
+    balanced accuracy (the mean of its recall on agreeing and on disagreeing positions) and the
+    accuracy of always answering "no" (1 − agreement)."""
     agree = torch.zeros(len(exits.layers))
     kl = torch.zeros(len(exits.layers))
     called = torch.zeros(len(exits.layers))
+    said_yes_right = torch.zeros(len(exits.layers))  # agreeing positions the classifier called agreeing
     for chunk in windows.split(batch_size):
         states, final = layer_states(runner, exits, chunk.to(runner.device))
         target_logp = final.float().log_softmax(dim=-1)
@@ -168,23 +185,47 @@ def layer_agreement(
             agree[i] += same.sum().item()
             kl[i] += (target_logp.exp() * (target_logp - logp)).sum().item()
             if module.classifier is not None:
-                called[i] += ((module.confidence(state) >= 0.5) == same).sum().item()
+                says_yes = module.confidence(state) >= 0.5  # [b, T]
+                called[i] += (says_yes == same).sum().item()
+                said_yes_right[i] += (says_yes & same).sum().item()
     count = windows.numel()
     rows = []
     for i, layer in enumerate(exits.layers):
         row = {"layer": layer, "agreement": round(agree[i].item() / count, 4), "kl": round(kl[i].item() / count, 4)}
         if exits.has_classifier:
+            agreeing, disagreeing = agree[i].item(), count - agree[i].item()
+            said_no_right = called[i].item() - said_yes_right[i].item()
+            balanced = balanced_accuracy(said_yes_right[i].item(), agreeing, said_no_right, disagreeing)
             row["classifier_accuracy"] = round(called[i].item() / count, 4)
+            row["classifier_balanced_accuracy"] = round(balanced, 4)
+            row["always_no_accuracy"] = round(disagreeing / count, 4)
         rows.append(row)
     return rows
 
 
+def balanced_accuracy(yes_right: float, yes_total: float, no_right: float, no_total: float) -> float:
+    """The mean of a yes/no classifier's recall on each class present: `yes_right` of `yes_total`
+    positives called yes, `no_right` of `no_total` negatives called no. Always answering the majority
+    scores 0.5, however rare the minority.
+
+    >>> balanced_accuracy(1, 4, 90, 96), balanced_accuracy(0, 0, 3, 4)
+    (0.59375, 0.75)
+    """
+    recalls = [right / total for right, total in ((yes_right, yes_total), (no_right, no_total)) if total]
+    return sum(recalls) / len(recalls)
+
+
 def print_agreement(report: list[dict[str, Any]]) -> None:
-    lines = ["layer  agreement  logit lens  KL      classifier"]
+    lines = ["layer  agreement  logit lens  KL      classifier  balanced  always no"]
     for r in report:
-        classifier = f"{r['classifier_accuracy']:.3f}" if "classifier_accuracy" in r else "-"
         lens = r["logit_lens_agreement"]
-        lines.append(f"{r['layer']:>5}  {r['agreement']:>9.3f}  {lens:>10.3f}  {r['kl']:<6.3f}  {classifier}")
+        line = f"{r['layer']:>5}  {r['agreement']:>9.3f}  {lens:>10.3f}  {r['kl']:<6.3f}"
+        if "classifier_accuracy" in r:
+            line += (
+                f"  {r['classifier_accuracy']:>10.3f}  {r['classifier_balanced_accuracy']:>8.3f}"
+                f"  {r['always_no_accuracy']:>9.3f}"
+            )
+        lines.append(line)
     print("\n".join(lines))
 
 

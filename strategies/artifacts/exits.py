@@ -79,7 +79,10 @@ class Exit(torch.nn.Module):
         return normed + self.up(self.down(normed))
 
     def confidence(self, state: torch.Tensor) -> torch.Tensor:
-        """The classifier's probability that this exit's argmax is the final layer's: [..., H] -> [...]."""
+        """The classifier's probability that this exit's argmax is the final layer's: [..., H] -> [...].
+        Trained class-balanced (`accelgen train exits`), it estimates that probability as if agreeing and
+        disagreeing positions were equally common: not a calibrated probability, so CALM's threshold on
+        it is chosen by `accelgen calibrate calm`."""
         return torch.sigmoid(self.classifier(state)).squeeze(-1)
 
 
