@@ -83,7 +83,7 @@ def _need(models: Models, kind: str, strategy: str) -> Any:
     word of a direct caller that did not."""
     found = models.get(kind)
     if found is None:
-        raise ValueError(f"strategy {strategy} needs the model that model.{kind} sets, and none was given")
+        raise ValueError(f"strategy {strategy} needs a model of kind {kind}, and none was given: set model.{kind}")
     return found
 
 
