@@ -8,7 +8,6 @@ as soon as its rows do, a fault fails only the units decoding in its batch.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from pathlib import Path
 
@@ -66,7 +65,14 @@ def models(tiny_model_dir: Path, tiny_draft_dir: Path, tmp_path_factory: pytest.
         for module in exits.exits.values():
             torch.nn.init.normal_(module.up.weight, std=0.3)
     heads = tiny_heads(found.models.target, tiny_model_dir)
-    return dataclasses.replace(found.models, heads=heads, exits=exits.eval().requires_grad_(False))
+    loaded = found.models
+    return registry.Models(
+        loaded.target,
+        draft=loaded.get("draft"),
+        cmlm=loaded.get("cmlm"),
+        heads=heads,
+        exits=exits.eval().requires_grad_(False),
+    )
 
 
 def _strategy(name: str, models: registry.Models):

@@ -361,7 +361,9 @@ def test_drafters_started_mid_batch_after_rows_finished_equal_greedy(runner, tin
     requests = [RowRequest(p, i) for i, p in enumerate(prompts)]
     params = GenerationParams(60, SamplingParams(), frozenset(), ignore_eos=True)
     reference = AutoregressiveStrategy(runner).generate(requests, params).rows
-    strategy = registry.create(options, registry.Models(runner, draft), ScheduleController(first_draft=28, learn=learn))
+    strategy = registry.create(
+        options, registry.Models(runner, draft=draft), ScheduleController(first_draft=28, learn=learn)
+    )
     out = strategy.generate(requests, params)
     assert [r.tokens for r in out.rows] == [r.tokens for r in reference]
     assert len(reference[0].tokens) == 26 and all(len(r.tokens) == 60 for r in reference[1:])

@@ -200,7 +200,9 @@ def test_verify_inputs_and_emitting_logits_on_literal_drafts():
     assert chains.attend is None and chains.positions.tolist() == [[0, 1, 2], [4, 5, 4]]
 
     logits = torch.arange(6, dtype=torch.float64).reshape(2, 3, 1)  # [B, W, 1]: 3 row + slot
-    checked = Verification([Verdict([2], [11, 12]), Verdict([1, 2], [20, 21, 22])], states=None, logits=logits)
+    checked = Verification(
+        [Verdict([2], [11, 12]), Verdict([1, 2], [20, 21, 22])], states=None, logits=logits, forward_s=0.0
+    )
     assert checked.emitting_logits()[:, 0].tolist() == [0, 2, 3, 4, 5]
 
 
