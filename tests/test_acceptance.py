@@ -9,6 +9,7 @@ import torch
 
 from strategies.runtime.sampling import STREAM_ACCEPT, STREAM_TARGET, SamplingParams, keyed_uniform
 from strategies.verification.acceptance import (
+    DraftTable,
     ExactMatch,
     RejectionSampling,
     Relaxed,
@@ -19,6 +20,7 @@ from strategies.verification.acceptance import (
     target_choices,
     typical_walk,
     walk,
+    walk_rows,
 )
 from strategies.verification.drafts import (
     Draft,
@@ -81,6 +83,50 @@ def test_walk_follows_the_targets_choices():
     assert walk(draft, chosen=[7, 0, 0, 0, 0]).tokens == [7]  # nothing accepted: the correction only
     chain = Draft.chain([5, 6, 7])
     assert walk(chain, chosen=[5, 6, 7, 8]).tokens == [5, 6, 7, 8]  # all accepted, plus the bonus
+
+
+# One batch of literal drafts and the target's choices at each slot (-1: padding, never read):
+# a tree whose second branch is taken to its leaf, a chain accepted whole, a chain rejected at its
+# first node, an empty draft, a tree with a repeated token under one parent (the first child wins)
+# and a deeper tree accepted part way. Widths are ragged: 5, 4, 3, 1, 4 and 7 slots.
+WALK_BATCH = [
+    (Draft(tokens=[10, 11, 12, 13], parents=[-1, -1, 1, 2]), [11, 99, 12, 13, 42, -1, -1]),
+    (Draft.chain([5, 6, 7]), [5, 6, 7, 8, -1, -1, -1]),
+    (Draft.chain([5, 6]), [4, 6, 7, -1, -1, -1, -1]),
+    (Draft.empty(), [3, -1, -1, -1, -1, -1, -1]),
+    (Draft(tokens=[9, 9, 2], parents=[-1, -1, 1]), [9, 1, 2, 3, -1, -1, -1]),
+    (Draft(tokens=[1, 2, 3, 4, 5, 6], parents=[-1, 0, 1, 1, 3, -1]), [1, 2, 4, 8, 8, 8, 8]),
+]
+
+
+@pytest.mark.parametrize("stop_early", [True, False])
+def test_walk_rows_equals_walk_on_literal_trees_and_batches(stop_early):
+    drafts, chosen = [d for d, _ in WALK_BATCH], torch.tensor([c for _, c in WALK_BATCH])  # [B, 7]
+    reference = [walk(d, c[: len(d) + 1]) for d, c in zip(drafts, chosen.tolist(), strict=True)]
+    assert [v.tokens for v in reference] == [[11, 12, 13, 42], [5, 6, 7, 8], [4], [3], [9, 1], [1, 2, 4, 8]]
+    cpu = torch.device("cpu")
+    for rows in ([0], [1], [3], [5, 2, 4]):  # batches of one and more, in any order
+        batch, table = [drafts[r] for r in rows], chosen[rows]
+        found = walk_rows(batch, DraftTable.of(batch, cpu), lambda at, t=table: t[torch.arange(len(t)), at], stop_early)
+        assert found == [reference[r] for r in rows]
+    asked = []
+
+    def choose(at: torch.Tensor) -> torch.Tensor:
+        asked.append(at.tolist())
+        return chosen[torch.arange(len(drafts)), at]
+
+    assert walk_rows(drafts, DraftTable.of(drafts, cpu), choose, stop_early) == reference
+    # The target is asked at the slots the walk stands on, a level at a time: stopping early, no
+    # level past the one where the last row stops (the 4th of this depth-4 batch).
+    assert asked[:2] == [[0] * 6, [2, 1, 0, 0, 1, 1]]
+    assert len(asked) == (4 if stop_early else 5)
+
+
+def test_exact_match_takes_the_argmax_only_where_the_walk_goes():
+    drafts, chosen = [d for d, _ in WALK_BATCH], torch.tensor([c for _, c in WALK_BATCH]).clamp(min=0)
+    logits = torch.nn.functional.one_hot(chosen, 100).double()  # [B, 7, 100]: the argmax is `chosen`
+    verdicts = ExactMatch().accept(logits, drafts, None, SamplingParams())
+    assert verdicts == [walk(d, c[: len(d) + 1]) for d, c in zip(drafts, chosen.tolist(), strict=True)]
 
 
 def test_relaxed_walk_accepts_near_ties_only_within_beta_and_tolerance():

@@ -194,11 +194,13 @@ class RaggedKV:
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.next_pos += new_valid.sum(dim=1)
 
-    def invalidate(self, slots: torch.Tensor) -> None:
-        """Roll rows back: `slots` [B, S] marks valid slots that no longer belong to their row."""
-        dropped = slots & self.valid
-        self.valid = self.valid & ~slots
-        self.next_pos -= dropped.sum(dim=1)
+    @torch.inference_mode()  # the mask, made by forwards, is an inference tensor: updated in place here
+    def invalidate(self, slots: torch.Tensor, first: int = 0) -> None:
+        """Roll rows back: `slots` [B, S - first] marks the valid slots from slot `first` on that no
+        longer belong to their row (a verify step names its own slots only: the rest cannot change)."""
+        tail = self.valid[:, first:]  # [B, S - first] a view: the mask is updated in place
+        self.next_pos -= (slots & tail).sum(dim=1)
+        tail &= ~slots
 
     def truncate(self, num_slots: int) -> None:
         """Drop every slot from `num_slots` on: a forward that was only read (a masked LM's block pass)."""

@@ -6,7 +6,11 @@ and the target's choices or probabilities at every slot (slot 0: the pending tok
 
 - `walk`: the target's own choice at each slot (its argmax, or its keyed sample); descend while a
   child carries that token. Greedy: exactly greedy decoding. Sampling: each emitted token is the
-  target's sample at its position, whatever drafted the tree — lossless.
+  target's sample at its position, whatever drafted the tree — lossless. `walk` is the
+  specification; the verifier runs `walk_rows`, the same walk over every row at once, one level of
+  the trees per pass, which asks for the target's choice only at the slots the walk reaches (on a
+  CPU an argmax over the vocabulary at every slot of a tree costs more than the rest of the step's
+  host work together).
 - `relaxed_walk` (SpecDec; blockwise top-k): a child is accepted when it is among the target's
   top-β and its logit is within `tolerance` of the top-1 (β=1, tolerance 0: exactly greedy). Lossy.
 - `typical_walk` (Medusa's typical acceptance): a child x at a slot with target distribution p is
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -49,7 +54,7 @@ from strategies.runtime.sampling import (
     keyed_uniform,
     sample_from,
 )
-from strategies.verification.drafts import Draft, children_by_slot, is_chain
+from strategies.verification.drafts import Draft, children_by_slot, is_chain, tree_depths
 
 
 @dataclass
@@ -66,6 +71,69 @@ def walk(draft: Draft, chosen: list[int]) -> Verdict:
         path.append(child)
         slot = child
     return Verdict(accepted_slots=path, tokens=[draft.tokens[s - 1] for s in path] + [chosen[slot]])
+
+
+KEY_STRIDE = 1 << 32  # a (parent slot, token) pair as one integer, parent_slot * KEY_STRIDE + token
+
+
+@dataclass(frozen=True)
+class DraftTable:
+    """Every row's draft as tensors over the verify slots (slot 0: the pending token, slot i+1: node i)."""
+
+    # [B, W] each node's (parent slot, token) key; -1 where no walk goes: slot 0, padding, and a node
+    # with an earlier sibling of its token (the first child wins, as in `children_by_slot`).
+    keys: torch.Tensor
+    slots: torch.Tensor  # [W] 0, 1, …, W - 1
+    depth: int  # the deepest node's depth over every row (0: no row drafted)
+
+    @staticmethod
+    def of(drafts: list[Draft], device: torch.device) -> DraftTable:
+        width = 1 + max(len(d) for d in drafts)
+        keys, depth = [], 0
+        for d in drafts:
+            row, seen = [-1], set()
+            for token, parent in zip(d.tokens, d.parents, strict=True):
+                key = (parent + 1) * KEY_STRIDE + token
+                row.append(-1 if key in seen else key)
+                seen.add(key)
+            keys.append(row + [-1] * (width - len(row)))
+            if len(d):
+                depth = max(depth, max(tree_depths(d.parents)))
+        return DraftTable(
+            torch.tensor(keys, dtype=torch.long, device=device), torch.arange(width, device=device), depth
+        )
+
+
+def walk_rows(
+    drafts: list[Draft],
+    table: DraftTable,
+    choose: Callable[[torch.Tensor], torch.Tensor],
+    stop_early: bool,
+) -> list[Verdict]:
+    """`walk` for every row at once, a level of the trees per pass. `choose(slots)`: the target's
+    token at each row's slot `slots` [B] -> [B], asked once per level, of the slots the walk stands on.
+
+    `stop_early`: stop once no row descends (reading that flag is a host sync: on the CPU it is free
+    and spares the deeper levels' choices; elsewhere every level runs and the verdicts are the step's
+    one read back). A row that stopped stands where it is: its choice there is asked again, the same.
+    """
+    at = torch.zeros(len(drafts), dtype=torch.long, device=table.keys.device)  # [B] the slot each row stands on
+    stood = []  # per level: [B] where each row stands after it
+    chosen = choose(at)  # [B]
+    for _ in range(table.depth):
+        wanted = at * KEY_STRIDE + chosen  # [B] the key of the child each row would descend to
+        child = ((table.keys == wanted[:, None]) * table.slots).sum(dim=1)  # [B] its slot, 0: none
+        if stop_early and not bool(child.any()):
+            break
+        at = torch.maximum(at, child)  # a child's slot is past its parent's
+        stood.append(at)
+        chosen = choose(at)
+    walked = torch.stack([*stood, chosen], dim=1).tolist()  # one read back: [B, levels + 1]
+    verdicts = []
+    for d, row in zip(drafts, walked, strict=True):
+        accepted = sorted(set(row[:-1]) - {0})  # the slots stood on, each once, in path order
+        verdicts.append(Verdict(accepted_slots=accepted, tokens=[d.tokens[s - 1] for s in accepted] + [row[-1]]))
+    return verdicts
 
 
 def relaxed_walk(draft: Draft, logits: torch.Tensor, top_beta: int, tolerance: float) -> Verdict:
@@ -199,14 +267,20 @@ def target_choices(logits: torch.Tensor, slots: Slots, sampling: SamplingParams)
     """[B][W] the target's own token at every slot: its argmax, or its keyed sample (stream 0)."""
     if sampling.greedy:
         return logits.argmax(dim=-1).tolist()
+    return sampled_choices(logits, slots, sampling).tolist()
+
+
+def sampled_choices(logits: torch.Tensor, slots: Slots, sampling: SamplingParams) -> torch.Tensor:
+    """[B, W] the target's keyed sample (stream 0) at every slot, on the logits' device."""
     b, w, v = logits.shape
     probs = filtered_probs(logits, sampling).reshape(b * w, v)
-    return sample_from(probs, slots.uniforms(STREAM_TARGET).reshape(-1).to(probs.device)).view(b, w).tolist()
+    return sample_from(probs, slots.uniforms(STREAM_TARGET).reshape(-1).to(probs.device)).view(b, w)
 
 
 @dataclass(frozen=True)
 class ExactMatch(AcceptanceRule):
-    """The target's own choice decides (`walk`): lossless for any draft, chain or tree, greedy or sampled."""
+    """The target's own choice decides (`walk`, run as `walk_rows`): lossless for any draft, chain or
+    tree, greedy or sampled. Greedy, the argmax is taken only at the slots the walk reaches."""
 
     name: ClassVar[str] = "exact"
     lossless: ClassVar[bool] = True
@@ -217,8 +291,19 @@ class ExactMatch(AcceptanceRule):
     def accept(
         self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
     ) -> list[Verdict]:
-        chosen = target_choices(logits, slots, sampling)
-        return [walk(d, chosen[row]) for row, d in enumerate(drafts)]
+        rows = torch.arange(len(drafts), device=logits.device)
+        if sampling.greedy:
+
+            def choose(at: torch.Tensor) -> torch.Tensor:
+                return logits[rows, at].argmax(dim=-1)  # [B]: the argmax at the slots reached, no others
+        else:
+            drawn = sampled_choices(logits, slots, sampling)  # [B, W]: every slot's keyed draw
+
+            def choose(at: torch.Tensor) -> torch.Tensor:
+                return drawn[rows, at]
+
+        table = DraftTable.of(drafts, logits.device)
+        return walk_rows(drafts, table, choose, stop_early=logits.device.type == "cpu")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ position `next_pos + depth` (`tree_depths`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -73,7 +74,13 @@ def tree_depths(parents: list[int]) -> list[int]:
 
 def tree_attention(parents: list[int], width: int) -> torch.Tensor:
     """[width, width] bool: slot i may see slot j (j is i, or an ancestor of i). Slots past the tree are
-    padding (they see only themselves)."""
+    padding (they see only themselves). Built once per tree shape (a Medusa tree repeats every step,
+    as a trie's frequent ones do): the tensor is shared, to be read only."""
+    return _tree_attention(tuple(parents), width)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tree_attention(parents: tuple[int, ...], width: int) -> torch.Tensor:
     ancestry = [{slot} for slot in range(width)]  # built in Python: one small tensor op per node costs more
     for i, p in enumerate(parents):
         ancestry[i + 1] |= ancestry[p + 1]

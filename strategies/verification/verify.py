@@ -98,20 +98,21 @@ def verify(
     began = time.perf_counter()
     inputs = verify_inputs(pending, drafts, kv.next_pos)
     out = runner.forward(kv, inputs.ids, inputs.positions, inputs.valid, inputs.attend, want_hidden=want_hidden)
-    new_slots = torch.arange(kv.num_slots, device=kv.valid.device) >= first_slot  # [S]
     try:
         # The token chosen at a slot is generation index `generated + depth` of its row.
         slots = Slots(sampling.seed, keys, torch.tensor(generated, dtype=torch.long)[:, None] + inputs.depths)
         verdicts = rule.accept(out.logits, drafts, slots, sampling)
         forward_s = time.perf_counter() - began
     except BaseException:
-        kv.invalidate(new_slots.expand_as(kv.valid))
+        kv.invalidate(inputs.valid, first=first_slot)
         raise
     kept = [[0, *v.accepted_slots] for v in verdicts]
-    keep = torch.zeros_like(kv.valid)  # slots off each row's accepted path leave the cache
+    width = inputs.ids.shape[1]
+    off_path = [[True] * width for _ in kept]  # [B, W]: the step's slots off each row's accepted path
     for row, slots_kept in enumerate(kept):
-        keep[row, [first_slot + s for s in slots_kept]] = True
-    kv.invalidate(~keep & new_slots)
+        for slot in slots_kept:
+            off_path[row][slot] = False
+    kv.invalidate(torch.tensor(off_path, device=kv.valid.device), first=first_slot)
     kv.compact_if_wasteful()
     states = TargetStates(out.hidden, kept, out.logits) if want_hidden or want_logits else None
     return Verification(verdicts=verdicts, states=states, logits=out.logits, forward_s=forward_s)
