@@ -23,7 +23,7 @@ from strategies.proposers.eagle import EagleProposer
 from strategies.proposers.eagle_tree import grow, rerank
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from strategies.verification.proposer import TargetStates
+from strategies.runtime.target_states import TargetStates
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 from workers.model_loading import load_models, weights_sha256
 

@@ -17,7 +17,8 @@ from strategies.options import StrategyOptions
 from strategies.proposers.jacobi import JacobiProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from strategies.verification.proposer import ProposalContext, TargetStates
+from strategies.runtime.target_states import TargetStates
+from strategies.verification.proposer import ProposalContext
 
 # The target's greedy choice depends only on the token before: 0 -> 4, then 1 -> 2 -> ... -> 7 -> 7.
 SUCCESSOR = [4, 2, 3, 4, 5, 6, 7, 7]

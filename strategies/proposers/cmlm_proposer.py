@@ -19,8 +19,9 @@ import torch
 
 from strategies.artifacts.cmlm import CMLM
 from strategies.base import GenerationParams
+from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer
 
 
 @dataclass

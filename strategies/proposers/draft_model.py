@@ -17,8 +17,9 @@ from strategies.base import GenerationParams
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, keyed_uniform, sample_from
+from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer
 
 
 @dataclass

@@ -28,8 +28,9 @@ from strategies.artifacts.eagle import EagleHead
 from strategies.base import GenerationParams
 from strategies.proposers.eagle_tree import Grown, grow, rerank
 from strategies.runtime.kv_cache import RaggedKV
+from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer
 
 
 @dataclass

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 from strategies.base import GenerationParams
 from strategies.proposers.prompt_lookup import NgramIndex
+from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer
 
 MODES = ("pj", "pgj", "hgj")
 INITS = ("pad", "repeat", "retrieval")

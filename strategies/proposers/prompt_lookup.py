@@ -7,8 +7,9 @@ as tokens arrive, so a lookup is one dictionary probe per n, longest n first.
 
 from __future__ import annotations
 
+from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
-from strategies.verification.proposer import ProposalContext, Proposer, TargetStates
+from strategies.verification.proposer import ProposalContext, Proposer
 
 
 class NgramIndex:

@@ -21,7 +21,7 @@ from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.logprobs import TokenLogprob, score_tokens
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import choose_tokens
-from strategies.verification.proposer import TargetStates
+from strategies.runtime.target_states import TargetStates
 
 # Plain steps one `Decoding.step` takes at most: rows waiting to join a batch with room wait no longer.
 PLAIN_RUN_STEPS = 8

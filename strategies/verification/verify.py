@@ -21,9 +21,9 @@ import torch
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
+from strategies.runtime.target_states import TargetStates
 from strategies.verification.acceptance import AcceptanceRule, Slots, Verdict
 from strategies.verification.drafts import Draft, is_chain, tree_attention, tree_depths
-from strategies.verification.proposer import TargetStates
 
 
 @dataclass
