@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from pipeline.artifact_checks import artifact_problems
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from strategies import registry
@@ -51,6 +52,7 @@ def validate(config: JobConfig) -> None:
     scores = o.logprobs or o.top_logprobs > 0
     problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
     problems.extend(missing_models(config.strategy, config.model))
+    problems.extend(artifact_problems(config))
     if problems:
         raise JobError("invalid config:\n  " + "\n  ".join(problems))
 

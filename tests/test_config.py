@@ -160,6 +160,39 @@ def test_bad_values_are_refused_before_anything_is_written(override, message, tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["strategy.name=medusa", "strategy.medusa.choices=[[0],[0,0],[0,0,0],[0,0,0,0],[0,0,0,0,0]]"],
+            "strategy.medusa.choices: path [0, 0, 0, 0, 0] is deeper than the 4 heads of model.heads=",
+        ),
+        (
+            ["strategy.name=self_speculative", "strategy.self_speculative.exit_layer=6"],
+            "strategy.self_speculative.exit_layer=6: model.exits=",
+        ),
+        (
+            ["input.strategy_column=how", "strategy.self_speculative.exit_layer=6"],
+            "strategy.self_speculative.exit_layer=6: model.exits=",
+        ),
+    ],
+)
+def test_options_the_jobs_own_heads_and_exits_cannot_serve_are_refused_before_anything_is_written(
+    overrides, message, tmp_path
+):
+    """Valid alone, not with the shipped heads (4 of them) and exits (after layers 1-5). The actors would
+    refuse them too, but after the job had claimed its output folder, whose corrected rerun would then be
+    refused as another job's."""
+    config = load_config(
+        default_job_config(), None, [f"input.url={tmp_path / 'in'}", f"output.url={tmp_path / 'out'}", *overrides]
+    )
+    with pytest.raises(JobError, match=re.escape(message)):
+        run_job(config)
+    assert not (tmp_path / "out").exists()
+    # Where no row can reach the strategy, its option does not matter.
+    validate(load_config(default_job_config(), None, [*REQUIRED, overrides[-1]]))
+
+
 def test_top_logprobs_up_to_a_raised_ceiling_pass():
     validate(load_config(default_job_config(), None, [*REQUIRED, "output.top_logprobs=20"]))
     raised = ["output.top_logprobs=50", "output.max_top_logprobs=50"]
