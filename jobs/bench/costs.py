@@ -30,7 +30,7 @@ from contextlib import contextmanager
 import torch
 
 from jobs.bench.decoding import Bench
-from strategies.base import RowRequest
+from strategies.base import RowRequest, decode_to_end
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.runtime import kv_cache
 from strategies.runtime.runner import ModelRunner
@@ -215,13 +215,9 @@ def plain_step_ms(bench: Bench, runner: ModelRunner, batch: list[list[int]]) -> 
     """ms per autoregressive step after the prefill (rows all run `max_new_tokens`, EOS ignored)."""
     strategy = AutoregressiveStrategy(runner)
     requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
-    decoding = strategy.open(requests, bench.params)
+    decoding = strategy.open(requests, bench.params)  # the prefill, not timed
     started = time.perf_counter()
-    while True:
-        decoding.finished()
-        if not decoding.active():
-            break
-        decoding.step()
+    decode_to_end(strategy.name, decoding, len(requests))
     return 1e3 * (time.perf_counter() - started) / max(1, bench.params.max_new_tokens - 1)
 
 
