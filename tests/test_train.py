@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import fsspec
@@ -22,6 +23,7 @@ from jobs.train.tokenizer import CHAT_TEMPLATE
 from jobs.train.windows import Phase, WindowSampler, phase_of
 from pipeline.config import describe
 from pipeline.errors import JobError
+from workers.model_loading import weights_sha256
 
 CORPUS = ["corpus.max_files=40", "corpus.heldout_percent=25"]  # a few stdlib files, some held out
 TINY_LM = [
@@ -187,6 +189,8 @@ def test_draft_distills_from_the_target_and_eval_reports_the_pair(target_dir: Pa
     assert draft.config.num_hidden_layers == 1 and draft.config.vocab_size == len(
         AutoTokenizer.from_pretrained(draft_dir)
     )
+    record = json.loads((draft_dir / "training.json").read_text())
+    assert record["config"]["target_weights_sha256"] == weights_sha256(target_dir)
 
     args = [
         "eval",
@@ -209,6 +213,23 @@ def test_draft_distills_from_the_target_and_eval_reports_the_pair(target_dir: Pa
         "draft_decode_tokens_per_s",
     ]:
         assert 0.0 < numbers[key] < float("inf"), key
+
+
+def test_a_draft_does_not_resume_on_a_checkpoint_distilled_from_other_target_weights(
+    target_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    target = tmp_path / "target"
+    shutil.copytree(target_dir, target)
+    args = ["draft", f"target={target}", f"output_dir={tmp_path / 'draft'}", *TINY_LM, "model.hidden_size=16"]
+    args += ["model.intermediate_size=32", "model.num_hidden_layers=1"]
+    assert main(args) == 0
+    retrained = AutoModelForCausalLM.from_pretrained(target)
+    with torch.no_grad():
+        retrained.get_output_embeddings().weight.mul_(1.01)
+    retrained.save_pretrained(target)  # same path and config, other weights: a retrained target
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "target_weights_sha256" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

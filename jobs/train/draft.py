@@ -19,6 +19,7 @@ from jobs.train.loop import Objective, pick_device, train_and_export
 from jobs.train.model import build_llama
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
+from workers.model_loading import weights_sha256
 
 
 def distillation_loss(target: torch.nn.Module, distill: DistillConfig) -> Objective:
@@ -63,4 +64,5 @@ def train_draft(config: DraftJobConfig) -> Path:
     tokens = encode_documents(tokenizer, corpus.train)  # [N]
     draft = build_llama(config.model, tokenizer, config.train.seed)
     objective = distillation_loss(target, config.distill)
-    return train_and_export("draft", config, draft, objective, tokens, tokenizer, corpus.source)
+    trained_on = {"target_weights_sha256": weights_sha256(Path(config.target))}
+    return train_and_export("draft", config, draft, objective, tokens, tokenizer, corpus.source, trained_on)

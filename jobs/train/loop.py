@@ -150,11 +150,14 @@ def train_and_export(
     tokens: torch.Tensor,
     tokenizer: PreTrainedTokenizerBase,
     corpus_source: str,
+    trained_on: dict[str, str] | None = None,
 ) -> Path:
     """Train `model` on `tokens` ([N] int32) as `config` (an LM or draft job config) says, then write its dir.
 
     The model directory gets a training.json recording what produced it: the config, the corpus,
-    parameter count, steps, tokens seen, wall time and the library versions.
+    parameter count, steps, tokens seen, wall time and the library versions. `trained_on` names what
+    else determined the weights besides the config (a draft: the target's weights hash); it joins the
+    checkpoint's fingerprint, so a run does not resume on a checkpoint distilled from another target.
     """
     out = Path(config.output_dir)
     checkpoint_dir = Path(config.train.checkpoint_dir or out / "checkpoint")
@@ -162,7 +165,7 @@ def train_and_export(
         f"{job}: {count_parameters(model) / 1e6:.2f} M parameters; {len(tokens) / 1e6:.2f} M training tokens "
         f"from {corpus_source}; checkpoints in {checkpoint_dir}"
     )
-    fingerprint = checkpoint.fingerprint(config)
+    fingerprint = checkpoint.fingerprint(config) | (trained_on or {})
     summary = train(
         model,
         objective,
