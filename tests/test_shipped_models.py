@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from jobs.shipped import SHIPPED_TARGET, shipped
+from jobs.shipped import SHIPPED_MODELS, SHIPPED_TARGET, shipped
 
 CARD = (SHIPPED_TARGET.parent / "README.md").read_text()
+FAMILY = sorted(folder for folder in SHIPPED_MODELS.iterdir() if folder.is_dir())
 
 
 def _card_row(label: str) -> list[str]:
@@ -64,3 +65,13 @@ def test_the_models_have_learned_python(path):
         prompt = torch.tensor([tokenizer("def add(a, b):")["input_ids"]])
         out = model.generate(prompt, max_new_tokens=8, do_sample=False)
     assert tokenizer.decode(out[0, prompt.shape[1] :]).startswith("\n    ")
+
+
+FAMILY_LIMIT_MB = 80.0  # the whole shipped family, every model and artifact: it travels with the repository
+
+
+def test_the_shipped_family_stays_under_its_size_limit():
+    sizes = {folder.name: sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6 for folder in FAMILY}
+    total = sum(f.stat().st_size for f in SHIPPED_MODELS.rglob("*") if f.is_file()) / 1e6
+    print(f"shipped family: {total:.1f} MB in all (" + ", ".join(f"{n} {mb:.1f}" for n, mb in sizes.items()) + ")")
+    assert total < FAMILY_LIMIT_MB, f"the shipped family is {total:.1f} MB, over its {FAMILY_LIMIT_MB:.0f} MB limit"
