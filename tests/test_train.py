@@ -16,9 +16,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.train import checkpoint
 from jobs.train.cli import COMMANDS, main
-from jobs.train.config import CorpusConfig, OptimConfig, TrainConfig
+from jobs.train.config import CorpusConfig, LlamaShape, OptimConfig, TrainConfig
 from jobs.train.corpus import is_heldout, load_corpus
+from jobs.train.draft import start_from_target
 from jobs.train.loop import lr_at
+from jobs.train.model import build_llama
 from jobs.train.tokenizer import CHAT_TEMPLATE
 from jobs.train.windows import Phase, WindowSampler, phase_of
 from pipeline.config import describe
@@ -247,3 +249,26 @@ def test_user_errors_name_the_problem(capsys: pytest.CaptureFixture) -> None:
     assert "model.depth" in capsys.readouterr().err
     assert main(["lm", "tokenizer=/nonexistent", "output_dir=y", "train.precision=fp8"]) == 2
     assert "train.precision" in capsys.readouterr().err
+
+
+def test_a_draft_starts_from_the_target_layers_it_names(target_dir: Path) -> None:
+    target = AutoModelForCausalLM.from_pretrained(target_dir)
+    shape = target.config
+    draft = build_llama(
+        LlamaShape(shape.hidden_size, shape.intermediate_size, 2, shape.num_attention_heads, shape.num_key_value_heads),
+        AutoTokenizer.from_pretrained(target_dir),
+        seed=0,
+    )
+    last = shape.num_hidden_layers - 1
+    start_from_target(draft, target, [0, last])
+    mine, theirs = draft.state_dict(), target.state_dict()
+    for key in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        assert torch.equal(mine[key], theirs[key]), key
+    for layer, source in ((0, 0), (1, last)):
+        for name, value in draft.model.layers[layer].state_dict().items():
+            assert torch.equal(value, theirs[f"model.layers.{source}.{name}"]), (layer, name)
+    with pytest.raises(JobError, match=r"one target layer \(0\.\." + str(last) + r"\) per draft layer"):
+        start_from_target(draft, target, [0])
+    narrow = build_llama(LlamaShape(16, 32, 1, 2, 1), AutoTokenizer.from_pretrained(target_dir), seed=0)
+    with pytest.raises(JobError, match="hidden_size 16 vs"):
+        start_from_target(narrow, target, [0])

@@ -121,6 +121,11 @@ class DraftJobConfig:
             hidden_size=128, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
         )
     )
+    init_layers: list[int] = option(
+        [],
+        "Target layers (0-based, in order) the draft's layers start from, with the target's embeddings and final "
+        "norm: the draft must then have the target's shape but for its layer count. Empty: a random start.",
+    )
     distill: DistillConfig = field(default_factory=DistillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from jobs.train.config import DistillConfig, DraftJobConfig, check_train
 from jobs.train.corpus import load_corpus
@@ -44,6 +44,36 @@ def distillation_loss(target: torch.nn.Module, distill: DistillConfig) -> Object
     return loss
 
 
+def start_from_target(draft: LlamaForCausalLM, target: LlamaForCausalLM, layers: list[int]) -> None:
+    """Copy the target's embeddings, final norm and its `layers` (one per draft layer, in order) into `draft`.
+
+    A draft that starts from the target's own layers starts where distillation wants to end: near the
+    target's distribution (the target's first and last layers keep its input and output spaces), so it
+    needs far fewer steps to agree with it than a random start; the cost is a draft as wide as the target.
+    """
+    shape = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    mine, theirs = draft.config, target.config
+    differs = [
+        f"{k} {getattr(mine, k)} vs {getattr(theirs, k)}" for k in shape if getattr(mine, k) != getattr(theirs, k)
+    ]
+    if differs:
+        raise JobError(
+            f"init_layers: the draft's shape differs from the target's ({', '.join(differs)}); set model.* to the "
+            "target's shape (but for model.num_hidden_layers), or init_layers=[] for a random start"
+        )
+    count = target.config.num_hidden_layers
+    if len(layers) != draft.config.num_hidden_layers or not all(0 <= i < count for i in layers):
+        raise JobError(
+            f"init_layers={layers}: name one target layer (0..{count - 1}) per draft layer "
+            f"(model.num_hidden_layers={draft.config.num_hidden_layers})"
+        )
+    with torch.no_grad():
+        draft.model.embed_tokens.load_state_dict(target.model.embed_tokens.state_dict())
+        draft.model.norm.load_state_dict(target.model.norm.state_dict())
+        for mine, theirs in zip(draft.model.layers, layers, strict=True):
+            mine.load_state_dict(target.model.layers[theirs].state_dict())
+
+
 def train_draft(config: DraftJobConfig) -> Path:
     """Distill the draft described by `config` from its target; returns the draft's model directory."""
     check_train(config.train, config.model)
@@ -63,6 +93,8 @@ def train_draft(config: DraftJobConfig) -> Path:
     corpus = load_corpus(config.corpus)
     tokens = encode_documents(tokenizer, corpus.train)  # [N]
     draft = build_llama(config.model, tokenizer, config.train.seed)
+    if config.init_layers:
+        start_from_target(draft, target, list(config.init_layers))
     objective = distillation_loss(target, config.distill)
     trained_on = {"target_weights_sha256": weights_sha256(Path(config.target))}
     return train_and_export("draft", config, draft, objective, tokens, tokenizer, corpus.source, trained_on)
