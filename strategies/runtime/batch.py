@@ -1,7 +1,7 @@
-"""A batch in decoding, which every strategy uses: its rows and their state (`Batch`), the prefill
-that starts it (`start_batch`), and plain autoregressive steps (`decode_plainly`), the one
-implementation that the autoregressive strategy runs and that the speculative loop runs whenever it
-does not draft.
+"""A batch in decoding, which every strategy uses: one record per row (`Row`), the rows' shared state
+(`Batch`), the prefill that starts it (`start_batch`), and plain autoregressive steps
+(`decode_plainly`), the one implementation that the autoregressive strategy runs and that the
+speculative loop runs whenever it does not draft.
 
 Why one: a plain step of `auto` must cost what a step of the autoregressive strategy costs, on every
 device. Between plain steps the chosen tokens stay on the device and the host syncs once per step
