@@ -97,15 +97,22 @@ def _requests(prompts: list[list[int]], first_key: int = 0) -> list[RowRequest]:
 
 
 def _joined(strategy, prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Decode `prompts` in waves (`_joined_outputs`); returns each row's tokens and how many rows
+    decoded at each step."""
+    outputs, sizes = _joined_outputs(strategy, prompts)
+    return [row.tokens for row in outputs], sizes
+
+
+def _joined_outputs(strategy, prompts: list[list[int]]) -> tuple[list[RowOutput], list[int]]:
     """Decode `prompts` in waves: three open the batch, three join after a step, two after the next;
-    returns each row's tokens and how many rows decoded at each step."""
+    returns each row's output and how many rows decoded at each step."""
     waves = [prompts[:3], prompts[3:6], prompts[6:]]
     decoding = strategy.open(_requests(waves[0]), _params())
-    tokens: dict[int, list[int]] = {}
+    outputs: dict[int, RowOutput] = {}
     sizes = []
     joined = 1
     while True:
-        tokens.update((i, row.tokens) for i, row in decoding.finished())
+        outputs.update(decoding.finished())
         if not decoding.active():
             break
         sizes.append(decoding.active())
@@ -114,7 +121,7 @@ def _joined(strategy, prompts: list[list[int]]) -> tuple[list[list[int]], list[i
             decoding.admit(_requests(waves[joined], first_key=sum(len(w) for w in waves[:joined])))
             joined += 1
     assert joined == len(waves), "every wave joined while the batch still decoded"
-    return [tokens[i] for i in range(len(prompts))], sizes
+    return [outputs[i] for i in range(len(prompts))], sizes
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
@@ -127,6 +134,22 @@ def test_a_row_decodes_the_same_joining_mid_batch_as_alone(name, models):
     if name not in LOSSY:
         greedy = registry.create(StrategyOptions(name="autoregressive"), models)
         assert joined == [r.tokens for r in greedy.generate(_requests(PROMPTS), _params()).rows]
+
+
+@pytest.mark.parametrize("name", ["calm", "mask_predict", "prompt_lookup", "auto"])
+def test_what_a_strategy_counts_per_row_stays_with_its_row_as_rows_join_and_finish(name, models):
+    """A row's own columns are what it had alone, and each of its tokens is counted once, under an
+    option, in its own `tokens_by_option`: rows end one after another, so any count kept by batch
+    position rather than with the row would land on a neighbour."""
+    strategy = _strategy(name, models)
+    alone = [strategy.generate(_requests([p], first_key=i), _params()).rows[0] for i, p in enumerate(PROMPTS)]
+    joined, _ = _joined_outputs(strategy, PROMPTS)
+    assert [r.columns for r in joined] == [r.columns for r in alone]
+    for row in joined:
+        assert (row.tokens_by_option is None) == (name in {"calm", "mask_predict"})
+        if row.tokens_by_option is not None:
+            assert sum(row.tokens_by_option.values()) == len(row.tokens)
+            assert row.tokens_by_option["autoregressive"] >= 1  # the prefill's token at least
 
 
 def test_caches_of_different_lengths_join_without_changing_a_row():

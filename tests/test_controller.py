@@ -479,7 +479,7 @@ def _run_scripted(c: AdaptiveController, schedule: list[int]) -> list[tuple[str,
     """Steps under the scripted table with drafts always accepted whole; (drafter, batch size) planned."""
     planned = []
     for batch_size in schedule:
-        if len(c.row_streak) != batch_size:
+        if len(c.rows) != batch_size:
             c.start_batch(SCRIPTED, batch_size)
         plan = c.plan(batch_size)
         planned.append((plan.drafter, batch_size))

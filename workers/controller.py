@@ -128,6 +128,15 @@ class Learned:
     host_time: dict[tuple[str, int], tuple[list[float], int]] = field(default_factory=dict)  # (drafter, bucket)
 
 
+@dataclass
+class RowDrafting:
+    """What the controller keeps of one batch row: its drafts rejected in a row, and the step until which
+    its drafting is off (`row_patience`, `row_cooldown`)."""
+
+    streak: int = 0
+    off_until: int = 0
+
+
 def bucket(batch_size: int) -> int:
     """Batch sizes share statistics within powers of two."""
     return 1 << max(0, batch_size - 1).bit_length()
@@ -152,8 +161,7 @@ class AdaptiveController:
         self.last_used: dict[str, int] = {}
         self.events: list[dict] = []
         self.failed: set[str] = set()
-        self.row_streak: list[int] = []
-        self.row_off_until: list[int] = []
+        self.rows: list[RowDrafting] = []  # per batch row, in batch order (`keep_rows`, `add_rows`)
         self.forward = ForwardCosts(self.settings.time_window)  # the target's forward by bucket and width
         self.host_time: dict[tuple[str, int], RecentTime] = {}  # (drafter, bucket) -> step − forward, per row
         self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
@@ -181,8 +189,7 @@ class AdaptiveController:
         self.failed = set()
         if self.current not in self.limits:
             self.current = AUTOREGRESSIVE
-        self.row_streak = [0] * batch_size
-        self.row_off_until = [0] * batch_size
+        self.rows = [RowDrafting() for _ in range(batch_size)]
 
     def plan(self, batch_size: int) -> Plan:
         b = bucket(batch_size)
@@ -251,17 +258,18 @@ class AdaptiveController:
             by_budget.setdefault(budget, Ema()).update(sum(gained) / len(gained), weight, share)
         self._resize(record)
         self.memo.clear()  # sizes may have changed
-        for row, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
+        for b, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
             if drafted and not accepted:
-                self.row_streak[row] += 1
+                row = self.rows[b]
+                row.streak += 1
                 # A row alone is the batch: whether its drafts pay is the batch estimate's to say, and a
                 # streak of rejections is common where a drafter pays on average (Lookahead trees).
-                if self.row_streak[row] >= s.row_patience and record.batch_size > 1:
-                    self.row_off_until[row] = self.step + s.row_cooldown
-                    self.row_streak[row] = 0
-                    self._event("row", record.drafter, AUTOREGRESSIVE, f"{s.row_patience} drafts rejected", row=row)
+                if row.streak >= s.row_patience and record.batch_size > 1:
+                    row.off_until = self.step + s.row_cooldown
+                    row.streak = 0
+                    self._event("row", record.drafter, AUTOREGRESSIVE, f"{s.row_patience} drafts rejected", row=b)
             elif accepted:
-                self.row_streak[row] = 0
+                self.rows[b].streak = 0
 
     def learned(self) -> Learned:
         """What this controller learned, for the next job's controllers (`warm_start`)."""
@@ -301,12 +309,10 @@ class AdaptiveController:
         self._event("batch", drafter, AUTOREGRESSIVE, reason)
 
     def keep_rows(self, rows: list[int]) -> None:
-        self.row_streak = [self.row_streak[r] for r in rows]
-        self.row_off_until = [self.row_off_until[r] for r in rows]
+        self.rows = [self.rows[b] for b in rows]
 
     def add_rows(self, count: int) -> None:
-        self.row_streak += [0] * count
-        self.row_off_until += [0] * count
+        self.rows += [RowDrafting() for _ in range(count)]
 
     # -- policy ---------------------------------------------------------------------------------
 
@@ -522,7 +528,7 @@ class AdaptiveController:
         self.exploring = option if exploring else None
         if option == AUTOREGRESSIVE:
             return Plan(AUTOREGRESSIVE, 0, 0)
-        off = {row for row, until in enumerate(self.row_off_until) if until > self.step + 1}
+        off = {b for b, row in enumerate(self.rows) if row.off_until > self.step + 1}
         depth, nodes = self.draft_size(option, b)
         self.planned_nodes[option] = nodes
         return Plan(option, depth, nodes, rows_off=off)

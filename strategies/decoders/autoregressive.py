@@ -43,13 +43,10 @@ class PlainDecoding:
         self.batch.admit(start_batch(self.runner, requests, self.batch.params))
 
     def finished(self) -> list[tuple[int, RowOutput]]:
-        batch, done = self.batch, []
-        for i in batch.finished_rows():
-            done.append(
-                (i, RowOutput(tokens=batch.outputs[i], finish_reason=batch.reasons[i], logprobs=batch.row_scores(i)))
-            )
-            batch.release(i)
-        return done
+        return [
+            (row.number, RowOutput(tokens=row.tokens, finish_reason=row.reason, logprobs=row.scores))
+            for row in self.batch.finished_rows()
+        ]
 
     def segment(self) -> Segment:
         forwards, self.forwards = self.forwards, 0

@@ -33,6 +33,7 @@ output (the `mean_exit_layer` column it declares); the batch's, in its statistic
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, OutputColumns, RowOutput, RowRequest, Segment, decode_to_end
 from strategies.options import CalmOptions
-from strategies.runtime.batch import Batch, start_batch
+from strategies.runtime.batch import Batch, Row, start_batch
 from strategies.runtime.runner import LayerPass, ModelRunner
 from strategies.runtime.sampling import choose_tokens
 
@@ -85,7 +86,7 @@ class CalmStrategy:
     def open(self, requests: list[RowRequest], params: GenerationParams) -> CalmDecoding:
         if params.logprobs is not None:
             raise ValueError(LOGPROBS_REFUSAL)
-        return CalmDecoding(self, start_batch(self.runner, requests, params))
+        return CalmDecoding(self, start_batch(self.runner, requests, params, row_type=_CalmRow))
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
         return decode_to_end(self.name, self.open(requests, params), len(requests))
@@ -102,8 +103,8 @@ class CalmStrategy:
         runner, kv, params = self.runner, batch.kv, batch.params
         device = runner.device
         b, num_layers = len(batch.active), runner.num_layers
-        pending = torch.tensor([batch.outputs[i][-1] for i in batch.active], dtype=torch.long, device=device)
-        index = torch.tensor([len(batch.outputs[i]) for i in batch.active], dtype=torch.long)  # [B]
+        pending = torch.tensor([row.tokens[-1] for row in batch.active], dtype=torch.long, device=device)
+        index = torch.tensor([len(row.tokens) for row in batch.active], dtype=torch.long)  # [B]
         passes_at = threshold_at(self.options.threshold, self.options.decay_tau, index, params.max_new_tokens)
         fed = torch.ones(b, 1, dtype=torch.bool, device=device)
         step = runner.layer_pass(kv, pending[:, None], kv.next_pos[:, None], fed)
@@ -171,6 +172,14 @@ class CalmStrategy:
         return (top[:, 0] if measure == "softmax" else top[:, 0] - top[:, 1]), logits, None
 
 
+@dataclass(eq=False)
+class _CalmRow(Row):
+    """A batch's row, and the layers its decoded tokens exited after (the prefill's first token, at
+    full depth, is not among them)."""
+
+    exit_layers: float = 0.0
+
+
 class CalmDecoding:
     """A batch in early-exit decoding (`base.Decoding`): one token per row a step."""
 
@@ -178,9 +187,8 @@ class CalmDecoding:
         self.strategy = strategy
         self.batch = batch
         self.full = float(strategy.runner.num_layers)
-        self.depth_sum = [self.full] * len(batch.requests)  # per request; the prefill's token: full depth
         self.steps = 0  # since the last segment
-        self.segment_depth = self.full * len(batch.requests)  # layers of the tokens since the last segment
+        self.segment_depth = self.full * batch.count  # layers of the tokens since the last segment
 
     def active(self) -> int:
         return len(self.batch.active)
@@ -190,25 +198,22 @@ class CalmDecoding:
         tokens, depths = self.strategy._step(batch)
         self.steps += 1
         still = []
-        for row, (i, token, depth) in enumerate(zip(batch.active, tokens, depths, strict=True)):
-            self.depth_sum[i] += depth
+        for b, (row, token, depth) in enumerate(zip(batch.active, tokens, depths, strict=True)):
+            row.exit_layers += depth
             self.segment_depth += depth
-            if not batch.emit(i, token):
-                still.append(row)
+            if not batch.emit(row, token):
+                still.append(b)
         batch.keep(still)
 
     def admit(self, requests: list[RowRequest]) -> None:
-        self.batch.admit(start_batch(self.strategy.runner, requests, self.batch.params))
-        self.depth_sum += [self.full] * len(requests)
+        self.batch.admit(start_batch(self.strategy.runner, requests, self.batch.params, row_type=_CalmRow))
         self.segment_depth += self.full * len(requests)
 
     def finished(self) -> list[tuple[int, RowOutput]]:
-        batch, done = self.batch, []
-        for i in batch.finished_rows():
-            tokens = batch.outputs[i]
-            mean = round(self.depth_sum[i] / max(1, len(tokens)), 3)
-            done.append((i, RowOutput(tokens, batch.reasons[i], columns={"mean_exit_layer": mean})))
-            batch.release(i)
+        done = []
+        for row in self.batch.finished_rows():
+            mean = round((self.full + row.exit_layers) / max(1, len(row.tokens)), 3)
+            done.append((row.number, RowOutput(row.tokens, row.reason, columns={"mean_exit_layer": mean})))
         return done
 
     def segment(self) -> Segment:

@@ -15,7 +15,7 @@ the passes it took and the lengths chosen (the `iterations` and `block_lengths` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -32,7 +32,7 @@ from strategies.base import (
     finish_reason,
 )
 from strategies.options import MaskPredictOptions
-from strategies.runtime.batch import RELEASED
+from strategies.runtime.batch import Row
 
 NAME = "mask_predict"
 LOGPROBS_REFUSAL = (
@@ -141,59 +141,59 @@ class MaskPredictStrategy:
         return decode_to_end(NAME, self.open(requests, params), len(requests))
 
 
+@dataclass(eq=False)
+class _MaskPredictRow(Row):
+    """A row in Mask-Predict decoding: its output, the passes it took and the length of each block, and
+    the context tokens not yet in the CMLM's cache (its prompt until its first block, then the block)."""
+
+    passes: int = 0
+    lengths: list[int] = field(default_factory=list)
+    feed: list[int] = field(default_factory=list)
+
+
 class MaskPredictDecoding:
     """Rows in Mask-Predict decoding (`base.Decoding`): a step is one block for every active row."""
 
     def __init__(self, strategy: MaskPredictStrategy, params: GenerationParams) -> None:
         self.strategy, self.params = strategy, params
         self.kv = strategy.cmlm.new_kv(0)  # one row per active row
-        self.requests: list[RowRequest] = []
-        self.outputs: list[list[int]] = []
-        self.reasons: list[str | None] = []
-        self.passes: list[int] = []
-        self.lengths: list[list[int]] = []
-        self.in_cache: list[int] = []  # request index of each cache row (the active rows)
-        self.feeds: list[list[int]] = []  # per active row: tokens not yet in the CMLM's cache
-        self.unreported: list[int] = []
+        self.rows: list[_MaskPredictRow] = []  # the active rows, in the cache's order
+        self.unreported: list[_MaskPredictRow] = []  # rows whose end `finished` has not told
+        self.count = 0  # requests so far: the next is numbered `count`
         self.since = {"mask_predict_blocks": 0, "mask_predict_passes": 0, "mask_predict_tokens": 0}
 
     def active(self) -> int:
-        return len(self.in_cache)
+        return len(self.rows)
 
     def admit(self, requests: list[RowRequest]) -> None:
-        first = len(self.requests)
         self.kv.extend(self.strategy.cmlm.new_kv(len(requests)))  # their prompts are read at the next step
-        self.requests += requests
-        self.outputs += [[] for _ in requests]
-        self.reasons += [None] * len(requests)
-        self.passes += [0] * len(requests)
-        self.lengths += [[] for _ in requests]
-        self.in_cache += range(first, first + len(requests))
-        self.feeds += [list(r.prompt) for r in requests]
-        self.unreported += range(first, first + len(requests))
+        joining = [_MaskPredictRow(r, self.count + k, feed=list(r.prompt)) for k, r in enumerate(requests)]
+        self.count += len(requests)
+        self.rows += joining
+        self.unreported += joining
 
     def step(self) -> None:
         """One block for every active row: lengths predicted, blocks refined, tokens emitted through the
         finish checks."""
-        strategy, params, kv, active = self.strategy, self.params, self.kv, self.in_cache
+        strategy, params, kv, active = self.strategy, self.params, self.kv, self.rows
         cmlm, o = strategy.cmlm, strategy.options
         max_context = cmlm.runner.max_context
-        length_lp = cmlm.read(kv, self.feeds).lengths  # [B, L]
+        length_lp = cmlm.read(kv, [row.feed for row in active]).lengths  # [B, L]
         caps = [
             max(
                 1,
                 min(
                     strategy.block,
-                    params.max_new_tokens - len(self.outputs[i]),
-                    max_context - len(self.requests[i].prompt) - len(self.outputs[i]),
+                    params.max_new_tokens - len(row.tokens),
+                    max_context - len(row.request.prompt) - len(row.tokens),
                 ),
             )
-            for i in active
+            for row in active
         ]
         # With ignore_eos the output is max_new_tokens long whatever the predicted end.
         fixed = params.ignore_eos
         candidates = [[cap] for cap in caps] if fixed else length_candidates(length_lp, caps, o.length_beam)
-        owners = [row for row, c in enumerate(candidates) for _ in c]
+        owners = [b for b, c in enumerate(candidates) for _ in c]
         sizes = [n for c in candidates for n in c]
         if len(owners) > len(active):
             kv.select_rows(torch.tensor(owners, dtype=torch.long, device=kv.valid.device))
@@ -206,46 +206,39 @@ class MaskPredictDecoding:
         chosen = best_lanes(refined.scores, owners, len(active))
         if len(owners) > len(active):
             kv.select_rows(torch.tensor(chosen, dtype=torch.long, device=kv.valid.device))
-        self.feeds, still = [], []
-        for row, (i, lane) in enumerate(zip(active, chosen, strict=True)):
-            self.passes[i] += refined.passes[lane]
-            self.lengths[i].append(sizes[lane])
+        still = []
+        for b, (row, lane) in enumerate(zip(active, chosen, strict=True)):
+            row.passes += refined.passes[lane]
+            row.lengths.append(sizes[lane])
             self.since["mask_predict_blocks"] += 1
             self.since["mask_predict_passes"] += refined.passes[lane]
             emitted = []
             for token in refined.tokens[lane]:
-                self.outputs[i].append(token)
+                row.tokens.append(token)
                 emitted.append(token)
-                self.reasons[i] = finish_reason(self.requests[i], self.outputs[i], params, max_context)
-                if self.reasons[i] is not None:
+                row.reason = finish_reason(row.request, row.tokens, params, max_context)
+                if row.reason is not None:
                     break
             self.since["mask_predict_tokens"] += len(emitted)
-            if self.reasons[i] is None:
-                still.append(row)
-                self.feeds.append(emitted)
+            if row.reason is None:
+                still.append(b)
+                row.feed = emitted
         if len(still) < len(active) and still:
             kv.select_rows(torch.tensor(still, dtype=torch.long, device=kv.valid.device))
-        self.in_cache = [active[row] for row in still]
+        self.rows = [active[b] for b in still]
         if not still:
             self.kv = cmlm.new_kv(0)
 
     def finished(self) -> list[tuple[int, RowOutput]]:
-        done = [i for i in self.unreported if self.reasons[i] is not None]
-        self.unreported = [i for i in self.unreported if self.reasons[i] is None]
-        rows = []
-        for i in done:
-            rows.append(
-                (
-                    i,
-                    RowOutput(
-                        self.outputs[i],
-                        self.reasons[i],
-                        columns={"iterations": self.passes[i], "block_lengths": self.lengths[i]},
-                    ),
-                )
+        done = [row for row in self.unreported if row.reason is not None]
+        self.unreported = [row for row in self.unreported if row.reason is None]
+        return [
+            (
+                row.number,
+                RowOutput(row.tokens, row.reason, columns={"iterations": row.passes, "block_lengths": row.lengths}),
             )
-            self.requests[i], self.outputs[i], self.lengths[i] = RELEASED, [], []
-        return rows
+            for row in done
+        ]
 
     def segment(self) -> Segment:
         stats = dict(self.since)

@@ -1,7 +1,7 @@
-"""A batch in decoding, which every strategy uses: its rows and their state (`Batch`), the prefill
-that starts it (`start_batch`), and plain autoregressive steps (`decode_plainly`), the one
-implementation that the autoregressive strategy runs and that the speculative loop runs whenever it
-does not draft.
+"""A batch in decoding, which every strategy uses: one record per row (`Row`), the rows' shared state
+(`Batch`), the prefill that starts it (`start_batch`), and plain autoregressive steps
+(`decode_plainly`), the one implementation that the autoregressive strategy runs and that the
+speculative loop runs whenever it does not draft.
 
 Why one: a plain step of `auto` must cost what a step of the autoregressive strategy costs, on every
 device. Between plain steps the chosen tokens stay on the device and the host syncs once per step
@@ -25,63 +25,67 @@ from strategies.runtime.target_states import TargetStates
 
 # Plain steps one `Decoding.step` takes at most: rows waiting to join a batch with room wait no longer.
 PLAIN_RUN_STEPS = 8
-RELEASED = RowRequest(prompt=[], key=0)  # in place of a reported row's request (`Batch.release`)
+
+
+@dataclass(eq=False)
+class Row:
+    """One request in decoding, from its prefill until its output is reported: every fact about the row
+    is here, so that where the row goes (selected, joined, reported) its facts go with it, and no
+    structure keeps them apart by position. A strategy that keeps more per row subclasses it
+    (`start_batch`'s `row_type`)."""
+
+    request: RowRequest
+    number: int  # the request's number in its decoding: requests are numbered in the order they came
+    tokens: list[int] = field(default_factory=list)  # generated, the pending one last
+    reason: str | None = None  # why it finished; None while it goes on
+    scores: list[TokenLogprob] | None = None  # each token's score, when `params.logprobs` asks for them
 
 
 @dataclass
 class Batch:
     """A batch in decoding: each unfinished row's newest token is pending (chosen, not yet in `kv`)."""
 
-    requests: list[RowRequest]
     params: GenerationParams
     kv: RaggedKV
-    outputs: list[list[int]]  # per request: generated tokens, the pending one last
-    reasons: list[str | None]  # per request: why it finished, None while it goes on
-    active: list[int]  # batch row -> request index, unfinished rows only
+    active: list[Row]  # batch row -> its record, unfinished rows only
     keys: torch.Tensor  # [len(active)] the active rows' sampling keys
     max_context: int  # the model's: a row ends when its next token would not fit
     # The target's states from its latest forward (prefill, verify or a run of plain steps), kept
     # only when a drafter reads them (`Proposer.wants_hidden_states`).
     states: TargetStates | None = None
-    # Per request: each generated token's score, when `params.logprobs` asks for them.
-    scores: list[list[TokenLogprob]] | None = None
-    unreported: list[int] = field(default_factory=list)  # requests whose end `finished_rows` has not told
+    # Rows whose end `finished_rows` has not told, in request order; once told, the batch forgets a
+    # row: a decoding that rows keep joining would otherwise hold every prompt and output it ever had.
+    unreported: list[Row] = field(default_factory=list)
+    count: int = 0  # requests this batch has had: the next to join is numbered `count`
     generated: int = 0  # tokens emitted since `take_generated` last ran
 
-    def emit(self, request: int, token: int, score: TokenLogprob | None = None) -> bool:
+    @property
+    def keeps_scores(self) -> bool:
+        return self.params.logprobs is not None
+
+    def emit(self, row: Row, token: int, score: TokenLogprob | None = None) -> bool:
         """Append `token` (with its `score` when the batch keeps scores) to a row's output; True when
         the row has finished with it."""
-        output = self.outputs[request]
-        output.append(token)
+        tokens = row.tokens
+        tokens.append(token)
         self.generated += 1
-        if self.scores is not None:
-            self.scores[request].append(score)
-        self.reasons[request] = finish_reason(self.requests[request], output, self.params, self.max_context)
-        return self.reasons[request] is not None
+        if row.scores is not None:
+            row.scores.append(score)
+        row.reason = finish_reason(row.request, tokens, self.params, self.max_context)
+        return row.reason is not None
 
     def score(self, logits: torch.Tensor, tokens: torch.Tensor) -> list[TokenLogprob | None]:
         """Scores of `tokens` [N] chosen from `logits` [N, V], or Nones when the batch keeps none."""
-        if self.scores is None:
+        if not self.keeps_scores:
             return [None] * len(tokens)
         return score_tokens(logits, tokens, self.params.logprobs)
 
-    def row_scores(self, request: int) -> list[TokenLogprob] | None:
-        return None if self.scores is None else self.scores[request]
-
-    def finished_rows(self) -> list[int]:
-        """Requests that finished since the last call, in order; each is told once."""
-        done = [i for i in self.unreported if self.reasons[i] is not None]
+    def finished_rows(self) -> list[Row]:
+        """Rows that finished since the last call, in request order; each is told once."""
+        done = [row for row in self.unreported if row.reason is not None]
         if done:
-            self.unreported = [i for i in self.unreported if self.reasons[i] is None]
+            self.unreported = [row for row in self.unreported if row.reason is None]
         return done
-
-    def release(self, request: int) -> None:
-        """Forget a reported row's prompt and tokens: a decoding that rows keep joining would otherwise
-        hold every prompt and output it ever had."""
-        self.requests[request] = RELEASED
-        self.outputs[request] = []
-        if self.scores is not None:
-            self.scores[request] = []
 
     def take_generated(self) -> int:
         """Tokens emitted since the last call."""
@@ -94,19 +98,16 @@ class Batch:
         must have active rows (one with none ends; the caller starts a new one instead)."""
         if not self.active:
             raise ValueError("rows join a batch that still decodes; start a new batch instead")
-        offset = len(self.requests)
-        self.requests += joining.requests
-        self.outputs += joining.outputs
-        self.reasons += joining.reasons
-        if self.scores is not None:
-            self.scores += joining.scores
-        self.unreported += [offset + i for i in joining.unreported]
+        for row in joining.unreported:  # a just-started batch has told nothing: these are all its rows
+            row.number += self.count
+        self.count += joining.count
+        self.unreported += joining.unreported
         self.generated += joining.take_generated()
         if not joining.active:
             return
         self.kv.extend(joining.kv)
         self.keys = torch.cat([self.keys, joining.keys])
-        self.active += [offset + i for i in joining.active]
+        self.active += joining.active
         if self.states is not None:
             self.states = self.states.join(joining.states)
 
@@ -117,15 +118,20 @@ class Batch:
         if still:
             self.kv.select_rows(torch.tensor(still, dtype=torch.long, device=self.kv.valid.device))
         self.keys = self.keys[still]
-        self.active = [self.active[row] for row in still]
+        self.active = [self.active[b] for b in still]
         if self.states is not None and still:
             self.states = self.states.rows(still)
 
 
 def start_batch(
-    runner: ModelRunner, requests: list[RowRequest], params: GenerationParams, want_hidden: bool = False
+    runner: ModelRunner,
+    requests: list[RowRequest],
+    params: GenerationParams,
+    want_hidden: bool = False,
+    row_type: type[Row] = Row,
 ) -> Batch:
     """Prefill the prompts and choose every row's first token; rows that end on it leave the batch.
+    Each request gets a record of `row_type` (a strategy's subclass of `Row`, with its own defaults).
 
     Identical prompts (the samples of one input row) are prefilled once and their cache rows copied.
     """
@@ -140,18 +146,15 @@ def start_batch(
         last, hidden = last[index], hidden[index] if want_hidden else None
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
     first = choose_tokens(last, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
-    n = len(requests)
-    batch = Batch(
-        list(requests), params, kv, [[] for _ in range(n)], [None] * n, list(range(n)), keys, runner.max_context
-    )
-    batch.unreported = list(range(n))
-    if params.logprobs is not None:
-        batch.scores = [[] for _ in range(n)]
+    scored = params.logprobs is not None
+    rows = [row_type(r, number, scores=[] if scored else None) for number, r in enumerate(requests)]
+    batch = Batch(params, kv, rows, keys, runner.max_context, unreported=list(rows), count=len(rows))
     if want_hidden:
         width = hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
         batch.states = TargetStates(hidden, [list(range(width - len(r.prompt), width)) for r in requests])
     scores = batch.score(last, first)
-    batch.keep([row for row, token in enumerate(first.tolist()) if not batch.emit(row, token, scores[row])])
+    tokens = first.tolist()
+    batch.keep([b for b, row in enumerate(rows) if not batch.emit(row, tokens[b], scores[b])])
     return batch
 
 
@@ -177,7 +180,7 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
     device = runner.device
     want_hidden = batch.states is not None
     hidden: list[torch.Tensor] = []  # per step: [B, H] when the batch keeps the target's states
-    pending = torch.tensor([batch.outputs[i][-1] for i in active], dtype=torch.long, device=device)  # [B]
+    pending = torch.tensor([row.tokens[-1] for row in active], dtype=torch.long, device=device)  # [B]
     run = PlainRun(emitted=[[] for _ in active], still=list(range(len(active))))
     while max_steps is None or run.steps < max_steps:
         began = time.perf_counter()
@@ -188,17 +191,17 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
         if want_hidden:
             hidden.append(out.hidden[:, -1])
         # Generation index of each row's next token: keys a sampled draw (greedy needs none).
-        positions = None if params.sampling.greedy else torch.tensor([len(batch.outputs[i]) for i in active])
+        positions = None if params.sampling.greedy else torch.tensor([len(row.tokens) for row in active])
         pending = choose_tokens(out.logits[:, -1], params.sampling, batch.keys, positions)  # [B]
         scores = batch.score(out.logits[:, -1], pending)
         finished = False
-        for row, (i, token) in enumerate(zip(active, pending.tolist(), strict=True)):
-            run.emitted[row].append(token)
-            finished |= batch.emit(i, token, scores[row])
+        for b, (row, token) in enumerate(zip(active, pending.tolist(), strict=True)):
+            run.emitted[b].append(token)
+            finished |= batch.emit(row, token, scores[b])
         run.rows.append(len(active))
         run.seconds.append(time.perf_counter() - began)
         if finished:
-            run.still = [row for row, i in enumerate(active) if batch.reasons[i] is None]
+            run.still = [b for b, row in enumerate(active) if row.reason is None]
             break
     if hidden:
         batch.states = TargetStates(torch.stack(hidden, dim=1), [list(range(len(hidden)))] * len(active))

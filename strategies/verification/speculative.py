@@ -17,13 +17,14 @@ CUDA out-of-memory error, say) leaves every row's cache as it was, and the step 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
-from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, decode_plainly, start_batch
+from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, Row, decode_plainly, start_batch
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.acceptance import AcceptanceRule, ExactMatch
@@ -50,13 +51,20 @@ class DraftingMethod:
     start_depth: int | None = None  # chain length without a controller, and its first under one; None: max_depth
 
 
+@dataclass(eq=False)
+class _LoopRow(Row):
+    """A row of the speculative loop: a batch's row, and the tokens it emitted under each option (a
+    drafter's name, or autoregressive for plain steps; the prefill's token is not counted)."""
+
+    by_option: Counter[str] = field(default_factory=Counter)
+
+
 @dataclass
 class _Decoding:
     """One batch in the speculative loop: its rows, its metrics and its drafters' state (a `Decoding`)."""
 
     strategy: SpeculativeStrategy
     batch: Batch
-    emitted_by: list[dict[str, int]]  # per request: tokens emitted under each option
     live: dict[str, DraftingMethod]  # drafters not failed in this batch
     started: set[str] = field(default_factory=set)  # drafters started in this batch
     stats: SpecStats = field(default_factory=SpecStats)  # since the last segment
@@ -75,10 +83,7 @@ class _Decoding:
         self.strategy._admit(self, requests)
 
     def finished(self) -> list[tuple[int, RowOutput]]:
-        done = [(i, self.strategy._row_output(self, i)) for i in self.batch.finished_rows()]
-        for i, _ in done:
-            self.batch.release(i)
-        return done
+        return [(row.number, self.strategy._row_output(self, row)) for row in self.batch.finished_rows()]
 
     def segment(self) -> Segment:
         extra: dict = {}
@@ -99,6 +104,7 @@ class SpeculativeStrategy:
         self.name = name
         self.runner = runner
         self.drafters = {d.name: d for d in drafters}
+        self.options = [*self.drafters, AUTOREGRESSIVE]  # in the order a tie for a row's strategy goes
         self.controller = controller
         # The target's hidden states are kept (and, off the lean forward, computed) only for drafters
         # that read them; a verify forward's logits are handed on only to drafters that read them.
@@ -117,8 +123,7 @@ class SpeculativeStrategy:
                 raise ValueError(f"{self.name}: {refusal}")
         run = _Decoding(
             strategy=self,
-            batch=start_batch(self.runner, requests, params, self.want_hidden),
-            emitted_by=[dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests],
+            batch=start_batch(self.runner, requests, params, self.want_hidden, _LoopRow),
             live={n: d for n, d in self.drafters.items() if params.sampling.greedy or not d.greedy_only},
         )
         batch_size = len(run.batch.active)
@@ -150,9 +155,9 @@ class SpeculativeStrategy:
             return
         began = time.perf_counter()  # a batch's one start per drafter is not a step's cost
         context = ProposalContext(
-            num_generated=[len(batch.outputs[i]) for i in batch.active],
+            num_generated=[len(row.tokens) for row in batch.active],
             budgets=[
-                0 if row in plan.rows_off else self._room(batch, i, plan.depth) for row, i in enumerate(batch.active)
+                0 if b in plan.rows_off else self._room(batch, row, plan.depth) for b, row in enumerate(batch.active)
             ],
             max_nodes=plan.nodes,
             keys=batch.keys,
@@ -175,11 +180,10 @@ class SpeculativeStrategy:
         """Rows join the batch (`Decoding.admit`): prefilled together, then known to the controller and to
         every drafter that has started, after the rows there are."""
         batch = run.batch
-        joining = start_batch(self.runner, requests, batch.params, self.want_hidden)
-        contexts = [joining.requests[i].prompt + joining.outputs[i] for i in joining.active]
+        joining = start_batch(self.runner, requests, batch.params, self.want_hidden, _LoopRow)
+        contexts = [row.request.prompt + row.tokens for row in joining.active]
         states = joining.states
         batch.admit(joining)
-        run.emitted_by += [dict.fromkeys(self.drafters, 0) | {AUTOREGRESSIVE: 0} for _ in requests]
         if not contexts:
             return
         if self.controller is not None:
@@ -187,16 +191,14 @@ class SpeculativeStrategy:
         for d in run.running():
             self._call(run, d.name, d.proposer.add_rows, contexts, states if d.proposer.wants_hidden_states else None)
 
-    def _row_output(self, run: _Decoding, i: int) -> RowOutput:
-        batch = run.batch
+    def _row_output(self, run: _Decoding, row: _LoopRow) -> RowOutput:
         # A fixed strategy whose drafter could not run at all (greedy-only, sampling) decoded plainly.
         fixed = self.name if run.live or run.started else AUTOREGRESSIVE
-        counts = run.emitted_by[i]
+        counts = row.by_option
         strategy = self._row_strategy(counts, fixed)
-        by_option = {name: n for name, n in counts.items() if n} | {AUTOREGRESSIVE: counts[AUTOREGRESSIVE] + 1}
-        return RowOutput(
-            batch.outputs[i], batch.reasons[i], strategy, logprobs=batch.row_scores(i), tokens_by_option=by_option
-        )
+        by_option = {name: counts[name] for name in self.options if counts[name]}
+        by_option[AUTOREGRESSIVE] = counts[AUTOREGRESSIVE] + 1  # the prefill's token too
+        return RowOutput(row.tokens, row.reason, strategy, logprobs=row.scores, tokens_by_option=by_option)
 
     def _start(self, run: _Decoding, drafter: DraftingMethod) -> bool:
         """Start `drafter` on the active rows' contexts; one that raises is off for the batch."""
@@ -204,7 +206,7 @@ class SpeculativeStrategy:
         batch = run.batch
         if drafter.proposer.shares_cache:  # self-speculation drafts in the target's cache
             drafter.proposer.use_cache(batch.kv)
-        contexts = [batch.requests[i].prompt + batch.outputs[i] for i in batch.active]
+        contexts = [row.request.prompt + row.tokens for row in batch.active]
         states = batch.states if drafter.proposer.wants_hidden_states else None
         return self._call(run, drafter.name, drafter.proposer.start, contexts, batch.params, states)
 
@@ -214,7 +216,7 @@ class SpeculativeStrategy:
         """Verify the drafts in one target forward (`verify.verify`); None when it raised (a CUDA
         out-of-memory error, say): the cache is as before the step and the drafter is off for the batch."""
         batch = run.batch
-        pending = [batch.outputs[i][-1] for i in batch.active]
+        pending = [row.tokens[-1] for row in batch.active]
         try:
             checked = verify(
                 self.runner,
@@ -245,17 +247,17 @@ class SpeculativeStrategy:
         batch, stats, verdicts = run.batch, run.stats, checked.verdicts
         stats.count_forwards(drafter, 1)
         emitted = [t for v in verdicts for t in v.tokens]
-        scores = batch.score(checked.emitting_logits(), torch.tensor(emitted)) if batch.scores is not None else None
+        scores = batch.score(checked.emitting_logits(), torch.tensor(emitted)) if batch.keeps_scores else None
         still, first = [], 0
-        for row, (i, draft, verdict) in enumerate(zip(batch.active, drafts, verdicts, strict=True)):
+        for b, (row, draft, verdict) in enumerate(zip(batch.active, drafts, verdicts, strict=True)):
             stats.record(drafter, draft, verdict)
             for j, token in enumerate(verdict.tokens):
-                run.emitted_by[i][drafter] += 1
-                if batch.emit(i, token, scores[first + j] if scores is not None else None):
+                row.by_option[drafter] += 1
+                if batch.emit(row, token, scores[first + j] if scores is not None else None):
                     break
             first += len(verdict.tokens)
-            if batch.reasons[i] is None:
-                still.append(row)
+            if row.reason is None:
+                still.append(b)
         drafted, accepted = [len(d) for d in drafts], [len(v.accepted_slots) for v in verdicts]
         wall_s, width = time.perf_counter() - began, 1 + max(drafted)
         record = StepRecord(drafter, len(batch.active), wall_s, drafted, accepted, width, checked.forward_s)
@@ -272,8 +274,8 @@ class SpeculativeStrategy:
         steps = decode_plainly(self.runner, run.batch, max_steps)
         run.stats.count_forwards(AUTOREGRESSIVE, steps.steps)
         run.stats.record_plain(sum(steps.rows))
-        for i, tokens in zip(active, steps.emitted, strict=True):
-            run.emitted_by[i][AUTOREGRESSIVE] += len(tokens)
+        for row, tokens in zip(active, steps.emitted, strict=True):
+            row.by_option[AUTOREGRESSIVE] += len(tokens)
         records = [  # a plain step is its forward: 1 new token per row
             StepRecord(AUTOREGRESSIVE, n, s, [0] * n, [0] * n, 1, s)
             for n, s in zip(steps.rows, steps.seconds, strict=True)
@@ -316,11 +318,11 @@ class SpeculativeStrategy:
         if self.controller is not None:
             self.controller.keep_rows(still)
 
-    def _row_strategy(self, counts: dict[str, int], fixed: str) -> str:
+    def _row_strategy(self, counts: Counter[str], fixed: str) -> str:
         """What decoded the row: `fixed` without a controller; under one, whichever option emitted most."""
         if self.controller is None:
             return fixed
-        return max(counts, key=lambda name: counts[name])
+        return max(self.options, key=counts.__getitem__)
 
     def _plan(self, live: dict[str, DraftingMethod], batch_size: int) -> Plan:
         if self.controller is not None:
@@ -342,10 +344,10 @@ class SpeculativeStrategy:
                 self.controller.drafter_failed(name, f"proposer raised {type(exc).__name__}")
             return False
 
-    def _room(self, batch: Batch, i: int, depth: int) -> int:
-        """Draft tokens request `i` can still emit, at most `depth`: a step emits them plus one target token."""
-        request, output = batch.requests[i], batch.outputs[i]
-        room = min(batch.params.max_new_tokens, self.runner.max_context - len(request.prompt)) - len(output) - 1
+    def _room(self, batch: Batch, row: Row, depth: int) -> int:
+        """Draft tokens `row` can still emit, at most `depth`: a step emits them plus one target token."""
+        prompt = row.request.prompt
+        room = min(batch.params.max_new_tokens, self.runner.max_context - len(prompt)) - len(row.tokens) - 1
         return max(0, min(depth, room))
 
     def _drafts(self, run: _Decoding, drafter: DraftingMethod, context: ProposalContext) -> list[Draft]:
