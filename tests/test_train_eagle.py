@@ -45,7 +45,7 @@ def test_saved_folder_names_its_target_and_records_held_out_acceptance(eagle_dir
     assert config.target_weights_sha256 == weights_sha256(tiny_model_dir)
     training = config.training
     assert training["steps"] == 8 and training["tokens_seen"] == 8 * 4 * 23
-    for tree in ("chain", "dynamic"):
+    for tree in ("chain", "static", "dynamic"):
         measured = training["heldout_acceptance"][tree]
         assert 1 <= len(measured["acceptance_by_depth"]) <= 3 and measured["tau"] >= 1
     record = json.loads((eagle_dir / "eagle.json").read_text())

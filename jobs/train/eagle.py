@@ -12,7 +12,7 @@ The noise U(−a, a) on the input features (a = `noise`, 0.1 in the paper) makes
 own errors, which it reads back when it drafts further than one token. It is drawn from torch's global
 generator, which the loop's checkpoints carry, so a resumed run is bit-identical.
 
-The run ends by decoding held-out prompts with the head, chain and dynamic tree, and records the
+The run ends by decoding held-out prompts with the head, chain, static and dynamic tree, and records the
 acceptance at each draft depth and τ (tokens per verify step) in `eagle.json`.
 """
 
@@ -140,7 +140,7 @@ def heldout_acceptance(
     documents: list[Document],
     config: EagleJobConfig,
 ) -> dict[str, Any]:
-    """Per tree shape (chain, dynamic): acceptance at each draft depth and τ, decoding held-out prompts
+    """Per tree shape (chain, static, dynamic): acceptance at each draft depth and τ, decoding held-out prompts
     greedily with the head as a job would (no controller); printed."""
     tokens = encode_documents(tokenizer, documents)  # [M]
     prompts = draw_prompts(tokens, config.data.eval_sequences, config.data.prompt_tokens, config.train.seed)
@@ -148,7 +148,7 @@ def heldout_acceptance(
     params = GenerationParams(config.eval.new_tokens, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
     models = registry.Models(ModelRunner(target), eagle=head)
     size, measured = config.data.batch_size, {}
-    for tree in ("chain", "dynamic"):
+    for tree in ("chain", "static", "dynamic"):
         options = StrategyOptions(name="eagle", adaptive=False)
         options.eagle.tree, options.eagle.depth = tree, config.eval.depth
         batches = [  # the summing of per-batch counts is the job report's

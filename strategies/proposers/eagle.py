@@ -1,4 +1,5 @@
-"""EAGLE (Li et al. 2024): an EAGLE head drafts in the target's feature space, a chain or a dynamic tree.
+"""EAGLE (Li et al. 2024): an EAGLE head drafts in the target's feature space: a chain, EAGLE-1's static
+tree or EAGLE-2's dynamic tree.
 
 The head (`strategies.artifacts.eagle`) keeps its own small cache per row (`RaggedKV`, one layer),
 which holds only inputs made of the target's true features: (f_t, token t+1) at position t. The
@@ -9,7 +10,9 @@ token) predicts the feature the pending token's successor is chosen from: the dr
 
 Drafting then runs in feature space: each drafted node is fed with its parent's predicted feature,
 attending to the cache and its own ancestors only, and the target's LM head scores its children
-(`eagle_tree.grow`; the tree is reranked to the node budget by `eagle_tree.rerank`). Drafted inputs
+(`eagle_tree.grow`, the tree reranked to the node budget by `eagle_tree.rerank`; or the static shape
+of `eagle_tree.static_tree`, grown by `eagle_tree.grow_static` and cut to the budget by
+`eagle_tree.first_nodes`). Drafted inputs
 are made of predicted features, so they are dropped from the cache as soon as the draft is built:
 once the target has verified, its true features for the accepted positions take their place. The
 cache after a step is thus exactly what a fresh head would hold over the accepted tokens.
@@ -26,7 +29,7 @@ import torch
 
 from strategies.artifacts.eagle import EagleHead
 from strategies.base import GenerationParams
-from strategies.proposers.eagle_tree import Grown, grow, rerank
+from strategies.proposers.eagle_tree import Grown, first_nodes, grow, grow_static, rerank, static_tree
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
@@ -47,9 +50,10 @@ class EagleProposer(Proposer[_EagleRow]):
     name = "eagle"
     wants_hidden_states = True
 
-    def __init__(self, head: EagleHead, top_k: int) -> None:
+    def __init__(self, head: EagleHead, top_k: int, static_nodes: int = 0) -> None:
         self.head = head
         self.top_k = top_k  # children per expanded node, and nodes expanded per level; 1: a chain
+        self.static_nodes = static_nodes  # > 0: EAGLE-1's static tree of that many nodes, ranks below top_k
 
     @property
     def device(self) -> torch.device:
@@ -90,6 +94,8 @@ class EagleProposer(Proposer[_EagleRow]):
         self.kv.compact_if_wasteful()
         if grown is None:
             return [Draft.empty() for _ in context.budgets]
+        if self.static_nodes:
+            return first_nodes(grown, context.budgets, context.max_nodes)
         return rerank(grown, context.budgets, context.max_nodes)
 
     def _feed_target_features(self) -> torch.Tensor:
@@ -147,6 +153,9 @@ class EagleProposer(Proposer[_EagleRow]):
             return self._log_confidence(out)
 
         try:
+            if self.static_nodes:
+                shape = static_tree(self.static_nodes, depth, self.top_k)
+                return grow_static(self._log_confidence(root), shape, expand)
             return grow(self._log_confidence(root), depth, self.top_k, expand)
         finally:
             kv.truncate(slots)
