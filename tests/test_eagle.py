@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from jobs.shipped import SHIPPED_TARGET, shipped
 from strategies import registry
-from strategies.artifacts.eagle import EagleConfig, EagleHead, load_eagle
+from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, EagleConfig, EagleHead, load_eagle, save_draft_vocab
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
@@ -118,6 +118,45 @@ def test_eagle_equals_greedy(target, tiny_model_dir, prompts):
         options = StrategyOptions(name="eagle")
         options.eagle.tree = tree
         assert _tokens(registry.create(options, models), prompts, params) == reference
+
+
+class RecordingEagle(EagleProposer):
+    """Keeps every draft it proposes: its tokens, per row and step."""
+
+    drafted: list[list[int]]
+
+    def propose(self, context):
+        drafts = super().propose(context)
+        self.drafted = getattr(self, "drafted", []) + [d.tokens for d in drafts]
+        return drafts
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
+def test_a_draft_vocabulary_drafts_only_its_tokens_and_the_output_is_greedy(target, tiny_model_dir, prompts):
+    params = _params()
+    reference = _tokens(AutoregressiveStrategy(target), prompts, params)
+    head = tiny_eagle(target, tiny_model_dir)
+    vocab = head.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    permuted, subset = torch.randperm(vocab, generator=generator), torch.randperm(vocab, generator=generator)[:100]
+
+    def drafts(token_ids, static_nodes):
+        head.use_draft_vocab(token_ids)
+        proposer = RecordingEagle(head, 3, static_nodes)
+        assert _tokens(_scripted(target, proposer, tree=True), prompts, params) == reference
+        return proposer.drafted
+
+    for static_nodes in (0, 12):
+        whole = drafts(None, static_nodes)
+        # The whole vocabulary in another order drafts the same tokens: indices map back to the target's ids.
+        assert drafts(permuted, static_nodes) == whole
+        # A third of it drafts only its own tokens, and the target's verification keeps the output greedy.
+        allowed = set(subset.tolist())
+        assert all(set(tokens) <= allowed for tokens in drafts(subset, static_nodes)) and any(map(len, whole))
+    options = StrategyOptions(name="eagle")
+    for tree in ("chain", "static", "dynamic"):
+        options.eagle.tree = tree
+        assert _tokens(registry.create(options, registry.Models(target, eagle=head)), prompts, params) == reference
 
 
 def test_the_heads_cache_after_partial_acceptance_equals_a_fresh_run_over_the_accepted_tokens(target, tiny_model_dir):
@@ -275,6 +314,36 @@ def test_a_head_for_another_target_is_refused(tmp_path, tiny_model_dir, tiny_dra
     head.save(tmp_path / "other")
     with pytest.raises(ValueError, match=f"trained for the target at {tiny_draft_dir}.*model.target {tiny_model_dir}"):
         load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"eagle": str(tmp_path / "other")})
+
+
+def test_a_draft_vocabulary_is_loaded_with_its_head_and_checked(tmp_path, tiny_model_dir, target):
+    head = tiny_eagle(target, tiny_model_dir)
+    token_ids = torch.tensor([7, 3, 250, 0])
+    head.config.draft_vocab_size = 4
+    head.save(tmp_path)
+    save_draft_vocab(tmp_path, token_ids, torch.tensor([9, 5, 2, 1]))
+    loaded = load_eagle(tmp_path, torch.float64, torch.device("cpu"))
+    loaded.use_target(target.model)
+    assert torch.equal(loaded.draft_ids, token_ids)
+    assert torch.equal(loaded.draft_lm_head, target.model.get_output_embeddings().weight[token_ids])
+    assert loaded.to_target(torch.tensor([[2, 0]])).tolist() == [[250, 7]]
+
+    def refused(match):
+        with pytest.raises(ValueError, match=match):
+            load_eagle(tmp_path, torch.float64, torch.device("cpu"))
+
+    save_draft_vocab(tmp_path, torch.tensor([7, 3, 250]), torch.tensor([9, 5, 2]))
+    refused(r"draft_vocab\.safetensors holds token_ids of shape \(3,\), eagle\.json says draft_vocab_size=4")
+    save_draft_vocab(tmp_path, torch.tensor([7, 3, 3, 0]), torch.tensor([9, 5, 2, 1]))
+    refused("token_ids must be distinct ids below vocab_size")
+    save_draft_vocab(tmp_path, torch.tensor([7, 3, 9999, 0]), torch.tensor([9, 5, 2, 1]))
+    refused("token_ids must be distinct ids below vocab_size")
+    (tmp_path / DRAFT_VOCAB_FILE).unlink()
+    refused("draft_vocab_size=4 but .*draft_vocab.safetensors is missing: write it again with `accelgen train eagle")
+    save_draft_vocab(tmp_path, token_ids, torch.tensor([9, 5, 2, 1]))
+    head.config.draft_vocab_size = 0
+    head.save(tmp_path)
+    refused("draft_vocab.safetensors exists but .*eagle.json says draft_vocab_size=0")
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
