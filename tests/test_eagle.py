@@ -338,6 +338,8 @@ def test_a_draft_vocabulary_is_loaded_with_its_head_and_checked(tmp_path, tiny_m
     refused("token_ids must be distinct ids below vocab_size")
     save_draft_vocab(tmp_path, torch.tensor([7, 3, 9999, 0]), torch.tensor([9, 5, 2, 1]))
     refused("token_ids must be distinct ids below vocab_size")
+    (tmp_path / DRAFT_VOCAB_FILE).write_bytes(b"not safetensors")
+    refused("draft_vocab.safetensors is not a safetensors file")
     (tmp_path / DRAFT_VOCAB_FILE).unlink()
     refused("draft_vocab_size=4 but .*draft_vocab.safetensors is missing: write it again with `accelgen train eagle")
     save_draft_vocab(tmp_path, token_ids, torch.tensor([9, 5, 2, 1]))

@@ -84,6 +84,7 @@ def test_draft_vocab_only_rewrites_the_vocabulary_and_never_the_weights(
     shutil.copytree(eagle_dir, out)
     weights = (out / "eagle.safetensors").read_bytes()
     args = ["eagle", f"target={tiny_model_dir}", f"output_dir={out}", *TINY_EAGLE, "draft_vocab_only=true"]
+    (out / DRAFT_VOCAB_FILE).write_bytes(b"not safetensors")  # a broken vocabulary is written anew
     assert main([*args, "draft_vocab=32"]) == 0
     config = read_config(out)
     assert config.draft_vocab_size == 32 and len(load_file(out / DRAFT_VOCAB_FILE)["token_ids"]) == 32

@@ -154,7 +154,7 @@ def write_draft_vocab(
     """`draft_vocab_only`: the draft vocabulary of the head trained in `out`, and its held-out acceptance
     with it, written to `eagle.json` and `draft_vocab.safetensors`; `eagle.safetensors` is left as it is."""
     try:
-        head = load_eagle(out, torch.float32, target.lm_head.weight.device)
+        head = load_eagle(out, torch.float32, target.lm_head.weight.device, draft_vocab=False)
     except ValueError as exc:
         raise JobError(f"draft_vocab_only=true needs the head trained in output_dir={out}: {exc}") from None
     wanted = weights_sha256(Path(config.target))

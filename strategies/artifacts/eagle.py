@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -205,7 +206,10 @@ def read_draft_vocab(directory: Path, config: EagleConfig) -> torch.Tensor | Non
         raise ValueError(
             f"{directory / 'eagle.json'} says draft_vocab_size={config.draft_vocab_size} but {path} is missing: {redo}"
         )
-    token_ids = load_file(str(path)).get("token_ids")
+    try:
+        token_ids = load_file(str(path)).get("token_ids")
+    except SafetensorError as exc:
+        raise ValueError(f"{path} is not a safetensors file ({exc}): {redo}") from None
     if token_ids is None or token_ids.dim() != 1 or len(token_ids) != config.draft_vocab_size:
         found = "no token_ids" if token_ids is None else f"token_ids of shape {tuple(token_ids.shape)}"
         raise ValueError(f"{path} holds {found}, eagle.json says draft_vocab_size={config.draft_vocab_size}: {redo}")
@@ -220,11 +224,13 @@ def read_config(directory: Path) -> EagleConfig:
     return read_weights_config(directory, KIND, EagleConfig)
 
 
-def load_eagle(directory: Path, dtype: torch.dtype, device: torch.device) -> EagleHead:
-    """The head saved in `directory`, in eval mode, with its draft vocabulary; it still needs `use_target`."""
+def load_eagle(directory: Path, dtype: torch.dtype, device: torch.device, draft_vocab: bool = True) -> EagleHead:
+    """The head saved in `directory`, in eval mode, with its draft vocabulary (`draft_vocab=False`: without
+    reading it, for the command that writes it anew); it still needs `use_target`."""
     config = read_config(directory)
     head = EagleHead(config)
     head.load_state_dict(load_weights(directory, KIND))
     head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    head.use_draft_vocab(read_draft_vocab(directory, config))
+    if draft_vocab:
+        head.use_draft_vocab(read_draft_vocab(directory, config))
     return head

@@ -156,7 +156,7 @@ class EagleProposer(Proposer[_EagleRow]):
             return self._log_confidence(out)
 
         try:
-            if self.static_nodes:
+            if self.static_nodes:  # no deeper than the rows need: a shallower budget drafts that depth's shape
                 shape = static_tree(self.static_nodes, depth, self.top_k)
                 grown = grow_static(self._log_confidence(root), shape, expand)
             else:
