@@ -109,7 +109,7 @@ class MedusaOptions:
     typical_delta: float = field(default=0.3, metadata={"help": "Typical acceptance δ (about √ε in the paper)."})
 
 
-EAGLE_TREES = ("dynamic", "chain")
+EAGLE_TREES = ("dynamic", "static", "chain")
 
 
 @dataclass
@@ -118,18 +118,22 @@ class EagleOptions:
         default="dynamic",
         metadata={
             "help": f"One of {EAGLE_TREES}. dynamic: EAGLE-2's tree, grown top_k nodes wide by cumulative draft "
-            "confidence and reranked to the node budget; chain: the head's top-1 token at each depth."
+            "confidence and reranked to the node budget; static: EAGLE-1's fixed tree, the `nodes` paths of "
+            "ranks below top_k most likely under a fixed chance per rank (0.6 · 0.4^rank), every node of a depth "
+            "expanded in one pass; chain: the head's top-1 token at each depth."
         },
     )
     depth: int = field(default=5, metadata={"help": "Deepest draft path: draft steps of the head per step."})
     top_k: int = field(
-        default=4, metadata={"help": "dynamic: children per expanded node, and nodes expanded per depth."}
+        default=4,
+        metadata={"help": "dynamic: children per expanded node, and nodes expanded per depth; static: ranks below it."},
     )
     nodes: int = field(
         default=16,
         metadata={
-            "help": "dynamic: most draft nodes verified per row and step (the controller may verify fewer where "
-            "its cost model says a wide verify forward does not pay)."
+            "help": "dynamic, static: most draft nodes verified per row and step (the controller may verify fewer "
+            "where its cost model says a wide verify forward does not pay: the dynamic tree keeps the most "
+            "confident, the static tree its first)."
         },
     )
 

@@ -317,7 +317,8 @@ def _eagle(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> Dr
     o, head = options.eagle, _need(models, "eagle", "eagle")
     if o.tree == "chain":
         return DraftingMethod("eagle", EagleProposer(head, top_k=1), o.depth, o.depth, rule)
-    return DraftingMethod("eagle", EagleProposer(head, o.top_k), o.depth, o.nodes, rule, trees=True)
+    static_nodes = o.nodes if o.tree == "static" else 0
+    return DraftingMethod("eagle", EagleProposer(head, o.top_k, static_nodes), o.depth, o.nodes, rule, trees=True)
 
 
 def _check_eagle(options: StrategyOptions) -> list[str]:

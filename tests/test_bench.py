@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from transformers import AutoModelForCausalLM
 
 from jobs.bench.bookkeeping import BookkeepingBench, _write_input, run_driver, run_verify
 from jobs.bench.decoding import HF_GENERATE, paired_speedup
 from jobs.cli import main as cli
+from strategies.artifacts.eagle import EagleConfig, EagleHead
 from workers.contract import OUTPUT_SCHEMA
+from workers.model_loading import weights_sha256
 
 
 def test_paired_speedup_follows_each_round_and_drops_an_outlier():
@@ -55,6 +58,37 @@ def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, t
     assert rows[(1, "autoregressive")]["x_autoregressive"] == 1.0 and rows[(2, HF_GENERATE)]["x_generate"] == 1.0
     table = capsys.readouterr().out
     assert all(f"{b:>5}  {c:<28}" in table for b, c in rows)
+
+
+def test_bench_times_eagle_with_each_tree_in_one_run(tmp_path, tiny_model_dir, capsys):
+    """`eagle_trees` makes one contender of each tree; every one is lossless in float64."""
+    target = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    sha = weights_sha256(tiny_model_dir)
+    EagleHead(EagleConfig.of_target(target, target_weights_sha256=sha)).save(tmp_path / "eagle")
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n")
+    report = tmp_path / "report.json"
+    args = [
+        f"model={tiny_model_dir}",
+        f"eagle={tmp_path / 'eagle'}",
+        f"prompts={tmp_path / 'prompts.jsonl'}",
+        "num_prompts=1",
+        "dtype=float64",
+        "strategies=[autoregressive,eagle]",
+        "eagle_trees=[chain,static,dynamic]",
+        "batch_sizes=[1]",
+        "max_new_tokens=8",
+        "repeats=1",
+        f"report={report}",
+    ]
+    assert cli(["bench", *args]) == 0
+    rows = {r["contender"]: r for r in json.loads(report.read_text())}
+    trees = ["eagle tree=chain", "eagle tree=static", "eagle tree=dynamic"]
+    assert list(rows) == [HF_GENERATE, "autoregressive", *trees]
+    assert all(rows[name]["rows_equal_to_generate"] == 1.0 and rows[name]["tau"] >= 1.0 for name in trees)
+    table = capsys.readouterr().out
+    assert all(name in table for name in trees)
+    assert cli(["bench", *args[:-1], "eagle_trees=[bushy]"]) == 2
+    assert "eagle_trees: unknown ['bushy']; use dynamic, static, chain" in capsys.readouterr().err
 
 
 def test_job_input_splits_cycled_prompts_into_shards(tmp_path):

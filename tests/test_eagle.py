@@ -1,6 +1,6 @@
 """EAGLE is greedy decoding (and the target's keyed sampling), faster: equivalence in float64 is its
-specification, with chains and dynamic trees, heads scripted always right, always wrong, right to a
-depth, and of random weights. Also: the tree's growing and reranking on literal probabilities, the
+specification, with chains, static and dynamic trees, heads scripted always right, always wrong, right to a
+depth, and of random weights. Also: the trees' growing and reranking on literal probabilities, the
 head's cache after partial acceptance equal to a fresh one, and a head for another target refused."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM
 
 from jobs.shipped import SHIPPED_TARGET, shipped
 from strategies import registry
-from strategies.artifacts.eagle import EagleConfig, EagleHead, load_eagle
+from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, EagleConfig, EagleHead, load_eagle, save_draft_vocab
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
 from strategies.proposers.eagle import EagleProposer
-from strategies.proposers.eagle_tree import grow, rerank
+from strategies.proposers.eagle_tree import first_nodes, grow, grow_static, rerank, static_tree
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
@@ -62,8 +62,8 @@ class ScriptedEagle(EagleProposer):
     """The head feeds its cache and drafts as usual, but its confidences are scripted: the reference
     continuation's token ranks first down to depth `right_depth`, below which it is never a candidate."""
 
-    def __init__(self, head, top_k, sequences, right_depth):
-        super().__init__(head, top_k)
+    def __init__(self, head, top_k, sequences, right_depth, static_nodes=0):
+        super().__init__(head, top_k, static_nodes)
         self.sequences, self.right_depth = sequences, right_depth
         self.roots: list[tuple[list[int], torch.Tensor]] = []  # (context, root feature) of every proposal
 
@@ -103,21 +103,60 @@ def test_eagle_equals_greedy(target, tiny_model_dir, prompts):
     reference = _tokens(AutoregressiveStrategy(target), prompts, params)
     sequences = [p + r for p, r in zip(prompts, reference, strict=True)]
     head = tiny_eagle(target, tiny_model_dir)
-    for top_k, tree in ((1, False), (3, True)):
-        right = ScriptedEagle(head, top_k, sequences, right_depth=DEPTH)
+    for top_k, tree, static_nodes in ((1, False, 0), (3, True, 0), (3, True, 12)):
+        right = ScriptedEagle(head, top_k, sequences, right_depth=DEPTH, static_nodes=static_nodes)
         out = _scripted(target, right, tree).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
         assert out.stats["tau"] > DEPTH  # every draft accepted: DEPTH + 1 tokens a step but the last
-        wrong = ScriptedEagle(head, top_k, sequences, right_depth=0)
+        wrong = ScriptedEagle(head, top_k, sequences, right_depth=0, static_nodes=static_nodes)
         out = _scripted(target, wrong, tree).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
         assert out.stats["accepted_tokens"] == 0 and out.stats["draft_tokens"] > 0
-    # A head of random weights through the registry, as a job builds it: chain and dynamic tree.
+    # A head of random weights through the registry, as a job builds it: chain, static and dynamic tree.
     models = registry.Models(target, eagle=head)
-    for tree in ("chain", "dynamic"):
+    for tree in ("chain", "static", "dynamic"):
         options = StrategyOptions(name="eagle")
         options.eagle.tree = tree
         assert _tokens(registry.create(options, models), prompts, params) == reference
+
+
+class RecordingEagle(EagleProposer):
+    """Keeps every draft it proposes: its tokens, per row and step."""
+
+    drafted: list[list[int]]
+
+    def propose(self, context):
+        drafts = super().propose(context)
+        self.drafted = getattr(self, "drafted", []) + [d.tokens for d in drafts]
+        return drafts
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
+def test_a_draft_vocabulary_drafts_only_its_tokens_and_the_output_is_greedy(target, tiny_model_dir, prompts):
+    params = _params()
+    reference = _tokens(AutoregressiveStrategy(target), prompts, params)
+    head = tiny_eagle(target, tiny_model_dir)
+    vocab = head.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    permuted, subset = torch.randperm(vocab, generator=generator), torch.randperm(vocab, generator=generator)[:100]
+
+    def drafts(token_ids, static_nodes):
+        head.use_draft_vocab(token_ids)
+        proposer = RecordingEagle(head, 3, static_nodes)
+        assert _tokens(_scripted(target, proposer, tree=True), prompts, params) == reference
+        return proposer.drafted
+
+    for static_nodes in (0, 12):
+        whole = drafts(None, static_nodes)
+        # The whole vocabulary in another order drafts the same tokens: indices map back to the target's ids.
+        assert drafts(permuted, static_nodes) == whole
+        # A third of it drafts only its own tokens, and the target's verification keeps the output greedy.
+        allowed = set(subset.tolist())
+        assert all(set(tokens) <= allowed for tokens in drafts(subset, static_nodes)) and any(map(len, whole))
+    options = StrategyOptions(name="eagle")
+    for tree in ("chain", "static", "dynamic"):
+        options.eagle.tree = tree
+        assert _tokens(registry.create(options, registry.Models(target, eagle=head)), prompts, params) == reference
 
 
 def test_the_heads_cache_after_partial_acceptance_equals_a_fresh_run_over_the_accepted_tokens(target, tiny_model_dir):
@@ -145,7 +184,7 @@ def test_sampled_eagle_emits_the_targets_own_keyed_samples(target, tiny_model_di
     params = _params(16, temperature=0.8, top_k=40, seed=3)
     reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
     head = tiny_eagle(target, tiny_model_dir)
-    for tree in ("chain", "dynamic"):
+    for tree in ("chain", "static", "dynamic"):
         options = StrategyOptions(name="eagle")
         options.eagle.tree = tree
         assert _tokens(registry.create(options, registry.Models(target, eagle=head)), PROMPTS, params) == reference
@@ -214,6 +253,54 @@ def test_the_dynamic_tree_grows_the_most_confident_nodes_and_reranks_to_the_budg
     assert draft.tokens == [a, b, d] and draft.parents == [-1, -1, 0]
 
 
+def test_the_static_tree_is_the_most_likely_rank_paths_under_its_fixed_prior():
+    # Chances 0.6, 0.24, 0.096 by rank, multiplied along the path: [0] .6, [0, 0] .36, [1] .24, [0, 0, 0] .216,
+    # then [0, 1] and [1, 0] .144 (a tie: the lower ranks first), [2] .096.
+    tree = static_tree(nodes=7, depth=3, top_k=3)
+    assert tree.paths == ((0,), (0, 0), (1,), (0, 0, 0), (0, 1), (1, 0), (2,))
+    assert tree.parents == (-1, 0, -1, 1, 0, 2, -1)
+    assert static_tree(nodes=7, depth=1, top_k=3).paths == ((0,), (1,), (2,))  # no deeper than depth
+    assert static_tree(nodes=4, depth=5, top_k=1).paths == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))  # a chain
+    # Every first n nodes hold their ancestors.
+    big = static_tree(nodes=40, depth=5, top_k=4)
+    assert all(path[:-1] in big.paths[:n] for n, path in enumerate(big.paths) if len(path) > 1)
+
+
+def test_the_static_tree_grows_its_shape_one_depth_per_call_and_keeps_its_first_nodes():
+    a, b, c, d, e, f, g, h, i = range(9)
+    table = {
+        (): {a: 0.5, b: 0.3, c: 0.2},
+        (a,): {d: 0.6, e: 0.4},
+        (b,): {f: 0.9, g: 0.1},
+        (a, d): {h: 0.7, i: 0.3},
+    }
+    log_probs = _table(table, vocab=9)
+    calls: list[list[tuple[int, ...]]] = []  # per call, the paths of the nodes expanded
+    paths: dict[int, tuple[int, ...]] = {}
+
+    def expand(tokens, parents, level):
+        nonlocal paths
+        previous = paths if level > 1 else {-1: ()}
+        paths = {n: previous[int(p)] + (int(t),) for n, (t, p) in enumerate(zip(tokens[0], parents[0], strict=True))}
+        calls.append(list(paths.values()))
+        return torch.stack([log_probs(paths[n]) for n in range(len(paths))])[None]
+
+    tree = static_tree(nodes=7, depth=3, top_k=3)  # [0] [0,0] [1] [0,0,0] [0,1] [1,0] [2]
+    grown = grow_static(log_probs(())[None], tree, expand)
+    # One call per depth with children, on every node of it that has some: a and b, then a-d.
+    assert calls == [[(a,), (b,)], [(a, d)]]
+    assert grown.tokens[0].tolist() == [a, d, b, h, e, f, c]
+    assert grown.parents[0].tolist() == [-1, 0, -1, 1, 0, 2, -1]
+    assert grown.depths[0].tolist() == [1, 2, 1, 3, 2, 2, 1]
+    assert grown.values[0].exp().tolist() == pytest.approx([0.5, 0.3, 0.3, 0.21, 0.2, 0.27, 0.2])
+    # The shape, not the confidence, decides what a smaller budget keeps: its first nodes that fit.
+    [draft] = first_nodes(grown, budgets=[3], max_nodes=4)
+    assert draft.tokens == [a, d, b, h] and draft.parents == [-1, 0, -1, 1]
+    both = type(grown)(*(t.expand(2, -1) for t in vars(grown).values()))
+    shallow, none = first_nodes(both, budgets=[1, 0], max_nodes=7)
+    assert shallow.tokens == [a, b, c] and shallow.parents == [-1, -1, -1] and none.tokens == []
+
+
 def test_a_head_for_another_target_is_refused(tmp_path, tiny_model_dir, tiny_draft_dir, target):
     head = tiny_eagle(target, tiny_model_dir)
     head.save(tmp_path / "eagle")
@@ -229,13 +316,45 @@ def test_a_head_for_another_target_is_refused(tmp_path, tiny_model_dir, tiny_dra
         load_models(str(tiny_model_dir), torch.float64, torch.device("cpu"), {"eagle": str(tmp_path / "other")})
 
 
+def test_a_draft_vocabulary_is_loaded_with_its_head_and_checked(tmp_path, tiny_model_dir, target):
+    head = tiny_eagle(target, tiny_model_dir)
+    token_ids = torch.tensor([7, 3, 250, 0])
+    head.config.draft_vocab_size = 4
+    head.save(tmp_path)
+    save_draft_vocab(tmp_path, token_ids, torch.tensor([9, 5, 2, 1]))
+    loaded = load_eagle(tmp_path, torch.float64, torch.device("cpu"))
+    loaded.use_target(target.model)
+    assert torch.equal(loaded.draft_ids, token_ids)
+    assert torch.equal(loaded.draft_lm_head, target.model.get_output_embeddings().weight[token_ids])
+    assert loaded.to_target(torch.tensor([[2, 0]])).tolist() == [[250, 7]]
+
+    def refused(match):
+        with pytest.raises(ValueError, match=match):
+            load_eagle(tmp_path, torch.float64, torch.device("cpu"))
+
+    save_draft_vocab(tmp_path, torch.tensor([7, 3, 250]), torch.tensor([9, 5, 2]))
+    refused(r"draft_vocab\.safetensors holds token_ids of shape \(3,\), eagle\.json says draft_vocab_size=4")
+    save_draft_vocab(tmp_path, torch.tensor([7, 3, 3, 0]), torch.tensor([9, 5, 2, 1]))
+    refused("token_ids must be distinct ids below vocab_size")
+    save_draft_vocab(tmp_path, torch.tensor([7, 3, 9999, 0]), torch.tensor([9, 5, 2, 1]))
+    refused("token_ids must be distinct ids below vocab_size")
+    (tmp_path / DRAFT_VOCAB_FILE).write_bytes(b"not safetensors")
+    refused("draft_vocab.safetensors is not a safetensors file")
+    (tmp_path / DRAFT_VOCAB_FILE).unlink()
+    refused("draft_vocab_size=4 but .*draft_vocab.safetensors is missing: write it again with `accelgen train eagle")
+    save_draft_vocab(tmp_path, token_ids, torch.tensor([9, 5, 2, 1]))
+    head.config.draft_vocab_size = 0
+    head.save(tmp_path)
+    refused("draft_vocab.safetensors exists but .*eagle.json says draft_vocab_size=0")
+
+
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
 def test_the_shipped_head_on_the_shipped_target_equals_greedy(prompts):
     loaded = load_models(str(SHIPPED_TARGET), torch.float64, torch.device("cpu"), {"eagle": str(shipped("eagle"))})
     target, models = loaded.models.target, loaded.models
     params = _params(24)
     reference = _tokens(AutoregressiveStrategy(target), prompts, params)
-    for tree in ("chain", "dynamic"):
+    for tree in ("chain", "static", "dynamic"):
         options = StrategyOptions(name="eagle")
         options.eagle.tree = tree
         out = registry.create(options, models).generate(_requests(prompts), params)

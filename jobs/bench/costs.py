@@ -243,9 +243,9 @@ def measure(bench: Bench) -> dict:
         for name in config.strategies:
             if name == "autoregressive":
                 continue
-            options = dataclasses.replace(config.strategy, name=name)
-            runs = [_steps(bench, bench._fresh(options, batch_size), runner, batch) for _ in range(config.repeats)]
-            drafters.append(_drafter_row(name, runs, plain))
+            for label, options in bench._variants(name, dataclasses.replace(config.strategy, name=name)).items():
+                runs = [_steps(bench, bench._fresh(options, batch_size), runner, batch) for _ in range(config.repeats)]
+                drafters.append(_drafter_row(label, runs, plain))
         table["batches"].append(
             {"batch_size": batch_size, "forwards": forwards, "plain_step_ms": round(plain, 3), "drafters": drafters}
         )

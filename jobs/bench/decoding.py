@@ -31,7 +31,7 @@ from pipeline.errors import JobError
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
-from strategies.options import DRAFTERS, StrategyOptions
+from strategies.options import DRAFTERS, EAGLE_TREES, StrategyOptions
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
 from workers.model_kinds import KINDS, needed_by
@@ -60,6 +60,11 @@ class _BenchSettings:
         [],
         "With speculative or specdec among the strategies: time it with each of these drafters (draft_model, "
         "cmlm), one contender each. Empty: strategy.<name>.drafter alone.",
+    )
+    eagle_trees: list[str] = option(
+        [],
+        "With eagle among the strategies: time it with each of these trees (chain, static, dynamic), one contender "
+        "each, the other strategy.eagle.* options shared. Empty: strategy.eagle.tree alone.",
     )
     transformers: list[str] = option(
         ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
@@ -252,7 +257,8 @@ class Bench:
         return found
 
     def _variants(self, name: str, options: StrategyOptions) -> dict[str, StrategyOptions]:
-        """The contenders strategy `name` stands for: one per swept setting (passes T, drafters), or itself."""
+        """The contenders strategy `name` stands for: one per swept setting (passes T, drafters, EAGLE trees),
+        or itself."""
         config = self.config
         if name == registry.MASK_PREDICT and config.mask_predict_iterations:
             return {
@@ -266,6 +272,11 @@ class Bench:
             return {
                 f"{name} drafter={d}": dataclasses.replace(options, **{name: dataclasses.replace(section, drafter=d)})
                 for d in config.drafters
+            }
+        if name == "eagle" and config.eagle_trees:
+            return {
+                f"{name} tree={t}": dataclasses.replace(options, eagle=dataclasses.replace(options.eagle, tree=t))
+                for t in config.eagle_trees
             }
         return {name: options}
 
@@ -390,6 +401,9 @@ def main(args: list[str]) -> int:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
     if set(config.drafters) - set(DRAFTERS):
         raise JobError(f"drafters: unknown {sorted(set(config.drafters) - set(DRAFTERS))}; use {', '.join(DRAFTERS)}")
+    if set(config.eagle_trees) - set(EAGLE_TREES):
+        unknown_trees = sorted(set(config.eagle_trees) - set(EAGLE_TREES))
+        raise JobError(f"eagle_trees: unknown {unknown_trees}; use {', '.join(EAGLE_TREES)}")
     if config.job:
         from jobs.bench import job as bench_job
 

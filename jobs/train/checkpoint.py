@@ -27,6 +27,8 @@ _NOT_FINGERPRINTED = {
     "train.checkpoint_every",
     "train.checkpoint_dir",
     "corpus.storage_options",
+    "draft_vocab",  # EAGLE's draft vocabulary: written beside the head, never trained
+    "draft_vocab_only",
 }
 
 

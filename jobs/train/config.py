@@ -314,10 +314,26 @@ class EagleJobConfig:
         default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=50, weight_decay=0.0, grad_clip=1.0)
     )
     eval: EagleEvalConfig = field(default_factory=EagleEvalConfig)
+    draft_vocab: int = option(
+        2048,
+        "Draft vocabulary: the N tokens most frequent in the corpus' training split, the only ones the head drafts "
+        "(scoring N rows of the LM head, not all; the target still verifies with all). 0: the whole vocabulary.",
+    )
+    draft_vocab_only: bool = option(
+        False,
+        "Only count the corpus and write the draft vocabulary (draft_vocab) into the head already trained in "
+        "output_dir, then measure its held-out acceptance again: its weights are not touched.",
+    )
 
 
-def check_eagle(config: EagleJobConfig, context: int) -> None:
-    """Value checks of `train eagle` against its target's `context`, before any sequence is generated."""
+def check_eagle(config: EagleJobConfig, context: int, vocab_size: int) -> None:
+    """Value checks of `train eagle` against its target's `context` and `vocab_size`, before any sequence is
+    generated."""
+    if not 0 <= config.draft_vocab <= vocab_size:
+        raise JobError(
+            f"draft_vocab={config.draft_vocab}: use 0 (the whole vocabulary) or at most the target's "
+            f"{vocab_size} tokens"
+        )
     data = config.data
     counts = {"sequences": data.sequences, "batch_size": data.batch_size, "eval_sequences": data.eval_sequences}
     check_sequences("data.", counts, data.prompt_tokens, data.continuation_tokens, context)

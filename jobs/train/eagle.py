@@ -12,13 +12,18 @@ The noise U(−a, a) on the input features (a = `noise`, 0.1 in the paper) makes
 own errors, which it reads back when it drafts further than one token. It is drawn from torch's global
 generator, which the loop's checkpoints carry, so a resumed run is bit-identical.
 
-The run ends by decoding held-out prompts with the head, chain and dynamic tree, and records the
+The head's draft vocabulary (`strategies.artifacts.eagle`) is the `draft_vocab` tokens most frequent
+in the corpus' training split, counted after training and written beside the head with their counts.
+`draft_vocab_only=true` does only that, for a head already trained (the shipped one): its weights are
+not read for anything but the held-out measurement, nor written.
+
+The run ends by decoding held-out prompts with the head, chain, static and dynamic tree, and records the
 acceptance at each draft depth and τ (tokens per verify step) in `eagle.json`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +32,17 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from jobs.train.config import EagleJobConfig, check_eagle
-from jobs.train.corpus import Document, load_corpus
+from jobs.train.corpus import Corpus, Document, load_corpus
 from jobs.train.heads import SequenceSampler, training_sequences
 from jobs.train.loop import Objective, single_phase, train, versions
 from jobs.train.on_target import start_on_target
 from jobs.train.sequences import draw_prompts
 from jobs.train.tokenizer import encode_documents
+from pipeline.errors import JobError
 from pipeline.report import acceptance_by_position, tau_by_drafter
 from strategies import registry
-from strategies.artifacts.eagle import EagleConfig, EagleHead
+from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, KIND, EagleConfig, EagleHead, load_eagle, save_draft_vocab
+from strategies.artifacts.weights_folder import write_weights_config
 from strategies.base import GenerationParams, RowRequest
 from strategies.options import StrategyOptions
 from strategies.runtime.runner import ModelRunner
@@ -48,8 +55,10 @@ def train_eagle(config: EagleJobConfig) -> Path:
     run = start_on_target(config, frozen=True)
     device, target, tokenizer = run.device, run.target, run.tokenizer
     out, checkpoint_dir, fingerprint = run.output_dir, run.checkpoint_dir, run.fingerprint
-    check_eagle(config, target.config.max_position_embeddings)
+    check_eagle(config, target.config.max_position_embeddings, target.get_output_embeddings().weight.shape[0])
     corpus = load_corpus(config.corpus)
+    if config.draft_vocab_only:
+        return write_draft_vocab(config, target, tokenizer, corpus, out)
     sequences, generation_s = training_sequences(config, target, tokenizer, corpus, checkpoint_dir, fingerprint)
     head = new_head(config, target)
     data = config.data
@@ -70,6 +79,7 @@ def train_eagle(config: EagleJobConfig) -> Path:
     )
     del features
     head.eval()
+    vocab = use_draft_vocab(head, config.draft_vocab, tokenizer, corpus)
     acceptance = heldout_acceptance(head, target, tokenizer, corpus.heldout, config)
     head.config.training = {
         "job": "eagle",
@@ -82,13 +92,85 @@ def train_eagle(config: EagleJobConfig) -> Path:
         **asdict(summary),
         "heldout_sequences": data.eval_sequences,
         "heldout_acceptance": acceptance,
+        "draft_vocab": vocab.record,
         **versions(),
     }
     head.save(out)
+    vocab.save(out)
     print(
         f"eagle: {summary.steps} steps, {summary.tokens_seen / 1e6:.2f} M tokens in {summary.wall_s:.0f} s "
         f"(+ {generation_s:.0f} s generating); training loss {summary.train_loss:.3f}; saved to {out}"
     )
+    return out
+
+
+@dataclass
+class DraftVocab:
+    """A head's draft vocabulary as counted, and what `eagle.json` records of it."""
+
+    token_ids: torch.Tensor  # [N] most frequent first
+    counts: torch.Tensor  # [N]
+    record: dict[str, Any]  # size, tokens counted, coverage, corpus
+
+    def save(self, directory: Path) -> None:
+        """Write `draft_vocab.safetensors`, or remove a stale one when the head drafts over every token."""
+        if len(self.token_ids):
+            save_draft_vocab(directory, self.token_ids, self.counts)
+        else:
+            (directory / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
+
+
+def most_frequent(tokens: torch.Tensor, vocab_size: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `size` most frequent ids among `tokens` [M] (ties: the lower id first) and their counts: [size] each."""
+    counts = torch.bincount(tokens.long(), minlength=vocab_size)  # [V]
+    order = torch.argsort(counts, descending=True, stable=True)[:size]
+    return order, counts[order]
+
+
+def use_draft_vocab(head: EagleHead, size: int, tokenizer: PreTrainedTokenizerBase, corpus: Corpus) -> DraftVocab:
+    """Count the corpus' training split and make its `size` most frequent tokens `head`'s draft vocabulary
+    (0: the whole vocabulary); printed."""
+    if not size:
+        head.use_draft_vocab(None)
+        head.config.draft_vocab_size = 0
+        return DraftVocab(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), {"size": 0})
+    tokens = encode_documents(tokenizer, corpus.train)  # [M]
+    token_ids, counts = most_frequent(tokens, head.config.vocab_size, size)
+    coverage = round(counts.sum().item() / len(tokens), 4)
+    head.use_draft_vocab(token_ids)
+    head.config.draft_vocab_size = size
+    print(f"eagle: draft vocabulary of {size} tokens, {coverage:.1%} of the {len(tokens)} training-split tokens")
+    record = {"size": size, "tokens_counted": len(tokens), "coverage": coverage, "corpus": corpus.source}
+    return DraftVocab(token_ids, counts, record)
+
+
+def write_draft_vocab(
+    config: EagleJobConfig,
+    target: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: Corpus,
+    out: Path,
+) -> Path:
+    """`draft_vocab_only`: the draft vocabulary of the head trained in `out`, and its held-out acceptance
+    with it, written to `eagle.json` and `draft_vocab.safetensors`; `eagle.safetensors` is left as it is."""
+    try:
+        head = load_eagle(out, torch.float32, target.lm_head.weight.device, draft_vocab=False)
+    except ValueError as exc:
+        raise JobError(f"draft_vocab_only=true needs the head trained in output_dir={out}: {exc}") from None
+    wanted = weights_sha256(Path(config.target))
+    if head.config.target_weights_sha256 != wanted:
+        raise JobError(
+            f"the head in output_dir={out} was trained for the target at {head.config.target_path} "
+            f"(weights sha256 {head.config.target_weights_sha256[:12]}), not target={config.target} ({wanted[:12]})"
+        )
+    head.use_target(target)
+    vocab = use_draft_vocab(head, config.draft_vocab, tokenizer, corpus)
+    training = head.config.training
+    training["heldout_acceptance"] = heldout_acceptance(head, target, tokenizer, corpus.heldout, config)
+    training["draft_vocab"] = vocab.record
+    vocab.save(out)
+    write_weights_config(out, KIND, head.config)
+    print(f"eagle: draft vocabulary and held-out acceptance written to {out / 'eagle.json'}")
     return out
 
 
@@ -140,7 +222,7 @@ def heldout_acceptance(
     documents: list[Document],
     config: EagleJobConfig,
 ) -> dict[str, Any]:
-    """Per tree shape (chain, dynamic): acceptance at each draft depth and τ, decoding held-out prompts
+    """Per tree shape (chain, static, dynamic): acceptance at each draft depth and τ, decoding held-out prompts
     greedily with the head as a job would (no controller); printed."""
     tokens = encode_documents(tokenizer, documents)  # [M]
     prompts = draw_prompts(tokens, config.data.eval_sequences, config.data.prompt_tokens, config.train.seed)
@@ -148,7 +230,7 @@ def heldout_acceptance(
     params = GenerationParams(config.eval.new_tokens, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
     models = registry.Models(ModelRunner(target), eagle=head)
     size, measured = config.data.batch_size, {}
-    for tree in ("chain", "dynamic"):
+    for tree in ("chain", "static", "dynamic"):
         options = StrategyOptions(name="eagle", adaptive=False)
         options.eagle.tree, options.eagle.depth = tree, config.eval.depth
         batches = [  # the summing of per-batch counts is the job report's

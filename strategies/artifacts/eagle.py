@@ -13,8 +13,16 @@ Only the projection and the layer are the head's own. The target's embedding, LM
 frequencies are attached (`use_target`), never trained here or saved. The head lives in its own
 folder (`strategies.artifacts.weights_folder`):
 
-    eagle.json          shape, and the target it was trained for (path, weights sha256)
-    eagle.safetensors   the projection and the decoder layer
+    eagle.json                 shape, the target it was trained for (path, weights sha256), and the
+                               draft vocabulary's size (`draft_vocab_size`, 0: none)
+    eagle.safetensors          the projection and the decoder layer
+    draft_vocab.safetensors    the draft vocabulary: `token_ids` [N], most frequent first, and their `counts`
+
+The draft vocabulary (FR-Spec, Zhao et al. 2025; EAGLE-3) is the N tokens most frequent in the
+training corpus. Drafting scores only those (`draft_logits`: an N-row slice of the LM head instead of
+all V rows, and a softmax over N), which is most of a draft step's cost at a small head; the target
+still verifies with its whole vocabulary, so the output is unchanged: a token outside the N is
+never drafted, only emitted by the target.
 
 A job refuses a head whose `target_weights_sha256` is not its target's (`workers.model_kinds`).
 """
@@ -27,12 +35,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
 from strategies.runtime.kv_cache import SlotLayer
 
 KIND = "eagle"
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
 
 @dataclass
@@ -46,6 +57,7 @@ class EagleConfig:
     head_dim: int
     intermediate_size: int
     rms_norm_eps: float = 1e-6
+    draft_vocab_size: int = 0  # tokens in draft_vocab.safetensors; 0: drafts score the whole vocabulary
     target_path: str = ""  # where the target was when the head was trained (informative)
     target_weights_sha256: str = ""  # `model_loading.weights_sha256` of that target
     training: dict[str, Any] = field(default_factory=dict)  # what produced the head (informative)
@@ -90,6 +102,8 @@ class EagleHead(torch.nn.Module):
         self.lm_head: torch.Tensor | None = None  # [V, H]
         self.inv_freq: torch.Tensor | None = None  # [head_dim / 2]
         self.rope_scale = 1.0
+        self.draft_ids: torch.Tensor | None = None  # [N] the draft vocabulary's target ids; None: all V
+        self.draft_lm_head: torch.Tensor | None = None  # [N, H] the LM head's rows of the draft vocabulary
 
     def use_target(self, target: torch.nn.Module) -> None:
         """Attach the target's embedding, LM head and rotary frequencies (a Llama-family HF model)."""
@@ -102,6 +116,27 @@ class EagleHead(torch.nn.Module):
         self.lm_head = lm_head.detach()
         self.inv_freq = rotary.inv_freq.detach().float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._slice_draft_lm_head()
+
+    def use_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Draft from these target ids only ([N], None: the whole vocabulary)."""
+        self.draft_ids = None if token_ids is None else token_ids.to(device=self.fc.weight.device, dtype=torch.long)
+        self._slice_draft_lm_head()
+
+    def _slice_draft_lm_head(self) -> None:
+        if self.lm_head is not None:
+            self.draft_lm_head = self.lm_head if self.draft_ids is None else self.lm_head[self.draft_ids].contiguous()
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's LM head on (predicted) features, over the draft vocabulary: [..., H] -> [..., N];
+        `to_target` turns an index among the N into the target's token id."""
+        if self.draft_lm_head is None:
+            raise ValueError("the EAGLE head reads the target's LM head: attach it with use_target()")
+        return F.linear(features, self.draft_lm_head)
+
+    def to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
+        """Target ids of indices into the draft vocabulary (any shape); the ids themselves without one."""
+        return draft_tokens if self.draft_ids is None else self.draft_ids[draft_tokens]
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's LM head on (predicted) features: [..., H] -> [..., V]."""
@@ -144,8 +179,44 @@ class EagleHead(torch.nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
     def save(self, directory: Path) -> None:
-        """Write `eagle.json` and `eagle.safetensors` (float32) to `directory`."""
+        """Write `eagle.json` and `eagle.safetensors` (float32) to `directory` (the draft vocabulary is
+        written apart, with its counts: `save_draft_vocab`)."""
         save_weights_folder(directory, KIND, self.config, self)
+
+
+def save_draft_vocab(directory: Path, token_ids: torch.Tensor, counts: torch.Tensor) -> None:
+    """Write `draft_vocab.safetensors`: the draft vocabulary's target ids [N] and their corpus counts [N]."""
+    tensors = {"token_ids": token_ids.long().cpu().contiguous(), "counts": counts.long().cpu().contiguous()}
+    save_file(tensors, str(directory / DRAFT_VOCAB_FILE))
+
+
+def read_draft_vocab(directory: Path, config: EagleConfig) -> torch.Tensor | None:
+    """The draft vocabulary's target ids [N] that `eagle.json` announces (None for draft_vocab_size 0);
+    a ValueError naming the file and the fix when it is missing or does not fit."""
+    path = directory / DRAFT_VOCAB_FILE
+    if not config.draft_vocab_size:
+        if path.exists():
+            raise ValueError(
+                f"{path} exists but {directory / 'eagle.json'} says draft_vocab_size=0: delete the file, or set "
+                "draft_vocab_size to its length"
+            )
+        return None
+    redo = "write it again with `accelgen train eagle CONFIG draft_vocab_only=true`"
+    if not path.exists():
+        raise ValueError(
+            f"{directory / 'eagle.json'} says draft_vocab_size={config.draft_vocab_size} but {path} is missing: {redo}"
+        )
+    try:
+        token_ids = load_file(str(path)).get("token_ids")
+    except SafetensorError as exc:
+        raise ValueError(f"{path} is not a safetensors file ({exc}): {redo}") from None
+    if token_ids is None or token_ids.dim() != 1 or len(token_ids) != config.draft_vocab_size:
+        found = "no token_ids" if token_ids is None else f"token_ids of shape {tuple(token_ids.shape)}"
+        raise ValueError(f"{path} holds {found}, eagle.json says draft_vocab_size={config.draft_vocab_size}: {redo}")
+    fits = token_ids.min() >= 0 and token_ids.max() < config.vocab_size and len(token_ids.unique()) == len(token_ids)
+    if not fits:
+        raise ValueError(f"{path}: token_ids must be distinct ids below vocab_size={config.vocab_size}: {redo}")
+    return token_ids
 
 
 def read_config(directory: Path) -> EagleConfig:
@@ -153,8 +224,13 @@ def read_config(directory: Path) -> EagleConfig:
     return read_weights_config(directory, KIND, EagleConfig)
 
 
-def load_eagle(directory: Path, dtype: torch.dtype, device: torch.device) -> EagleHead:
-    """The head saved in `directory`, in eval mode; it still needs `use_target`."""
-    head = EagleHead(read_config(directory))
+def load_eagle(directory: Path, dtype: torch.dtype, device: torch.device, draft_vocab: bool = True) -> EagleHead:
+    """The head saved in `directory`, in eval mode, with its draft vocabulary (`draft_vocab=False`: without
+    reading it, for the command that writes it anew); it still needs `use_target`."""
+    config = read_config(directory)
+    head = EagleHead(config)
     head.load_state_dict(load_weights(directory, KIND))
-    return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if draft_vocab:
+        head.use_draft_vocab(read_draft_vocab(directory, config))
+    return head

@@ -1,4 +1,5 @@
-"""EAGLE (Li et al. 2024): an EAGLE head drafts in the target's feature space, a chain or a dynamic tree.
+"""EAGLE (Li et al. 2024): an EAGLE head drafts in the target's feature space: a chain, EAGLE-1's static
+tree or EAGLE-2's dynamic tree.
 
 The head (`strategies.artifacts.eagle`) keeps its own small cache per row (`RaggedKV`, one layer),
 which holds only inputs made of the target's true features: (f_t, token t+1) at position t. The
@@ -8,11 +9,15 @@ them, all at once. Feeding the last of them (f of the token before the pending o
 token) predicts the feature the pending token's successor is chosen from: the draft's root.
 
 Drafting then runs in feature space: each drafted node is fed with its parent's predicted feature,
-attending to the cache and its own ancestors only, and the target's LM head scores its children
-(`eagle_tree.grow`; the tree is reranked to the node budget by `eagle_tree.rerank`). Drafted inputs
-are made of predicted features, so they are dropped from the cache as soon as the draft is built:
-once the target has verified, its true features for the accepted positions take their place. The
-cache after a step is thus exactly what a fresh head would hold over the accepted tokens.
+attending to the cache and its own ancestors only, and the target's LM head scores its children over
+the head's draft vocabulary (`EagleHead.draft_logits`: the trees' tokens are indices into it, mapped
+to the target's ids for the head's next input and for the draft). The tree is EAGLE-2's
+(`eagle_tree.grow`, reranked to the node budget by `eagle_tree.rerank`) or EAGLE-1's static shape
+(`eagle_tree.static_tree`, grown by `eagle_tree.grow_static`, cut to the budget by
+`eagle_tree.first_nodes`). Drafted inputs are made of predicted features, so they are dropped from
+the cache as soon as the draft is built: once the target has verified, its true features for the
+accepted positions take their place. The cache after a step is thus exactly what a fresh head would
+hold over the accepted tokens.
 
 A head started after its batch (a controller turned it on late) has only the features of the
 target's forwards from then on: its drafts are still verified exactly, only guessed with less context.
@@ -26,7 +31,7 @@ import torch
 
 from strategies.artifacts.eagle import EagleHead
 from strategies.base import GenerationParams
-from strategies.proposers.eagle_tree import Grown, grow, rerank
+from strategies.proposers.eagle_tree import Grown, first_nodes, grow, grow_static, rerank, static_tree
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
@@ -47,9 +52,10 @@ class EagleProposer(Proposer[_EagleRow]):
     name = "eagle"
     wants_hidden_states = True
 
-    def __init__(self, head: EagleHead, top_k: int) -> None:
+    def __init__(self, head: EagleHead, top_k: int, static_nodes: int = 0) -> None:
         self.head = head
         self.top_k = top_k  # children per expanded node, and nodes expanded per level; 1: a chain
+        self.static_nodes = static_nodes  # > 0: EAGLE-1's static tree of that many nodes, ranks below top_k
 
     @property
     def device(self) -> torch.device:
@@ -90,6 +96,8 @@ class EagleProposer(Proposer[_EagleRow]):
         self.kv.compact_if_wasteful()
         if grown is None:
             return [Draft.empty() for _ in context.budgets]
+        if self.static_nodes:
+            return first_nodes(grown, context.budgets, context.max_nodes)
         return rerank(grown, context.budgets, context.max_nodes)
 
     def _feed_target_features(self) -> torch.Tensor:
@@ -120,8 +128,9 @@ class EagleProposer(Proposer[_EagleRow]):
         return out[torch.arange(len(rows), device=self.device), last]
 
     def _log_confidence(self, features: torch.Tensor) -> torch.Tensor:
-        """The head's next-token log-probabilities from (predicted) features: [..., H] -> [..., V]."""
-        return torch.log_softmax(self.head.logits(features).float(), dim=-1)
+        """The head's next-token log-probabilities from (predicted) features over its draft vocabulary:
+        [..., H] -> [..., N] (N = V without one; `head.to_target` maps an index to a token id)."""
+        return torch.log_softmax(self.head.draft_logits(features).float(), dim=-1)
 
     def _grow(self, root: torch.Tensor, depth: int) -> Grown:
         """The tree below each row's pending token; the head's inputs for it are dropped afterwards."""
@@ -141,15 +150,21 @@ class EagleProposer(Proposer[_EagleRow]):
             itself = torch.eye(f, dtype=torch.bool, device=self.device).expand(b, f, f)
             allowed = torch.cat([seen[:, None, :].expand(-1, f, -1), ancestors, itself], dim=2)
             positions = (pending + level - 1)[:, None].expand(-1, f)
-            out = self.head(features, tokens, positions, allowed, kv.layers[0])  # [B, F, H]
+            out = self.head(features, self.head.to_target(tokens), positions, allowed, kv.layers[0])  # [B, F, H]
             kv.append(torch.ones(b, f, dtype=torch.bool, device=self.device))
             fed["features"], fed["sees"] = out, torch.cat([ancestors, itself], dim=2)
             return self._log_confidence(out)
 
         try:
-            return grow(self._log_confidence(root), depth, self.top_k, expand)
+            if self.static_nodes:  # no deeper than the rows need: a shallower budget drafts that depth's shape
+                shape = static_tree(self.static_nodes, depth, self.top_k)
+                grown = grow_static(self._log_confidence(root), shape, expand)
+            else:
+                grown = grow(self._log_confidence(root), depth, self.top_k, expand)
         finally:
             kv.truncate(slots)
+        grown.tokens = self.head.to_target(grown.tokens)  # the trees' tokens are indices into the draft vocabulary
+        return grown
 
 
 def _kept_features(states: TargetStates | None, row: int) -> torch.Tensor:

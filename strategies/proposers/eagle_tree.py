@@ -1,4 +1,5 @@
-"""EAGLE-2's dynamic draft tree (Li et al. 2024, arXiv 2406.16858): grow by confidence, then rerank.
+"""EAGLE's draft trees: EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2406.16858), grown by confidence
+then reranked, and EAGLE-1's static tree (arXiv 2401.15077), one fixed shape for every step.
 
 A node's value is its path's cumulative draft confidence: the sum of the draft's log-probabilities
 along the path from the pending token, an estimate of the chance that the target accepts the whole
@@ -8,14 +9,23 @@ the draft is sure and stays thin where it is not. Reranking: of every node grown
 highest value are verified. A child's value is never above its parent's (log-probabilities are at
 most 0), and ties keep the parent first, so the nodes kept always include their ancestors.
 
-A chain is the tree with `top_k` = 1. The functions here are pure: the distributions come from a
-callable (`Expand`), which the proposer backs with its head and the tests with literal tables.
+A chain is the tree with `top_k` = 1. The static tree is a fixed list of paths of ranks, as Medusa's
+(`[0, 1]`: the top-1 token below the pending one, then the top-2 below it): `static_tree` picks the
+`nodes` paths of highest prior chance, where a token of rank r is accepted with the fixed chance
+`static_rank_prior`(r) whatever it follows, so the shape is long down the top-1 path and bushy near
+the root. Growing it expands every node of one depth that has children in one call; a smaller node
+budget keeps the shape's first nodes (`first_nodes`), whatever the draft's confidence.
+
+The functions here are pure: the distributions come from a callable (`Expand`), which the proposer
+backs with its head and the tests with literal tables.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -74,6 +84,107 @@ def rerank(grown: Grown, budgets: list[int], max_nodes: int) -> list[Draft]:
         fits = [n for n in range(len(tokens[row])) if depths[row][n] <= budget]
         # Python's sort is stable: on equal values the node grown first (an ancestor) stays first.
         kept = sorted(sorted(fits, key=lambda n: -values[row][n])[:max_nodes])
-        index = {node: i for i, node in enumerate(kept)} | {-1: -1}
-        drafts.append(Draft([tokens[row][n] for n in kept], [index[parents[row][n]] for n in kept]))
+        drafts.append(_draft(tokens[row], parents[row], kept))
     return drafts
+
+
+def _draft(tokens: list[int], parents: list[int], kept: list[int]) -> Draft:
+    """The draft tree of the `kept` nodes (ascending, each one's parent kept before it)."""
+    index = {node: i for i, node in enumerate(kept)} | {-1: -1}
+    return Draft([tokens[n] for n in kept], [index[parents[n]] for n in kept])
+
+
+def static_rank_prior(rank: int) -> float:
+    """The chance a static tree's shape assumes for a drafted token of `rank` (0: the top-1), 0.6 · 0.4^r:
+    about the shipped head's top-1 acceptance, and the rest falling geometrically with the rank."""
+    return 0.6 * 0.4**rank
+
+
+@dataclass(frozen=True)
+class StaticLevel:
+    """The nodes of one depth of a static tree, and how they hang below the previous depth."""
+
+    nodes: torch.Tensor  # [n] their indices in the tree
+    slots: torch.Tensor  # [n] each one's parent's index in the previous depth's frontier (0 at depth 1)
+    ranks: torch.Tensor  # [n] each one's rank among its parent's children
+    frontier: torch.Tensor  # [F] which of the n have children (indices into `nodes`): the next call's inputs
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """A fixed draft tree: paths of ranks, each after its prefix, most likely first."""
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...]  # per node, its parent's index; -1: the pending token
+    levels: tuple[StaticLevel, ...]  # depth 1 first
+
+
+@lru_cache(maxsize=64)
+def static_tree(nodes: int, depth: int, top_k: int) -> StaticTree:
+    """The `nodes` paths of highest prior chance (`static_rank_prior`, multiplied along the path) no
+    deeper than `depth`, ranks below `top_k`; ties keep the shorter path, then the lower ranks. Each
+    path's prefix comes before it (its chance is higher), so any first n nodes form a tree. Cached: a
+    shape is built once per (nodes, depth, top_k)."""
+    paths: list[tuple[int, ...]] = []
+    heap = [(-static_rank_prior(r), 1, (r,)) for r in range(top_k)]  # (-chance, length, path)
+    heapq.heapify(heap)
+    while heap and len(paths) < nodes:
+        negative_chance, length, path = heapq.heappop(heap)
+        paths.append(path)
+        if length < depth:
+            for r in range(top_k):
+                heapq.heappush(heap, (negative_chance * static_rank_prior(r), length + 1, (*path, r)))
+    return _shape(tuple(paths))
+
+
+def _shape(paths: tuple[tuple[int, ...], ...]) -> StaticTree:
+    index = {path: n for n, path in enumerate(paths)}
+    parents = tuple(index.get(path[:-1], -1) for path in paths)
+    has_children = set(parents)
+    levels, previous_frontier = [], {-1: 0}  # node -> its index in the frontier of its depth
+    for level in range(1, max(map(len, paths)) + 1):
+        nodes = [n for n, path in enumerate(paths) if len(path) == level]
+        frontier = [i for i, n in enumerate(nodes) if n in has_children]
+        levels.append(
+            StaticLevel(
+                nodes=torch.tensor(nodes),
+                slots=torch.tensor([previous_frontier[parents[n]] for n in nodes]),
+                ranks=torch.tensor([paths[n][-1] for n in nodes]),
+                frontier=torch.tensor(frontier, dtype=torch.long),
+            )
+        )
+        previous_frontier = {nodes[i]: f for f, i in enumerate(frontier)}
+    return StaticTree(paths, parents, tuple(levels))
+
+
+def grow_static(root: torch.Tensor, tree: StaticTree, expand: Expand) -> Grown:
+    """The static `tree` below each row's pending token, whose next-token log-probabilities are `root`
+    [B, V]: a node is its parent's child of its rank. `expand` is called once per depth that has
+    children, on every node of it that has some."""
+    b, count = root.shape[0], len(tree.paths)
+    tokens = torch.zeros(b, count, dtype=torch.long, device=root.device)
+    values = torch.zeros(b, count, dtype=root.dtype, device=root.device)
+    depths = torch.zeros(b, count, dtype=torch.long, device=root.device)
+    log_probs, parent_values = root[:, None], values[:, :1]  # [B, F, V], [B, F]: the frontier's
+    for level, shape in enumerate(tree.levels, start=1):
+        nodes, slots, ranks = (t.to(root.device) for t in (shape.nodes, shape.slots, shape.ranks))
+        top_log_probs, top_tokens = log_probs.topk(int(shape.ranks.max()) + 1, dim=-1)  # [B, F, k]
+        tokens[:, nodes] = top_tokens[:, slots, ranks]  # [B, n]
+        values[:, nodes] = parent_values[:, slots] + top_log_probs[:, slots, ranks]
+        depths[:, nodes] = level
+        if len(shape.frontier):
+            frontier = nodes[shape.frontier.to(root.device)]  # [F]
+            parents_in_frontier = slots[shape.frontier.to(root.device)] if level > 1 else torch.full_like(frontier, -1)
+            log_probs = expand(tokens[:, frontier], parents_in_frontier.expand(b, -1), level)
+            parent_values = values[:, frontier]
+    parents = torch.tensor(tree.parents, device=root.device).expand(b, -1)
+    return Grown(tokens, parents, values, depths)
+
+
+def first_nodes(grown: Grown, budgets: list[int], max_nodes: int) -> list[Draft]:
+    """Per row, the first `max_nodes` nodes of a static tree no deeper than the row's budget (0: no draft)."""
+    tokens, parents, depths = (t.tolist() for t in (grown.tokens, grown.parents, grown.depths))
+    return [
+        _draft(tokens[row], parents[row], [n for n, d in enumerate(depths[row]) if d <= budget][:max_nodes])
+        for row, budget in enumerate(budgets)
+    ]
