@@ -101,8 +101,9 @@ class DraftHeads(torch.nn.Module):
     def _stacked_layers(self, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the first k heads' weights transposed and stacked [k, H, H] and biases [k, 1, H].
 
-        Stacked again whenever a weight changed (trained, loaded, moved: its version or storage), and
-        on every call while the weights are being trained, so that gradients reach each head's own."""
+        Stacked again whenever a weight changed (trained, loaded, moved: its version or storage; an
+        edit through `.data` changes neither and is not seen), and on every call while the weights are
+        being trained, so that gradients reach each head's own."""
         params = self._block_params
         if torch.is_grad_enabled() and params[0].requires_grad:
             stacked = _stack(self._linears)
