@@ -44,7 +44,10 @@ class HeadsConfig:
 
 
 class ResBlock(torch.nn.Module):
-    """h + SiLU(W h + b), with W and b zero at initialisation (the block starts as the identity)."""
+    """h + SiLU(W h + b), with W and b zero at initialisation (the block starts as the identity).
+
+    It holds one head's weights of one layer; `DraftHeads.features` runs every head's at once, and
+    `forward`, one head at a time, is that batched pass's reference."""
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
