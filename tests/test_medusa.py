@@ -226,6 +226,35 @@ def test_states_handed_to_a_proposer_equal_a_plain_forward(tiny_model_dir, path)
             assert torch.allclose(hidden, full[positions], atol=1e-10)
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_batched_heads_equal_each_heads_own_resblocks(num_layers):
+    """`features` runs every head's ResBlocks in one batched matmul per layer; `ResBlock.forward`,
+    head by head, is its reference, for any number of heads, through weights changed in place."""
+    torch.manual_seed(0)
+    heads = DraftHeads(HeadsConfig(num_heads=3, hidden_size=8, vocab_size=20, num_layers=num_layers))
+    heads = heads.double().requires_grad_(False)
+    for p in heads.parameters():
+        p.normal_()
+    hidden = torch.randn(2, 5, 8, dtype=torch.float64)  # [B, T, H]
+
+    def reference(k):
+        return torch.stack([block(hidden) for block in heads.blocks[:k]])  # [k, B, T, H]
+
+    for k in (1, 2, 3):
+        assert torch.allclose(heads.features(hidden, k), reference(k), rtol=0, atol=1e-12)
+    heads.blocks[2][num_layers - 1].linear.bias.add_(1.0)  # the stacked weights are stale now
+    assert torch.allclose(heads.features(hidden), reference(3), rtol=0, atol=1e-12)
+    assert torch.allclose(heads.features(hidden[0, 0]), reference(3)[:, 0, 0], rtol=0, atol=1e-12)  # one state [H]
+
+
+def test_batched_heads_train_each_heads_own_weights():
+    heads = DraftHeads(HeadsConfig(num_heads=3, hidden_size=8, vocab_size=20, num_layers=2))
+    heads.features(torch.randn(4, 8))[1].sum().backward()  # head 1's states only
+    grads = [[block[layer].linear.weight.grad for layer in range(2)] for block in heads.blocks]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads[1])
+    assert all(g is None or not g.any() for g in grads[0] + grads[2])
+
+
 def test_tree_shapes_and_choices_on_literal_inputs():
     proposer = HeadsProposer("medusa", None, [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
     paths, parents = proposer._shape(depth=2, nodes=4)

@@ -44,7 +44,10 @@ class HeadsConfig:
 
 
 class ResBlock(torch.nn.Module):
-    """h + SiLU(W h + b), with W and b zero at initialisation (the block starts as the identity)."""
+    """h + SiLU(W h + b), with W and b zero at initialisation (the block starts as the identity).
+
+    It holds one head's weights of one layer; `DraftHeads.features` runs every head's at once, and
+    `forward`, one head at a time, is that batched pass's reference."""
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
@@ -76,14 +79,43 @@ class DraftHeads(torch.nn.Module):
         )
         # The target's LM head [V, H] when shared: not a parameter of the heads, never saved with them.
         self.lm_head: torch.Tensor | None = None
+        # Per layer, every head's ResBlock linear; their parameters; stacked by `_stacked_layers`.
+        self._linears = [[block[layer].linear for block in self.blocks] for layer in range(config.num_layers)]
+        self._block_params = [p for layer in self._linears for linear in layer for p in linear.parameters()]
+        self._stacked: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._stacked_key: list[tuple[int, int]] | None = None
 
     @property
     def num_heads(self) -> int:
         return self.config.num_heads
 
     def features(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """The first `num_heads` heads' states (all: None) before the LM head: [..., H] -> [k, ..., H]."""
-        return torch.stack([block(hidden) for block in self.blocks[:num_heads]])
+        """The first `num_heads` heads' states (all: None) before the LM head: [..., H] -> [k, ..., H].
+
+        Every head's ResBlock of one layer runs in one batched matmul (`ResBlock.forward` per head is
+        the reference): at decode time k small matmuls and their module calls cost more than the
+        arithmetic."""
+        k = self.num_heads if num_heads is None else min(num_heads, self.num_heads)
+        states = hidden.reshape(1, -1, hidden.shape[-1]).expand(k, -1, -1)  # [k, N, H]
+        for weight_t, bias in self._stacked_layers(k):  # [k, H, H] each head's W transposed, [k, 1, H]
+            states = states + F.silu(torch.baddbmm(bias, states, weight_t))
+        return states.reshape(k, *hidden.shape)
+
+    def _stacked_layers(self, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the first k heads' weights transposed and stacked [k, H, H] and biases [k, 1, H].
+
+        Stacked again whenever a weight changed (trained, loaded, moved: its version or storage; an
+        edit through `.data` changes neither and is not seen), and on every call while the weights are
+        being trained, so that gradients reach each head's own."""
+        params = self._block_params
+        if torch.is_grad_enabled() and params[0].requires_grad:
+            stacked = _stack(self._linears)
+        else:
+            key = [(p._version, p.data_ptr()) for p in params]
+            if self._stacked_key != key:
+                self._stacked, self._stacked_key = _stack(self._linears), key
+            stacked = self._stacked
+        return [(weight_t[:k], bias[:k]) for weight_t, bias in stacked]
 
     def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """Logits of the first `num_heads` heads (all: None): `hidden` [..., H] -> [k, ..., V]; head i
@@ -113,6 +145,17 @@ class DraftHeads(torch.nn.Module):
     def save(self, directory: Path) -> None:
         """Write `heads.json` and `heads.safetensors` (float32) to `directory`."""
         save_weights_folder(directory, "heads", self.config, self)
+
+
+def _stack(linears: list[list[torch.nn.Linear]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer: the heads' weights transposed [K, H, H] and biases [K, 1, H], each head's in its slice."""
+    return [
+        (
+            torch.stack([m.weight for m in layer]).transpose(1, 2).contiguous(),
+            torch.stack([m.bias for m in layer])[:, None],
+        )
+        for layer in linears
+    ]
 
 
 def read_config(directory: Path) -> HeadsConfig:

@@ -239,8 +239,9 @@ class RaggedKV:
         self.next_pos = self.next_pos[rows]
 
     def waste(self) -> float:
-        """Share of slots that no row attends to."""
-        return 1.0 - float(self.valid.float().mean()) if self.valid.numel() else 0.0
+        """Share of slots that no row attends to: a row's valid slots are its next position, so the
+        count is a sum over rows, not over every slot (this runs after every verify step)."""
+        return 1.0 - int(self.next_pos.sum()) / self.valid.numel() if self.valid.numel() else 0.0
 
     def compact_if_wasteful(self) -> None:
         """Compact once dead slots pass `COMPACT_WASTE`: a compaction copies the whole cache, worth it

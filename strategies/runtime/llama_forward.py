@@ -181,10 +181,10 @@ class LlamaForward:
         b, n, _ = x.shape
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv = F.linear(self._norm(x, norm), w_qkv, b_qkv)  # [B, n, (Hq+2Hkv) hd]
-        qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
+        qk, v = qkv.split_with_sizes([q_width + kv_width, kv_width], dim=-1)  # not `split`: its Python wrapper costs
         # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
         qk = self._rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = qk.split_with_sizes([self.num_heads, self.num_kv_heads], dim=1)
         return q, k, v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
 
     def _mix(

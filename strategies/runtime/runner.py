@@ -14,6 +14,7 @@ tokens reuses instead of computing those layers again. Other architectures refus
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -81,10 +82,8 @@ class ModelRunner:
         """The additive mask [B, 1, n, S+n] of n new tokens over `seen` [B, S] (the earlier columns each
         may see) and each other (`attend` [B, n, n], None: a causal chain); a token always sees itself."""
         b, n = new_valid.shape
-        if attend is None:
-            attend = torch.ones(n, n, dtype=torch.bool, device=self.device).tril().expand(b, n, n)
-        eye = torch.eye(n, dtype=torch.bool, device=self.device)
-        attend = (attend & new_valid[:, None, :]) | eye  # [B, n, n]
+        causal, eye = _square_masks(n, self.device)
+        attend = ((causal if attend is None else attend) & new_valid[:, None, :]) | eye  # [B, n, n]
         allowed = torch.cat([seen[:, None, :].expand(b, n, seen.shape[1]), attend], dim=2)  # [B, n, S+n]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
@@ -326,6 +325,12 @@ class LayerPass:
     def abort(self) -> None:
         """Forget what the layers run so far wrote: every row's cache is as before the pass."""
         _restore(self.kv, self._lengths)
+
+
+@functools.lru_cache(maxsize=64)
+def _square_masks(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, n] bool: a causal chain's mask and the identity, made once per width and device (to be read only)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril(), torch.eye(n, dtype=torch.bool, device=device)
 
 
 def _restore(kv: RaggedKV, lengths: list[int]) -> None:

@@ -10,7 +10,9 @@ and the target's choices or probabilities at every slot (slot 0: the pending tok
   specification; the verifier runs `walk_rows`, the same walk over every row at once, one level of
   the trees per pass, which asks for the target's choice only at the slots the walk reaches (on a
   CPU an argmax over the vocabulary at every slot of a tree costs more than the rest of the step's
-  host work together).
+  host work together when the walk stops early). On a CPU each level's choices are read back and
+  the rows descend in Python: a few dictionary lookups per row cost less than matching keys in
+  tensor operations; on an accelerator the levels stay on the device, one read back per step.
 - `relaxed_walk` (SpecDec; blockwise top-k): a child is accepted when it is among the target's
   top-β and its logit is within `tolerance` of the top-1 (β=1, tolerance 0: exactly greedy). Lossy.
 - `typical_walk` (Medusa's typical acceptance): a child x at a slot with target distribution p is
@@ -37,6 +39,7 @@ manifest's `lossy` without saying which it is.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -78,30 +81,37 @@ KEY_STRIDE = 1 << 32  # a (parent slot, token) pair as one integer, parent_slot 
 
 @dataclass(frozen=True)
 class DraftTable:
-    """Every row's draft as tensors over the verify slots (slot 0: the pending token, slot i+1: node i)."""
+    """Every row's draft over the verify slots (slot 0: the pending token, slot i+1: node i), in the
+    form each walk of `walk_rows` reads, made when first read."""
 
-    # [B, W] each node's (parent slot, token) key; -1 where no walk goes: slot 0, padding, and a node
-    # with an earlier sibling of its token (the first child wins, as in `children_by_slot`).
-    keys: torch.Tensor
-    slots: torch.Tensor  # [W] 0, 1, …, W - 1
+    drafts: list[Draft]
+    device: torch.device
     depth: int  # the deepest node's depth over every row (0: no row drafted)
 
     @staticmethod
     def of(drafts: list[Draft], device: torch.device) -> DraftTable:
-        width = 1 + max(len(d) for d in drafts)
-        keys, depth = [], 0
-        for d in drafts:
+        depth = max((max(tree_depths(d.parents)) for d in drafts if len(d)), default=0)
+        return DraftTable(drafts, device, depth)
+
+    @functools.cached_property
+    def children(self) -> list[list[dict[int, int]]]:
+        """Per row, per slot: its children's tokens mapped to their slots (`children_by_slot`)."""
+        return [children_by_slot(d) for d in self.drafts]
+
+    @functools.cached_property
+    def keys(self) -> torch.Tensor:
+        """[B, W] each node's (parent slot, token) key; -1 where no walk goes: slot 0, padding, and a
+        node with an earlier sibling of its token (the first child wins, as in `children_by_slot`)."""
+        width = 1 + max(len(d) for d in self.drafts)
+        keys = []
+        for d in self.drafts:
             row, seen = [-1], set()
             for token, parent in zip(d.tokens, d.parents, strict=True):
                 key = (parent + 1) * KEY_STRIDE + token
                 row.append(-1 if key in seen else key)
                 seen.add(key)
             keys.append(row + [-1] * (width - len(row)))
-            if len(d):
-                depth = max(depth, max(tree_depths(d.parents)))
-        return DraftTable(
-            torch.tensor(keys, dtype=torch.long, device=device), torch.arange(width, device=device), depth
-        )
+        return torch.tensor(keys, dtype=torch.long, device=self.device)
 
 
 def walk_rows(
@@ -113,18 +123,48 @@ def walk_rows(
     """`walk` for every row at once, a level of the trees per pass. `choose(slots)`: the target's
     token at each row's slot `slots` [B] -> [B], asked once per level, of the slots the walk stands on.
 
-    `stop_early`: stop once no row descends (reading that flag is a host sync: on the CPU it is free
-    and spares the deeper levels' choices; elsewhere every level runs and the verdicts are the step's
-    one read back). A row that stopped stands where it is: its choice there is asked again, the same.
+    `stop_early` (the target's device is the host's): each level's choices are read back and the
+    rows descend in Python, and the walk stops once no row descends, sparing the deeper levels'
+    choices. A level costs a few dictionary lookups per row besides `choose`, where matching keys
+    in tensors cost several tensor operations. Elsewhere reading back is a sync: every level runs on
+    the device and the verdicts are the step's one read back. A row that stopped stands where it
+    is: its choice there is asked again, the same.
     """
-    at = torch.zeros(len(drafts), dtype=torch.long, device=table.keys.device)  # [B] the slot each row stands on
+    if not stop_early:
+        return _walk_rows_on_device(drafts, table, choose)
+    children, device = table.children, table.device
+    at = [0] * len(drafts)  # the slot each row stands on
+    paths: list[list[int]] = [[] for _ in drafts]
+    chosen = choose(torch.tensor(at, device=device)).tolist()
+    for _ in range(table.depth):
+        descended = False
+        for row, (below, token) in enumerate(zip(children, chosen, strict=True)):
+            child = below[at[row]].get(token)
+            if child is not None:
+                at[row] = child
+                paths[row].append(child)
+                descended = True
+        if not descended:
+            break
+        chosen = choose(torch.tensor(at, device=device)).tolist()
+    return [
+        Verdict(accepted_slots=path, tokens=[d.tokens[s - 1] for s in path] + [token])
+        for d, path, token in zip(drafts, paths, chosen, strict=True)
+    ]
+
+
+def _walk_rows_on_device(
+    drafts: list[Draft], table: DraftTable, choose: Callable[[torch.Tensor], torch.Tensor]
+) -> list[Verdict]:
+    """`walk_rows` with every level on the device, keys matched in tensors; one read back at the end."""
+    keys = table.keys  # [B, W]
+    slots = torch.arange(keys.shape[1], device=keys.device)  # [W]
+    at = torch.zeros(len(drafts), dtype=torch.long, device=keys.device)  # [B] the slot each row stands on
     stood = []  # per level: [B] where each row stands after it
     chosen = choose(at)  # [B]
     for _ in range(table.depth):
         wanted = at * KEY_STRIDE + chosen  # [B] the key of the child each row would descend to
-        child = ((table.keys == wanted[:, None]) * table.slots).sum(dim=1)  # [B] its slot, 0: none
-        if stop_early and not bool(child.any()):
-            break
+        child = ((keys == wanted[:, None]) * slots).sum(dim=1)  # [B] its slot, 0: none
         at = torch.maximum(at, child)  # a child's slot is past its parent's
         stood.append(at)
         chosen = choose(at)
