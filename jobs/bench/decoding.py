@@ -382,12 +382,12 @@ def print_rows(rows: list[dict]) -> None:
         )
 
 
-def print_legend() -> None:
-    print("x gen / x AR: speed-up over transformers.generate / our autoregressive (median of per-round ratios);")
-    print("tau: tokens per verify step (accepted draft tokens + the target's own), plain steps left out;")
-    print("same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion;")
-    print("tokacc / chrF: token accuracy and character n-gram F-score (0-100) against the target's greedy output;")
-    print("acceptance by position: share of verify steps reaching draft depth d+1 that accepted it (per head)")
+# What the columns of `print_rows` mean, printed under the table.
+LEGEND = """x gen / x AR: speed-up over transformers.generate / our autoregressive (median of per-round ratios);
+tau: tokens per verify step (accepted draft tokens + the target's own), plain steps left out;
+same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion;
+tokacc / chrF: token accuracy and character n-gram F-score (0-100) against the target's greedy output;
+acceptance by position: share of verify steps reaching draft depth d+1 that accepted it (per head)"""
 
 
 def main(args: list[str]) -> int:
@@ -420,7 +420,7 @@ def main(args: list[str]) -> int:
         return 0
     print_header()
     rows = bench.run(on_rows=print_rows)
-    print_legend()
+    print(LEGEND)
     if config.report:
         with open(config.report, "w") as f:
             json.dump(rows, f, indent=1)
