@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jobs.args import print_keys, split_args
+from jobs.args import config_or_usage
 from jobs.bench.agreement import agreement
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
-from pipeline.config import load_config, option
+from pipeline.config import option
 from pipeline.errors import JobError
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
@@ -391,11 +391,9 @@ acceptance by position: share of verify steps reaching draft depth d+1 that acce
 
 
 def main(args: list[str]) -> int:
-    if "-h" in args or "--help" in args:
-        print_keys("usage: accelgen bench [CONFIG.yaml] [key=value ...]\n\nkeys:", BenchConfig())
+    config = config_or_usage("usage: accelgen bench [CONFIG.yaml] [key=value ...]", BenchConfig(), args)
+    if config is None:
         return 0
-    yaml_path, overrides = split_args(args)
-    config = load_config(BenchConfig(), yaml_path, overrides)
     unknown = sorted(set(config.strategies) - set(registry.available()))
     if unknown:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
