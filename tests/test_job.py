@@ -340,20 +340,27 @@ def _completion_probabilities(model_dir: Path, prompt: str, sampling: SamplingPa
     token sequences add up), enumerating every sequence of tokens the sampling filter leaves."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
-    sequences = {(): 1.0}
-    prefix = tokenizer(prompt)["input_ids"]
-    for _ in range(length):
-        grown = {}
-        with torch.inference_mode():
-            logits = model(torch.tensor([[*prefix, *s] for s in sequences])).logits[:, -1]
-        for (sequence, p), probs in zip(sequences.items(), filtered_probs(logits, sampling), strict=True):
-            for token in probs.nonzero().flatten().tolist():
-                grown[(*sequence, token)] = p * float(probs[token])
-        sequences = grown
+    sequences = _sequence_probabilities(model, tokenizer(prompt)["input_ids"], sampling, length)
     texts: Counter[str] = Counter()
     for sequence, p in sequences.items():
         texts[tokenizer.decode(list(sequence), skip_special_tokens=True)] += p
     return dict(texts)
+
+
+def _sequence_probabilities(
+    model: torch.nn.Module, prompt: list[int], sampling: SamplingParams, length: int
+) -> dict[tuple[int, ...], float]:
+    """The target's exact probability of every token sequence of `length` the sampling filter leaves."""
+    sequences = {(): 1.0}
+    for _ in range(length):
+        grown = {}
+        with torch.inference_mode():
+            logits = model(torch.tensor([[*prompt, *s] for s in sequences])).logits[:, -1]
+        for (sequence, p), probs in zip(sequences.items(), filtered_probs(logits, sampling), strict=True):
+            for token in probs.nonzero().flatten().tolist():
+                grown[(*sequence, token)] = p * float(probs[token])
+        sequences = grown
+    return sequences
 
 
 def _chi2_critical(dof: int) -> float:
