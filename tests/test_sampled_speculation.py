@@ -18,6 +18,7 @@ from conftest import build_tiny_model
 from test_early_exit import LAYERS, trained_like_exits
 from test_job import (
     _chi2_critical,
+    _chi_square,
     _completion_probabilities,
     _config,
     _read_logs,
@@ -34,15 +35,6 @@ from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 
 DRAFTED = 3  # draft tokens per step: the prefill's token, one step of 3 drafts and its bonus = 5 tokens
-
-
-def _chi_square(observed: Counter, expected: dict, n: int) -> tuple[float, int]:
-    """(chi-square, degrees of freedom) of counts over `n` trials; cells expected under 5 are pooled."""
-    rare = [k for k, p in expected.items() if p * n < 5]
-    cells = [([k], p) for k, p in expected.items() if p * n >= 5] + [(rare, sum(expected[k] for k in rare))]
-    cells = [(keys, p) for keys, p in cells if p > 0]
-    chi2 = sum((sum(observed[k] for k in keys) - p * n) ** 2 / (p * n) for keys, p in cells)
-    return chi2, len(cells) - 1
 
 
 def test_sampled_self_speculation_keeps_the_targets_distribution(tmp_path):
