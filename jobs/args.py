@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-from pipeline.config import describe
+from typing import TypeVar
+
+from pipeline.config import describe, load_config
+
+Config = TypeVar("Config")
+
+
+def config_or_usage(usage: str, config: Config, args: list[str]) -> Config | None:
+    """`config` with the args' YAML file and key=value overrides; None once `usage` and every key are
+    printed, when the args ask for -h/--help."""
+    if "-h" in args or "--help" in args:
+        print_keys(f"{usage}\n\nkeys:", config)
+        return None
+    yaml_path, overrides = split_args(args)
+    return load_config(config, yaml_path, overrides)
 
 
 def print_keys(title: str, config: object) -> None:

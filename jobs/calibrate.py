@@ -29,14 +29,14 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from jobs.args import print_keys, split_args
+from jobs.args import config_or_usage, print_keys
 from jobs.bench.decoding import read_prompts
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped
 from jobs.train.config import CorpusConfig
 from jobs.train.corpus import load_corpus
 from jobs.train.sequences import draw_prompts
 from jobs.train.tokenizer import encode_documents
-from pipeline.config import load_config, option
+from pipeline.config import option
 from pipeline.errors import JobError
 from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, RowRequest, Strategy
@@ -310,9 +310,11 @@ def print_curve(result: Calibration, config: CalibrateConfig) -> None:
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] != "calm" or "-h" in args or "--help" in args:
-        print_keys("usage: accelgen calibrate calm [CONFIG.yaml] [key=value ...]\n\nkeys:", CalibrateConfig())
-        return 0 if args and args[0] == "calm" else 2
-    yaml_path, overrides = split_args(args[1:])
-    run(load_config(CalibrateConfig(), yaml_path, overrides))
+    usage = "usage: accelgen calibrate calm [CONFIG.yaml] [key=value ...]"
+    if not args or args[0] != "calm":
+        print_keys(f"{usage}\n\nkeys:", CalibrateConfig())
+        return 2
+    config = config_or_usage(usage, CalibrateConfig(), args[1:])
+    if config is not None:
+        run(config)
     return 0

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from jobs.args import print_keys, split_args
+from jobs.args import config_or_usage
 from jobs.shipped import default_job_config
-from pipeline.config import load_config
 from pipeline.errors import JobError
 
 USAGE = """usage: accelgen <command> [args]
@@ -33,14 +32,12 @@ commands:
 
 
 def generate(args: list[str]) -> int:
-    if "-h" in args or "--help" in args:
-        print_keys("usage: accelgen generate [CONFIG.yaml] [key=value ...]\n\nkeys:", default_job_config())
+    config = config_or_usage("usage: accelgen generate [CONFIG.yaml] [key=value ...]", default_job_config(), args)
+    if config is None:
         return 0
     from pipeline.actor_pool import stop_ray
     from pipeline.driver import run_job
 
-    yaml_path, overrides = split_args(args)
-    config = load_config(default_job_config(), yaml_path, overrides)
     status = 2
     try:
         status = {"failed": 1, "interrupted": 143}.get(run_job(config).status, 0)

@@ -12,6 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from jobs.bench.bookkeeping import BookkeepingBench, _write_input, run_driver, run_verify
 from jobs.bench.decoding import HF_GENERATE, paired_speedup
+from jobs.bench.planning import PlanningBench
+from jobs.bench.scale import bench_main
 from jobs.cli import main as cli
 from strategies.artifacts.eagle import EagleConfig, EagleHead
 from workers.contract import OUTPUT_SCHEMA
@@ -202,3 +204,19 @@ def test_bookkeeping_bench_commits_and_verifies_a_small_job_with_every_output_co
     assert run_verify(str(tmp_path), {})["verdict"] == "OK"
     part = pq.read_table(next((tmp_path / "out").glob("part-*.parquet")))
     assert part.schema.equals(OUTPUT_SCHEMA) and part.column("iterations").null_count == 10
+
+
+def test_a_scale_bench_prints_its_usage_names_a_wrong_key_and_runs_with_the_keys_given(capsys):
+    ran: list[PlanningBench] = []
+
+    def run(bench: PlanningBench) -> int:
+        ran.append(bench)
+        return 7
+
+    assert bench_main("usage: planning", PlanningBench(), ["--help"], run) == 0
+    assert capsys.readouterr().out == "usage: planning\n"
+    assert bench_main("usage: planning", PlanningBench(), ["shards=many"], run) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error:") and "'shards'" in error
+    assert bench_main("usage: planning", PlanningBench(), ["shards=3", "ids=false"], run) == 7
+    assert len(ran) == 1 and (ran[0].shards, ran[0].ids, ran[0].rows_per_shard) == (3, False, 100)

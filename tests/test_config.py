@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from jobs.args import config_or_usage
 from jobs.cli import main
 from jobs.shipped import default_job_config
 from pipeline.checks import validate
@@ -91,6 +92,18 @@ def test_help_documents_every_key_with_its_default(capsys):
     assert len(rows) > 25
     for key, default, help_text in rows:
         assert key in printed and help_text and f"default: {default}" in printed
+
+
+def test_every_config_command_prints_its_usage_and_keys_on_help_and_reads_a_yaml_then_overrides(tmp_path, capsys):
+    assert main(["bench", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: accelgen bench [CONFIG.yaml] [key=value ...]\n\nkeys:\n")
+    assert main(["calibrate", "calm", "-h"]) == 0 and main(["calibrate"]) == 2
+    usages = capsys.readouterr().out.split("usage: accelgen calibrate calm [CONFIG.yaml] [key=value ...]\n\nkeys:\n")
+    assert len(usages) == 3 and not usages[0] and all("measures" in keys for keys in usages[1:])
+    path = tmp_path / "job.yaml"
+    path.write_text("generation:\n  max_new_tokens: 7\n")
+    config = config_or_usage("usage", default_job_config(), [str(path), "workers.batch_size=3", *REQUIRED])
+    assert config is not None and (config.generation.max_new_tokens, config.workers.batch_size) == (7, 3)
 
 
 def test_storage_options_are_redacted():

@@ -307,12 +307,8 @@ def test_sampled_speculative_job_keeps_the_targets_distribution(tmp_path, tiny_m
     expected = _completion_probabilities(tiny_model_dir, prompt, sampling, length=3)
     observed = Counter(r["completion"] for r in _read_output(tmp_path / "out").to_pylist())
     assert set(observed) <= set(expected)
-    # Completions expected fewer than 5 times are pooled, as a chi-square test needs.
-    rare = [text for text, p in expected.items() if p * n < 5]
-    cells = [([text], p) for text, p in expected.items() if p * n >= 5] + [(rare, sum(expected[t] for t in rare))]
-    cells = [(texts, p) for texts, p in cells if p > 0]
-    chi2 = sum((sum(observed[t] for t in texts) - p * n) ** 2 / (p * n) for texts, p in cells)
-    assert chi2 < _chi2_critical(len(cells) - 1), (chi2, observed, expected)
+    chi2, dof = _chi_square(observed, expected, n)
+    assert chi2 < _chi2_critical(dof), (chi2, observed, expected)
 
 
 def test_the_job_summary_warns_of_drafter_faults(capsys):
@@ -340,20 +336,36 @@ def _completion_probabilities(model_dir: Path, prompt: str, sampling: SamplingPa
     token sequences add up), enumerating every sequence of tokens the sampling filter leaves."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
-    sequences = {(): 1.0}
-    prefix = tokenizer(prompt)["input_ids"]
-    for _ in range(length):
-        grown = {}
-        with torch.inference_mode():
-            logits = model(torch.tensor([[*prefix, *s] for s in sequences])).logits[:, -1]
-        for (sequence, p), probs in zip(sequences.items(), filtered_probs(logits, sampling), strict=True):
-            for token in probs.nonzero().flatten().tolist():
-                grown[(*sequence, token)] = p * float(probs[token])
-        sequences = grown
+    sequences = _sequence_probabilities(model, tokenizer(prompt)["input_ids"], sampling, length)
     texts: Counter[str] = Counter()
     for sequence, p in sequences.items():
         texts[tokenizer.decode(list(sequence), skip_special_tokens=True)] += p
     return dict(texts)
+
+
+def _sequence_probabilities(
+    model: torch.nn.Module, prompt: list[int], sampling: SamplingParams, length: int
+) -> dict[tuple[int, ...], float]:
+    """The target's exact probability of every token sequence of `length` the sampling filter leaves."""
+    sequences = {(): 1.0}
+    for _ in range(length):
+        grown = {}
+        with torch.inference_mode():
+            logits = model(torch.tensor([[*prompt, *s] for s in sequences])).logits[:, -1]
+        for (sequence, p), probs in zip(sequences.items(), filtered_probs(logits, sampling), strict=True):
+            for token in probs.nonzero().flatten().tolist():
+                grown[(*sequence, token)] = p * float(probs[token])
+        sequences = grown
+    return sequences
+
+
+def _chi_square(observed: Counter, expected: dict, n: int) -> tuple[float, int]:
+    """(chi-square, degrees of freedom) of counts over `n` trials; cells expected under 5 are pooled."""
+    rare = [k for k, p in expected.items() if p * n < 5]
+    cells = [([k], p) for k, p in expected.items() if p * n >= 5] + [(rare, sum(expected[k] for k in rare))]
+    cells = [(keys, p) for keys, p in cells if p > 0]
+    chi2 = sum((sum(observed[k] for k in keys) - p * n) ** 2 / (p * n) for keys, p in cells)
+    return chi2, len(cells) - 1
 
 
 def _chi2_critical(dof: int) -> float:

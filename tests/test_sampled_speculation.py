@@ -16,7 +16,15 @@ import pyarrow.parquet as pq
 import torch
 from conftest import build_tiny_model
 from test_early_exit import LAYERS, trained_like_exits
-from test_job import _chi2_critical, _completion_probabilities, _config, _read_logs, _read_output
+from test_job import (
+    _chi2_critical,
+    _chi_square,
+    _completion_probabilities,
+    _config,
+    _read_logs,
+    _read_output,
+    _sequence_probabilities,
+)
 from transformers import AutoModelForCausalLM
 
 from pipeline.driver import run_job
@@ -24,32 +32,9 @@ from strategies import registry
 from strategies.base import GenerationParams, RowRequest
 from strategies.options import StrategyOptions
 from strategies.runtime.runner import ModelRunner
-from strategies.runtime.sampling import SamplingParams, filtered_probs
+from strategies.runtime.sampling import SamplingParams
 
 DRAFTED = 3  # draft tokens per step: the prefill's token, one step of 3 drafts and its bonus = 5 tokens
-
-
-def _chi_square(observed: Counter, expected: dict, n: int) -> tuple[float, int]:
-    """(chi-square, degrees of freedom) of counts over `n` trials; cells expected under 5 are pooled."""
-    rare = [k for k, p in expected.items() if p * n < 5]
-    cells = [([k], p) for k, p in expected.items() if p * n >= 5] + [(rare, sum(expected[k] for k in rare))]
-    cells = [(keys, p) for keys, p in cells if p > 0]
-    chi2 = sum((sum(observed[k] for k in keys) - p * n) ** 2 / (p * n) for keys, p in cells)
-    return chi2, len(cells) - 1
-
-
-def _sequence_probabilities(model, prompt: list[int], sampling: SamplingParams, length: int) -> dict:
-    """The target's exact probability of every token sequence of `length` the sampling filter leaves."""
-    sequences = {(): 1.0}
-    for _ in range(length):
-        grown = {}
-        with torch.inference_mode():
-            logits = model(torch.tensor([[*prompt, *s] for s in sequences])).logits[:, -1]
-        for (sequence, p), probs in zip(sequences.items(), filtered_probs(logits, sampling), strict=True):
-            for token in probs.nonzero().flatten().tolist():
-                grown[(*sequence, token)] = p * float(probs[token])
-        sequences = grown
-    return sequences
 
 
 def test_sampled_self_speculation_keeps_the_targets_distribution(tmp_path):

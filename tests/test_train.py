@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from safetensors.torch import load_file
+from killed_run import killed_then_rerun, same_weights
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.train import checkpoint
@@ -140,10 +140,6 @@ def test_tiny_lm_writes_a_plain_hugging_face_model_dir(target_dir: Path) -> None
     assert json.loads((target_dir / "training.json").read_text())["steps"] == 6
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_interrupted_run_resumes_to_the_uninterrupted_weights(
     tokenizer_dir: Path,
     target_dir: Path,
@@ -151,28 +147,11 @@ def test_interrupted_run_resumes_to_the_uninterrupted_weights(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    real_batch = WindowSampler.batch
-
-    def batch_until_step_5(self: WindowSampler, step: int, config: object) -> torch.Tensor:
-        if step == 5:  # after the checkpoint of step 4: step 5's work is lost and must be redone
-            raise Interrupted
-        return real_batch(self, step, config)
-
     args = ["lm", f"tokenizer={tokenizer_dir}", f"output_dir={tmp_path}", *TINY_LM]
-    monkeypatch.setattr(WindowSampler, "batch", batch_until_step_5)
-    with pytest.raises(Interrupted):
-        main(args)
-    monkeypatch.undo()
-    state = tmp_path / "checkpoint" / checkpoint.STATE_FILE
-    assert torch.load(state, weights_only=True)["step"] == 4
-    capsys.readouterr()
-
-    assert main(args) == 0
-    assert "resuming from step 4/6" in capsys.readouterr().out
-    assert torch.load(state, weights_only=True)["step"] == 6
-    resumed, uninterrupted = load_file(tmp_path / "model.safetensors"), load_file(target_dir / "model.safetensors")
-    assert resumed.keys() == uninterrupted.keys()
-    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    checkpointed, rerun = killed_then_rerun(main, args, WindowSampler, 5, tmp_path, monkeypatch, capsys)
+    assert checkpointed == 4 and "resuming from step 4/6" in rerun
+    assert torch.load(tmp_path / "checkpoint" / checkpoint.STATE_FILE, weights_only=True)["step"] == 6
+    assert same_weights(tmp_path / "model.safetensors", target_dir / "model.safetensors")
 
 
 def test_a_changed_config_refuses_to_resume(

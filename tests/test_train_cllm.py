@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from killed_run import killed_then_rerun, same_weights
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -241,10 +242,6 @@ def test_saved_folder_loads_with_plain_transformers(cllm_dir: Path) -> None:
         assert 1.0 <= numbers["trajectories"]["tokens_per_iteration"] <= BLOCK
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_interrupted_run_resumes_to_the_uninterrupted_weights(
     cllm_dir: Path,
     tiny_model_dir: Path,
@@ -252,27 +249,11 @@ def test_interrupted_run_resumes_to_the_uninterrupted_weights(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    real_batch = StateSampler.batch
-
-    def batch_until_step_5(self: StateSampler, step: int, config: TrainConfig) -> torch.Tensor:
-        if step == 5:  # after the checkpoint of step 4: step 5's work is lost and must be redone
-            raise Interrupted
-        return real_batch(self, step, config)
-
     args = ["cllm", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_CLLM]
-    monkeypatch.setattr(StateSampler, "batch", batch_until_step_5)
-    with pytest.raises(Interrupted):
-        main(args)
-    monkeypatch.undo()
-    assert torch.load(tmp_path / "checkpoint" / checkpoint.STATE_FILE, weights_only=True)["step"] == 4
-    capsys.readouterr()
-
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "reusing the trajectories of 8 prompts" in out and "resuming from step 4/6" in out
-    resumed, uninterrupted = load_file(tmp_path / "model.safetensors"), load_file(cllm_dir / "model.safetensors")
-    assert resumed.keys() == uninterrupted.keys()
-    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    checkpointed, rerun = killed_then_rerun(main, args, StateSampler, 5, tmp_path, monkeypatch, capsys)
+    assert checkpointed == 4
+    assert "reusing the trajectories of 8 prompts" in rerun and "resuming from step 4/6" in rerun
+    assert same_weights(tmp_path / "model.safetensors", cllm_dir / "model.safetensors")
 
 
 def test_a_killed_collection_resumes_where_it_stopped(
@@ -303,8 +284,7 @@ def test_a_killed_collection_resumes_where_it_stopped(
     assert main(args) == 0
     assert "resuming the collection after 4/8 prompts" in capsys.readouterr().out
     assert torch.equal(load_trajectories(tmp_path).sequences, load_trajectories(cllm_dir).sequences)
-    resumed, uninterrupted = load_file(tmp_path / "model.safetensors"), load_file(cllm_dir / "model.safetensors")
-    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+    assert same_weights(tmp_path / "model.safetensors", cllm_dir / "model.safetensors")
 
 
 def test_a_trial_of_corpus_labels_reuses_the_collection(

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from killed_run import killed_then_rerun, same_weights
 from safetensors.torch import load_file
 
-from jobs.train import checkpoint
 from jobs.train.cli import main
 from jobs.train.config import CorpusConfig
 from jobs.train.corpus import load_corpus
@@ -112,31 +112,13 @@ def test_training_lowers_the_loss(tiny_model_dir: Path, tmp_path: Path):
     assert losses[30] < 0.8 * losses[1]
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_interrupted_run_resumes_to_the_uninterrupted_head(
     tiny_model_dir: Path, eagle_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ):
-    real_batch = SequenceSampler.batch
-
-    def batch_until_step_6(self: SequenceSampler, step: int, config: object) -> torch.Tensor:
-        if step == 6:  # after the checkpoint of step 4: steps 5 and 6's work is lost and must be redone
-            raise Interrupted
-        return real_batch(self, step, config)
-
     args = ["eagle", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_EAGLE]
-    monkeypatch.setattr(SequenceSampler, "batch", batch_until_step_6)
-    with pytest.raises(Interrupted):
-        main(args)
-    monkeypatch.undo()
-    assert torch.load(tmp_path / "checkpoint" / checkpoint.STATE_FILE, weights_only=True)["step"] == 4
-    capsys.readouterr()
-    assert main(args) == 0
-    assert "resuming from step 4/8" in capsys.readouterr().out
-    resumed, whole = load_file(tmp_path / "eagle.safetensors"), load_file(eagle_dir / "eagle.safetensors")
-    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
+    checkpointed, rerun = killed_then_rerun(main, args, SequenceSampler, 6, tmp_path, monkeypatch, capsys)
+    assert checkpointed == 4 and "resuming from step 4/8" in rerun  # steps 5 and 6 redone
+    assert same_weights(tmp_path / "eagle.safetensors", eagle_dir / "eagle.safetensors")
 
 
 def test_user_errors_name_the_key(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture):

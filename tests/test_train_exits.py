@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import build_tiny_model
+from killed_run import killed_then_rerun, same_weights
 from safetensors.torch import load_file
 
-from jobs.train import checkpoint
 from jobs.train.cli import main
 from jobs.train.exits import balanced_accuracy, balanced_bce
 from jobs.train.windows import WindowSampler
@@ -30,10 +30,6 @@ TINY_EXITS = [
     "optim.lr=0.01",
     "optim.warmup_steps=2",
 ]
-
-
-class Interrupted(Exception):
-    pass
 
 
 @pytest.fixture(scope="module")
@@ -69,25 +65,10 @@ def test_saved_folder_loads_names_its_target_and_reports_agreement(exits_dir: Pa
 def test_interrupted_run_resumes_to_the_uninterrupted_exits(
     exits_dir: Path, target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    real_batch = WindowSampler.batch
-
-    def batch_until_step_5(self: WindowSampler, step: int, config: object) -> torch.Tensor:
-        if step == 5:  # after the checkpoint of step 4: step 5's work is lost and must be redone
-            raise Interrupted
-        return real_batch(self, step, config)
-
     args = ["exits", f"target={target_dir}", f"output_dir={tmp_path}", *TINY_EXITS]
-    monkeypatch.setattr(WindowSampler, "batch", batch_until_step_5)
-    with pytest.raises(Interrupted):
-        main(args)
-    monkeypatch.undo()
-    assert torch.load(tmp_path / "checkpoint" / checkpoint.STATE_FILE, weights_only=True)["step"] == 4
-    capsys.readouterr()
-    assert main(args) == 0
-    assert "resuming from step 4/6" in capsys.readouterr().out
-    resumed, uninterrupted = load_file(tmp_path / WEIGHTS_FILE), load_file(exits_dir / WEIGHTS_FILE)
-    assert resumed.keys() == uninterrupted.keys()
-    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    checkpointed, rerun = killed_then_rerun(main, args, WindowSampler, 5, tmp_path, monkeypatch, capsys)
+    assert checkpointed == 4 and "resuming from step 4/6" in rerun
+    assert same_weights(tmp_path / WEIGHTS_FILE, exits_dir / WEIGHTS_FILE)
     record = json.loads((tmp_path / CONFIG_FILE).read_text())
     assert record["training"]["steps"] == 6
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from killed_run import killed_then_rerun, same_weights
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -104,10 +105,6 @@ def test_saved_folder_loads_and_names_its_target(heads_dir: Path, tiny_model_dir
     assert {"wall_s", "torch", "transformers", "config"} <= training.keys()
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_interrupted_run_resumes_to_the_uninterrupted_heads(
     heads_dir: Path,
     tiny_model_dir: Path,
@@ -115,27 +112,10 @@ def test_interrupted_run_resumes_to_the_uninterrupted_heads(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    real_batch = SequenceSampler.batch
-
-    def batch_until_step_5(self: SequenceSampler, step: int, config: object) -> torch.Tensor:
-        if step == 5:  # after the checkpoint of step 4: step 5's work is lost and must be redone
-            raise Interrupted
-        return real_batch(self, step, config)
-
     args = ["heads", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_HEADS]
-    monkeypatch.setattr(SequenceSampler, "batch", batch_until_step_5)
-    with pytest.raises(Interrupted):
-        main(args)
-    monkeypatch.undo()
-    assert torch.load(tmp_path / "checkpoint" / checkpoint.STATE_FILE, weights_only=True)["step"] == 4
-    capsys.readouterr()
-
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "reusing the 8 generated sequences" in out and "resuming from step 4/6" in out
-    resumed, uninterrupted = load_file(tmp_path / WEIGHTS_FILE), load_file(heads_dir / WEIGHTS_FILE)
-    assert resumed.keys() == uninterrupted.keys()
-    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    checkpointed, rerun = killed_then_rerun(main, args, SequenceSampler, 5, tmp_path, monkeypatch, capsys)
+    assert checkpointed == 4 and "reusing the 8 generated sequences" in rerun and "resuming from step 4/6" in rerun
+    assert same_weights(tmp_path / WEIGHTS_FILE, heads_dir / WEIGHTS_FILE)
 
 
 def test_eval_reports_top1_and_top5_per_head(heads_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -22,11 +22,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.bench.scale import LocalS3, measured, resident_mb
+from jobs.bench.scale import LocalS3, bench_main, measured, resident_mb
 from jobs.shipped import default_job_config
 from pipeline.commit import MANIFEST_FILE, OutputFolder
 from pipeline.config import load_config, option, to_plain_dict
-from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.shards import list_shards, plan_units
 from pipeline.verify import verify
@@ -44,14 +43,10 @@ class BookkeepingBench:
 
 
 def main(args: list[str]) -> int:
-    if "-h" in args or "--help" in args:
-        print(__doc__)
-        return 0
-    try:
-        bench = load_config(BookkeepingBench(), None, args)
-    except JobError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return bench_main(__doc__, BookkeepingBench(), args, _run_on_storage)
+
+
+def _run_on_storage(bench: BookkeepingBench) -> int:
     if bench.s3:
         with LocalS3() as s3:
             filesystem("s3://bookkeeping", s3.storage_options())[0].mkdir("bookkeeping")

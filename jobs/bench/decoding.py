@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jobs.args import print_keys, split_args
+from jobs.args import config_or_usage
 from jobs.bench.agreement import agreement
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
-from pipeline.config import load_config, option
+from pipeline.config import option
 from pipeline.errors import JobError
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
@@ -382,20 +382,18 @@ def print_rows(rows: list[dict]) -> None:
         )
 
 
-def print_legend() -> None:
-    print("x gen / x AR: speed-up over transformers.generate / our autoregressive (median of per-round ratios);")
-    print("tau: tokens per verify step (accepted draft tokens + the target's own), plain steps left out;")
-    print("same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion;")
-    print("tokacc / chrF: token accuracy and character n-gram F-score (0-100) against the target's greedy output;")
-    print("acceptance by position: share of verify steps reaching draft depth d+1 that accepted it (per head)")
+# What the columns of `print_rows` mean, printed under the table.
+LEGEND = """x gen / x AR: speed-up over transformers.generate / our autoregressive (median of per-round ratios);
+tau: tokens per verify step (accepted draft tokens + the target's own), plain steps left out;
+same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion;
+tokacc / chrF: token accuracy and character n-gram F-score (0-100) against the target's greedy output;
+acceptance by position: share of verify steps reaching draft depth d+1 that accepted it (per head)"""
 
 
 def main(args: list[str]) -> int:
-    if "-h" in args or "--help" in args:
-        print_keys("usage: accelgen bench [CONFIG.yaml] [key=value ...]\n\nkeys:", BenchConfig())
+    config = config_or_usage("usage: accelgen bench [CONFIG.yaml] [key=value ...]", BenchConfig(), args)
+    if config is None:
         return 0
-    yaml_path, overrides = split_args(args)
-    config = load_config(BenchConfig(), yaml_path, overrides)
     unknown = sorted(set(config.strategies) - set(registry.available()))
     if unknown:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
@@ -420,7 +418,7 @@ def main(args: list[str]) -> int:
         return 0
     print_header()
     rows = bench.run(on_rows=print_rows)
-    print_legend()
+    print(LEGEND)
     if config.report:
         with open(config.report, "w") as f:
             json.dump(rows, f, indent=1)

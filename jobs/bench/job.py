@@ -286,13 +286,13 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def print_legend() -> None:
-    print("mode: cold = a fresh process and output folder, the first job of a round; warm = the job right after it,")
-    print("  in a new output folder (sharing the cold job's cache: warm_cache_key); in-process / peer: decoding alone;")
-    print("wall_s: the job's process start to exit (peers: decoding); outside: wall_s minus the batches' wall_s;")
-    print("decode/s: generated tokens over the batches' wall_s; x AR job / x AR dec: per-round ratios to the")
-    print("  autoregressive of the same batch size and mode (whole-job speed / decode rate), medians;")
-    print("x bench: a job's decode rate over the same contender's in-process rate (`accelgen bench`), per round")
+# What the columns of `print_rows` mean, printed under the table.
+LEGEND = """mode: cold = a fresh process and output folder, the first job of a round; warm = the job right after it,
+  in a new output folder (sharing the cold job's cache: warm_cache_key); in-process / peer: decoding alone;
+wall_s: the job's process start to exit (peers: decoding); outside: wall_s minus the batches' wall_s;
+decode/s: generated tokens over the batches' wall_s; x AR job / x AR dec: per-round ratios to the
+  autoregressive of the same batch size and mode (whole-job speed / decode rate), medians;
+x bench: a job's decode rate over the same contender's in-process rate (`accelgen bench`), per round"""
 
 
 def run(
@@ -400,7 +400,7 @@ def main(config: Any) -> int:
     threads = config.torch_threads or job_torch_threads(config)
     bench = Bench(dataclasses.replace(config, max_prompt_tokens=sys.maxsize, torch_threads=threads))
     rows = run(config, texts, in_process_contenders(bench))
-    print_legend()
+    print(LEGEND)
     for line in aims(rows, config.num_prompts):
         print(f"aim: {line}")
     if config.report:

@@ -20,9 +20,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.bench.scale import LocalS3, measured, resident_mb
-from pipeline.config import load_config, option
-from pipeline.errors import JobError
+from jobs.bench.scale import LocalS3, bench_main, measured, resident_mb
+from pipeline.config import option
 from pipeline.shards import PLANNING_THREADS, check_columns, check_ids, list_shards, plan_units
 from workers.storage import filesystem
 
@@ -38,14 +37,10 @@ class PlanningBench:
 
 
 def main(args: list[str]) -> int:
-    if "-h" in args or "--help" in args:
-        print(__doc__)
-        return 0
-    try:
-        bench = load_config(PlanningBench(), None, args)
-    except JobError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return bench_main(__doc__, PlanningBench(), args, _run)
+
+
+def _run(bench: PlanningBench) -> int:
     with LocalS3() as s3:
         options = s3.storage_options()
         started = time.perf_counter()

@@ -1,4 +1,5 @@
-"""What the benchmarks of the driver's scale share: a local S3 endpoint, and runs measured in a process of their own.
+"""What the benchmarks of the driver's scale share: a command line, a local S3 endpoint, and runs measured in a
+process of their own.
 
 The endpoint is moto's S3 server, as the tests start it, but in its own process: its CPU and
 memory are then not counted as the driver's. Each measured step runs in a fresh child process,
@@ -16,10 +17,29 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+from pipeline.config import load_config
+from pipeline.errors import JobError
+
+Bench = TypeVar("Bench")
 
 # Credentials moto accepts; they reach nothing but the loopback endpoint this module starts.
 MOTO_CREDENTIALS = {"key": "AKIABENCHMARKKEYID000", "secret": "benchmark-secret"}
+
+
+def bench_main(usage: str, bench: Bench, args: list[str], run: Callable[[Bench], int]) -> int:
+    """`python -m jobs.bench.<name> [key=value ...]`: `usage` on -h/--help; a wrong key or value is one
+    `error:` line and status 2, as `accelgen` prints it; else `run` with `bench` loaded from the args."""
+    if "-h" in args or "--help" in args:
+        print(usage)
+        return 0
+    try:
+        loaded = load_config(bench, None, args)
+    except JobError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run(loaded)
 
 
 class LocalS3:

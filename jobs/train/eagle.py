@@ -23,7 +23,7 @@ acceptance at each draft depth and τ (tokens per verify step) in `eagle.json`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,8 @@ from transformers import PreTrainedTokenizerBase
 
 from jobs.train.config import EagleJobConfig, check_eagle
 from jobs.train.corpus import Corpus, Document, load_corpus
-from jobs.train.heads import SequenceSampler, training_sequences
-from jobs.train.loop import Objective, single_phase, train, versions
+from jobs.train.heads import save_trained, train_on_sequences, training_sequences
+from jobs.train.loop import Objective
 from jobs.train.on_target import start_on_target
 from jobs.train.sequences import draw_prompts
 from jobs.train.tokenizer import encode_documents
@@ -52,55 +52,26 @@ from workers.model_loading import weights_sha256
 
 def train_eagle(config: EagleJobConfig) -> Path:
     """Train the head described by `config` on its frozen target; returns the head's directory."""
-    run = start_on_target(config, frozen=True)
-    device, target, tokenizer = run.device, run.target, run.tokenizer
-    out, checkpoint_dir, fingerprint = run.output_dir, run.checkpoint_dir, run.fingerprint
+    on_target = start_on_target(config, frozen=True)
+    target, tokenizer = on_target.target, on_target.tokenizer
     check_eagle(config, target.config.max_position_embeddings, target.get_output_embeddings().weight.shape[0])
     corpus = load_corpus(config.corpus)
     if config.draft_vocab_only:
-        return write_draft_vocab(config, target, tokenizer, corpus, out)
-    sequences, generation_s = training_sequences(config, target, tokenizer, corpus, checkpoint_dir, fingerprint)
+        return write_draft_vocab(config, target, tokenizer, corpus, on_target.output_dir)
+    run = training_sequences(config, on_target, corpus)
     head = new_head(config, target)
-    data = config.data
-    features = target_features(target, sequences, data.batch_size)  # [N, L, H]
-    print(
-        f"eagle: {_parameters(head) / 1e6:.2f} M parameters; {len(sequences)} sequences of {data.prompt_tokens} "
-        f"prompt + {data.continuation_tokens} generated tokens from {corpus.source}; checkpoints in {checkpoint_dir}"
-    )
-    positions = sequences.shape[1] - 1  # predictions per sequence
-    summary = train(
-        head,
-        eagle_loss(features, sequences.long().to(device), config.noise, config.ce_weight),
-        SequenceSampler(len(sequences), config.train.seed),
-        single_phase(config.train, positions),
-        config.optim,
-        checkpoint_dir,
-        fingerprint,
-    )
-    del features
+    features = target_features(target, run.sequences, config.data.batch_size)  # [N, L, H]
+    loss = eagle_loss(features, run.sequences.long().to(on_target.device), config.noise, config.ce_weight)
+    positions = run.sequences.shape[1] - 1  # predictions per sequence
+    summary = train_on_sequences("eagle", config, run, head, loss, positions)
+    del features, loss
     head.eval()
     vocab = use_draft_vocab(head, config.draft_vocab, tokenizer, corpus)
     acceptance = heldout_acceptance(head, target, tokenizer, corpus.heldout, config)
-    head.config.training = {
-        "job": "eagle",
-        "config": fingerprint,
-        "corpus": corpus.source,
-        "sequences": len(sequences),
-        "generated_tokens": len(sequences) * data.continuation_tokens,
-        "generation_wall_s": generation_s,
-        "parameters": _parameters(head),
-        **asdict(summary),
-        "heldout_sequences": data.eval_sequences,
-        "heldout_acceptance": acceptance,
-        "draft_vocab": vocab.record,
-        **versions(),
-    }
-    head.save(out)
-    vocab.save(out)
-    print(
-        f"eagle: {summary.steps} steps, {summary.tokens_seen / 1e6:.2f} M tokens in {summary.wall_s:.0f} s "
-        f"(+ {generation_s:.0f} s generating); training loss {summary.train_loss:.3f}; saved to {out}"
+    out = save_trained(
+        "eagle", config, run, head, summary, {"heldout_acceptance": acceptance, "draft_vocab": vocab.record}
     )
+    vocab.save(out)
     return out
 
 
@@ -243,7 +214,3 @@ def heldout_acceptance(
         }
         print(f"eagle {tree}: tau {measured[tree]['tau']}, acceptance by depth {measured[tree]['acceptance_by_depth']}")
     return measured
-
-
-def _parameters(head: EagleHead) -> int:
-    return sum(p.numel() for p in head.parameters())

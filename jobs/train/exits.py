@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from jobs.train.config import ExitsJobConfig
 from jobs.train.corpus import load_corpus
 from jobs.train.loop import Objective, single_phase, train, versions
+from jobs.train.model import count_parameters
 from jobs.train.on_target import start_on_target
 from jobs.train.tokenizer import encode_documents
 from jobs.train.windows import WindowSampler
@@ -57,7 +58,7 @@ def train_exits(config: ExitsJobConfig) -> Path:
     windows = heldout_windows(heldout, config.eval_windows, config.train.seq_len)  # [E, T]
     lens = layer_agreement(exits, runner, windows, config.train.batch_size)
     print(
-        f"exits after layers {layers} of {runner.num_layers}: {_parameters(exits) / 1e3:.1f} K parameters; "
+        f"exits after layers {layers} of {runner.num_layers}: {count_parameters(exits) / 1e3:.1f} K parameters; "
         f"{len(tokens) / 1e6:.2f} M training tokens from {corpus.source}; checkpoints in {checkpoint_dir}"
     )
     summary = train(
@@ -77,7 +78,7 @@ def train_exits(config: ExitsJobConfig) -> Path:
         "job": "exits",
         "config": fingerprint,
         "corpus": corpus.source,
-        "parameters": _parameters(exits),
+        "parameters": count_parameters(exits),
         **asdict(summary),
         "heldout_windows": len(windows),
         "heldout_tokens": int(windows.numel()),
@@ -227,7 +228,3 @@ def print_agreement(report: list[dict[str, Any]]) -> None:
             )
         lines.append(line)
     print("\n".join(lines))
-
-
-def _parameters(exits: ExitHeads) -> int:
-    return sum(p.numel() for p in exits.parameters())

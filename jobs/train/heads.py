@@ -19,7 +19,7 @@ positions whose label (the target's greedy token) is the head's top-1 guess, or 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,13 @@ from jobs.train.config import (
     check_sequences,
 )
 from jobs.train.corpus import Corpus, Document, load_corpus
-from jobs.train.loop import Objective, pick_device, single_phase, train, versions
-from jobs.train.model import load_float32
-from jobs.train.on_target import start_on_target
+from jobs.train.loop import Objective, TrainSummary, pick_device, single_phase, train, versions
+from jobs.train.model import count_parameters, load_float32
+from jobs.train.on_target import TargetRun, start_on_target
 from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
+from strategies.artifacts.eagle import EagleHead
 from strategies.artifacts.heads import DraftHeads, HeadsConfig, load_heads
 from workers.model_loading import weights_sha256
 
@@ -75,48 +76,85 @@ class SequenceSampler:
 
 def train_heads(config: HeadsJobConfig) -> Path:
     """Train the heads described by `config` on its frozen target; returns the heads' directory."""
-    run = start_on_target(config, frozen=True)
-    device, target, tokenizer = run.device, run.target, run.tokenizer
-    out, checkpoint_dir, fingerprint = run.output_dir, run.checkpoint_dir, run.fingerprint
+    on_target = start_on_target(config, frozen=True)
+    target = on_target.target
     check_heads(config, target.config.max_position_embeddings)
-    corpus = load_corpus(config.corpus)
-    sequences, generation_s = training_sequences(config, target, tokenizer, corpus, checkpoint_dir, fingerprint)
+    run = training_sequences(config, on_target, load_corpus(config.corpus))
     heads = new_heads(config, target)
     data, num_heads = config.data, config.heads.num_heads
-    hidden = hidden_windows(target, sequences, data.prompt_tokens, num_heads, data.batch_size)  # [N, W, H]
-    labels = head_labels(sequences, data.prompt_tokens, num_heads).to(device)  # [N, K, W]
+    hidden = hidden_windows(target, run.sequences, data.prompt_tokens, num_heads, data.batch_size)  # [N, W, H]
+    labels = head_labels(run.sequences, data.prompt_tokens, num_heads).to(on_target.device)  # [N, K, W]
+    loss = heads_loss(hidden, labels, config.loss_decay)
+    summary = train_on_sequences("heads", config, run, heads, loss, data.continuation_tokens)
+    del hidden, labels, loss  # the training set's states: free them before the held-out ones
+    accuracy = heldout_accuracy(heads, target, on_target.tokenizer, run.corpus.heldout, eval_config(config))
+    return save_trained("heads", config, run, heads, summary, {"heldout_accuracy": accuracy})
+
+
+@dataclass
+class SequencesRun:
+    """A job distilled from its frozen target's own greedy continuations (heads, EAGLE)."""
+
+    on_target: TargetRun
+    corpus: Corpus
+    sequences: torch.Tensor  # [N, P+C] the training sequences: prompt windows and their continuations
+    generation_s: float  # what generating the sequences took, in whichever run made them
+
+
+def train_on_sequences(
+    job: str,
+    config: HeadsJobConfig,
+    run: SequencesRun,
+    trained: DraftHeads | EagleHead,
+    loss: Objective,
+    positions: int,
+) -> TrainSummary:
+    """Train `trained` on `loss` over batches of the run's sequences, `positions` predictions each, in one phase."""
+    data = config.data
     print(
-        f"heads: {_parameters(heads) / 1e6:.2f} M parameters; {len(sequences)} sequences of {data.prompt_tokens} "
-        f"prompt + {data.continuation_tokens} generated tokens from {corpus.source}; checkpoints in {checkpoint_dir}"
+        f"{job}: {count_parameters(trained) / 1e6:.2f} M parameters; {len(run.sequences)} sequences of "
+        f"{data.prompt_tokens} prompt + {data.continuation_tokens} generated tokens from {run.corpus.source}; "
+        f"checkpoints in {run.on_target.checkpoint_dir}"
     )
-    summary = train(
-        heads,
-        heads_loss(hidden, labels, config.loss_decay),
-        SequenceSampler(len(sequences), config.train.seed),
-        single_phase(config.train, config.data.continuation_tokens),
+    return train(
+        trained,
+        loss,
+        SequenceSampler(len(run.sequences), config.train.seed),
+        single_phase(config.train, positions),
         config.optim,
-        checkpoint_dir,
-        fingerprint,
+        run.on_target.checkpoint_dir,
+        run.on_target.fingerprint,
     )
-    del hidden, labels  # the training set's states: free them before the held-out ones
-    accuracy = heldout_accuracy(heads, target, tokenizer, corpus.heldout, eval_config(config))
-    heads.config.training = {
-        "job": "heads",
-        "config": fingerprint,
-        "corpus": corpus.source,
-        "sequences": len(sequences),
-        "generated_tokens": len(sequences) * data.continuation_tokens,
-        "generation_wall_s": generation_s,
-        "parameters": _parameters(heads),
+
+
+def save_trained(
+    job: str,
+    config: HeadsJobConfig,
+    run: SequencesRun,
+    trained: DraftHeads | EagleHead,
+    summary: TrainSummary,
+    measured: dict[str, Any],
+) -> Path:
+    """Save `trained` with its training record: its data and what generating it took, the loop's summary,
+    then `measured` (the job's own entries: its held-out measure and any other); returns its directory."""
+    trained.config.training = {
+        "job": job,
+        "config": run.on_target.fingerprint,
+        "corpus": run.corpus.source,
+        "sequences": len(run.sequences),
+        "generated_tokens": len(run.sequences) * config.data.continuation_tokens,
+        "generation_wall_s": run.generation_s,
+        "parameters": count_parameters(trained),
         **asdict(summary),
-        "heldout_sequences": data.eval_sequences,
-        "heldout_accuracy": accuracy,
+        "heldout_sequences": config.data.eval_sequences,
+        **measured,
         **versions(),
     }
-    heads.save(out)
+    out = run.on_target.output_dir
+    trained.save(out)
     print(
-        f"heads: {summary.steps} steps, {summary.tokens_seen / 1e6:.2f} M tokens in {summary.wall_s:.0f} s "
-        f"(+ {generation_s:.0f} s generating); training loss {summary.train_loss:.3f}; saved to {out}"
+        f"{job}: {summary.steps} steps, {summary.tokens_seen / 1e6:.2f} M tokens in {summary.wall_s:.0f} s "
+        f"(+ {run.generation_s:.0f} s generating); training loss {summary.train_loss:.3f}; saved to {out}"
     )
     return out
 
@@ -180,25 +218,18 @@ def heldout_accuracy(
     return accuracy
 
 
-def training_sequences(
-    config: HeadsJobConfig,
-    target: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    corpus: Corpus,
-    checkpoint_dir: Path,
-    fingerprint: dict[str, Any],
-) -> tuple[torch.Tensor, float]:
-    """The training sequences [N, P+C] (cached, or generated now) and the seconds their generation took."""
+def training_sequences(config: HeadsJobConfig, on_target: TargetRun, corpus: Corpus) -> SequencesRun:
+    """The training sequences (cached, or generated now from the corpus' training split)."""
     data = config.data
 
     def generate() -> torch.Tensor:
-        tokens = encode_documents(tokenizer, corpus.train)  # [M]
+        tokens = encode_documents(on_target.tokenizer, corpus.train)  # [M]
         prompts = draw_prompts(tokens, data.sequences, data.prompt_tokens, config.train.seed)  # [N, P]
-        return continue_greedily(target, prompts, data.continuation_tokens, data.batch_size, "generate")
+        return continue_greedily(on_target.target, prompts, data.continuation_tokens, data.batch_size, "generate")
 
-    return cached_sequences(
-        checkpoint_dir / DATA_SUBDIR, data_fingerprint(fingerprint, ignore=("data.eval_sequences",)), generate
-    )
+    data_key = data_fingerprint(on_target.fingerprint, ignore=("data.eval_sequences",))
+    sequences, generation_s = cached_sequences(on_target.checkpoint_dir / DATA_SUBDIR, data_key, generate)
+    return SequencesRun(on_target, corpus, sequences, generation_s)
 
 
 def new_heads(config: HeadsJobConfig, target: torch.nn.Module) -> DraftHeads:
@@ -299,7 +330,3 @@ def heads_accuracy(
         {"head": i, "predicts": f"t+{i + 2}", "top1": round(a.item(), 4), "top5": round(b.item(), 4)}
         for i, (a, b) in enumerate(zip(top1 / count, top5 / count, strict=True))
     ]
-
-
-def _parameters(heads: DraftHeads) -> int:
-    return sum(p.numel() for p in heads.parameters())
