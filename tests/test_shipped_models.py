@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from jobs.shipped import SHIPPED_MODELS, SHIPPED_TARGET, shipped
+from workers.model_loading import weights_sha256
 
 CARD = (SHIPPED_TARGET.parent / "README.md").read_text()
 FAMILY = sorted(folder for folder in SHIPPED_MODELS.iterdir() if folder.is_dir())
@@ -75,3 +77,27 @@ def test_the_shipped_family_stays_under_its_size_limit():
     total = sum(f.stat().st_size for f in SHIPPED_MODELS.rglob("*") if f.is_file()) / 1e6
     print(f"shipped family: {total:.1f} MB in all (" + ", ".join(f"{n} {mb:.1f}" for n, mb in sizes.items()) + ")")
     assert total < FAMILY_LIMIT_MB, f"the shipped family is {total:.1f} MB, over its {FAMILY_LIMIT_MB:.0f} MB limit"
+
+
+def _target_hashes_named(folder):
+    """Every `target_weights_sha256` a shipped folder's JSON records (its artifact file, its training record)."""
+    found = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            found.extend(v for k, v in value.items() if k == "target_weights_sha256")
+            for v in value.values():
+                walk(v)
+
+    for record in folder.glob("*.json"):
+        walk(json.loads(record.read_text()))
+    return found
+
+
+@pytest.mark.parametrize("folder", [f for f in FAMILY if f != SHIPPED_TARGET], ids=lambda f: f.name)
+def test_every_shipped_model_was_trained_on_the_shipped_target(folder):
+    """A retrained target must be shipped with everything trained on it retrained too: heads, exits and
+    EAGLE are refused with other target weights, and a draft, CLLM or CMLM would silently serve it worse."""
+    named = _target_hashes_named(folder)
+    assert named, f"{folder.name} records no target_weights_sha256"
+    assert set(named) == {weights_sha256(SHIPPED_TARGET)}, f"{folder.name} was trained on other target weights"
