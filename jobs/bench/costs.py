@@ -20,7 +20,6 @@ proposer's `propose`, the acceptance rule's `accept`, the verifier's input build
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections import defaultdict
@@ -243,8 +242,8 @@ def measure(bench: Bench) -> dict:
         for name in config.strategies:
             if name == "autoregressive":
                 continue
-            for label, options in bench._variants(name, dataclasses.replace(config.strategy, name=name)).items():
-                runs = [_steps(bench, bench._fresh(options, batch_size), runner, batch) for _ in range(config.repeats)]
+            for label, options in bench.variants(name).items():
+                runs = [_steps(bench, bench.fresh(options, batch_size), runner, batch) for _ in range(config.repeats)]
                 drafters.append(_drafter_row(label, runs, plain))
         table["batches"].append(
             {"batch_size": batch_size, "forwards": forwards, "plain_step_ms": round(plain, 3), "drafters": drafters}

@@ -177,7 +177,7 @@ class Bench:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = resolve_dtype(config.dtype, self.device)
         uses = set(config.strategies)
-        variants = [v for n in uses for v in self._variants(n, dataclasses.replace(config.strategy, name=n)).values()]
+        variants = [v for n in uses for v in self.variants(n).values()]
         needs = set().union(*(needed_by(v) for v in variants))
         if "assisted" in config.transformers:  # transformers' assisted generation drafts with the draft model
             needs.add("draft")
@@ -231,7 +231,7 @@ class Bench:
             stats.append(out.stats)
         return Run(time.perf_counter() - started, tokens, stats)
 
-    def _fresh(self, options: StrategyOptions, batch_size: int):
+    def fresh(self, options: StrategyOptions, batch_size: int):
         """A new strategy instance per timed pass: a Lookahead trie warmed by an earlier pass over the
         same prompts would have seen the answers. The controller, which learns step costs and not
         answers, lives on across passes as it lives on across batches in an actor."""
@@ -251,15 +251,15 @@ class Bench:
             tokens = config.lookup_tokens or config.strategy.num_speculative_tokens
             found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=tokens)
         for name in config.strategies:
-            options = dataclasses.replace(config.strategy, name=name)
-            for label, variant in self._variants(name, options).items():
-                found[label] = lambda b, o=variant: self.ours(self._fresh(o, batch_size), b)
+            for label, variant in self.variants(name).items():
+                found[label] = lambda b, o=variant: self.ours(self.fresh(o, batch_size), b)
         return found
 
-    def _variants(self, name: str, options: StrategyOptions) -> dict[str, StrategyOptions]:
-        """The contenders strategy `name` stands for: one per swept setting (passes T, drafters, EAGLE trees),
-        or itself."""
+    def variants(self, name: str) -> dict[str, StrategyOptions]:
+        """The contenders strategy `name` stands for, by label: one per swept setting (passes T, drafters,
+        EAGLE trees), or itself, each with the config's `strategy.*` options."""
         config = self.config
+        options = dataclasses.replace(config.strategy, name=name)
         if name == registry.MASK_PREDICT and config.mask_predict_iterations:
             return {
                 f"{name} T={t}": dataclasses.replace(
