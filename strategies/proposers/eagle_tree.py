@@ -108,6 +108,7 @@ class StaticLevel:
     slots: torch.Tensor  # [n] each one's parent's index in the previous depth's frontier (0 at depth 1)
     ranks: torch.Tensor  # [n] each one's rank among its parent's children
     frontier: torch.Tensor  # [F] which of the n have children (indices into `nodes`): the next call's inputs
+    top: int  # 1 + the highest of `ranks`: the children a parent's distribution is ranked for
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ def _shape(paths: tuple[tuple[int, ...], ...]) -> StaticTree:
                 slots=torch.tensor([previous_frontier[parents[n]] for n in nodes]),
                 ranks=torch.tensor([paths[n][-1] for n in nodes]),
                 frontier=torch.tensor(frontier, dtype=torch.long),
+                top=1 + max(paths[n][-1] for n in nodes),
             )
         )
         previous_frontier = {nodes[i]: f for f, i in enumerate(frontier)}
@@ -167,14 +169,15 @@ def grow_static(root: torch.Tensor, tree: StaticTree, expand: Expand) -> Grown:
     depths = torch.zeros(b, count, dtype=torch.long, device=root.device)
     log_probs, parent_values = root[:, None], values[:, :1]  # [B, F, V], [B, F]: the frontier's
     for level, shape in enumerate(tree.levels, start=1):
-        nodes, slots, ranks = (t.to(root.device) for t in (shape.nodes, shape.slots, shape.ranks))
-        top_log_probs, top_tokens = log_probs.topk(int(shape.ranks.max()) + 1, dim=-1)  # [B, F, k]
+        placed = (shape.nodes, shape.slots, shape.ranks, shape.frontier)
+        nodes, slots, ranks, below = (t.to(root.device) for t in placed)
+        top_log_probs, top_tokens = log_probs.topk(shape.top, dim=-1)  # [B, F, k]
         tokens[:, nodes] = top_tokens[:, slots, ranks]  # [B, n]
         values[:, nodes] = parent_values[:, slots] + top_log_probs[:, slots, ranks]
         depths[:, nodes] = level
-        if len(shape.frontier):
-            frontier = nodes[shape.frontier.to(root.device)]  # [F]
-            parents_in_frontier = slots[shape.frontier.to(root.device)] if level > 1 else torch.full_like(frontier, -1)
+        if len(below):
+            frontier = nodes[below]  # [F]
+            parents_in_frontier = slots[below] if level > 1 else torch.full_like(frontier, -1)
             log_probs = expand(tokens[:, frontier], parents_in_frontier.expand(b, -1), level)
             parent_values = values[:, frontier]
     parents = torch.tensor(tree.parents, device=root.device).expand(b, -1)
