@@ -44,7 +44,7 @@ from strategies import registry
 from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, KIND, EagleConfig, EagleHead, load_eagle, save_draft_vocab
 from strategies.artifacts.weights_folder import write_weights_config
 from strategies.base import GenerationParams, RowRequest
-from strategies.options import StrategyOptions
+from strategies.options import EAGLE_TREES, StrategyOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from workers.model_loading import weights_sha256
@@ -201,7 +201,7 @@ def heldout_acceptance(
     params = GenerationParams(config.eval.new_tokens, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
     models = registry.Models(ModelRunner(target), eagle=head)
     size, measured = config.data.batch_size, {}
-    for tree in ("chain", "static", "dynamic"):
+    for tree in EAGLE_TREES:
         options = StrategyOptions(name="eagle", adaptive=False)
         options.eagle.tree, options.eagle.depth = tree, config.eval.depth
         batches = [  # the summing of per-batch counts is the job report's
