@@ -75,6 +75,45 @@ def test_lookahead_retrieves_the_longest_suffix_first():
     assert proposer.propose(ProposalContext(num_generated=[3], budgets=[2], max_nodes=1, keys=keys))[0].tokens == []
 
 
+def test_lookahead_counts_nothing_until_it_proposes_and_then_what_an_eager_count_would_hold():
+    """Prompts and finished outputs are counted at the next proposal: a batch decoded with Lookahead off
+    costs no trie work, and the proposal after it reads the counts made at once would have left."""
+    proposer = LookaheadProposer(decoding_length=4, branch_length=2, max_query_length=2)  # trie depth 4
+    proposer.start([[1, 2, 3], [4, 5]], None, None)
+    proposer.emitted([[6, 7, 8, 9], [5, 4]], None)
+    proposer.keep_rows([1])  # row 0 finished: its output waits; its prompt was never counted
+    assert proposer.trie.num_nodes == 0 and list(proposer.pending) == [[1, 2, 3, 6, 7, 8, 9]]
+
+    eager = TokenTrie(depth=4, max_nodes=proposer.trie.max_nodes)  # each count made when it happened:
+    eager.insert([1, 2, 3], range(3), row=0)  # the rows' prompts as they start
+    eager.insert([4, 5], range(2), row=1)
+    eager.insert(
+        [1, 2, 3, 6, 7, 8, 9], range(7)
+    )  # row 0's output substrings (from its first that reaches past its prompt) as it finishes
+    eager.release(0)
+    eager.insert([4, 5, 5, 4], range(1))  # row 1's whole output substrings, at the proposal
+    keys = torch.zeros(1, dtype=torch.long)
+    draft = proposer.propose(ProposalContext(num_generated=[3], budgets=[2], max_nodes=4, keys=keys))[0]
+
+    def counts(node, path=()):
+        yield path, node.freq, node.prompt_total
+        for token, child in sorted(node.children.items()):
+            yield from counts(child, (*path, token))
+
+    assert list(counts(proposer.trie.root)) == list(counts(eager.root)) and not proposer.pending
+    # Row 1's context ends 5, 4: [5, 4] is unknown, [4] was followed by 5 (its prompt and its output), then 5.
+    assert (draft.tokens, draft.parents) == ([5, 5], [-1, 0])
+
+
+def test_lookahead_keeps_only_the_latest_outputs_while_it_does_not_propose():
+    proposer = LookaheadProposer(decoding_length=4, branch_length=2, max_query_length=2, max_nodes=5)
+    for first in range(0, 30, 3):  # ten rows one after another, none proposing
+        proposer.start([[100]], None, None)
+        proposer.emitted([[first, first + 1, first + 2]], None)
+        proposer.keep_rows([])
+    assert list(proposer.pending) == [[100, 27, 28, 29]]  # at most max_nodes tokens wait, the latest
+
+
 PROMPTS = [
     [5, 6, 7, 8, 5, 6, 7, 8, 5, 6],  # repetitive: retrieval finds a lot
     [13],  # nothing to retrieve

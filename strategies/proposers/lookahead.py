@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -161,10 +162,19 @@ class _LookaheadRow:
     trie_row: int  # the row's id in the trie, under which its prompt is counted
     context: list[int]  # prompt and generated tokens, the pending one last
     counted_from: int  # first output substring not yet counted in the trie
+    prompt_length: int  # the context's length when the row started: its prompt, counted per row
+    prompt_counted: bool = False  # counted at the row's first proposal
 
 
 class LookaheadProposer(Proposer[_LookaheadRow]):
-    """Drafts trees from one `TokenTrie` per actor; it outlives batches, so it warms over a job."""
+    """Drafts trees from one `TokenTrie` per actor; it outlives batches, so it warms over a job.
+
+    It counts nothing until it proposes: a row's prompt is counted at the first proposal the row
+    takes part in, and the outputs of finished rows wait in `pending` until the next proposal. The
+    trie a proposal reads is the same as if every count had been made at once, and an actor whose
+    controller keeps Lookahead off (at batch 32 counting a row costs as much as decoding it) pays
+    only for keeping the last `max_nodes` finished output tokens.
+    """
 
     name = "lookahead"
 
@@ -186,6 +196,8 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
         self.own_prompt_weight = own_prompt_weight
         self.trie = TokenTrie(max_query_length + branch_length, max_nodes)
         self._next_row = itertools.count()
+        self.pending: deque[list[int]] = deque()  # finished rows' outputs not counted yet, oldest first
+        self._pending_tokens = 0
 
     @property
     def drafts_trees(self) -> bool:
@@ -195,26 +207,33 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
     def new_row_state(self, context: list[int]) -> _LookaheadRow:
         # The row's context when it starts counts as its prompt; outputs are counted from the first
         # substring that reaches past it.
-        row = _LookaheadRow(next(self._next_row), list(context), max(0, len(context) - self.trie.depth + 1))
-        self.trie.insert(context, range(len(context)), row=row.trie_row)
-        return row
+        return _LookaheadRow(
+            next(self._next_row), list(context), max(0, len(context) - self.trie.depth + 1), len(context)
+        )
 
     def propose(self, context: ProposalContext) -> list[Draft]:
+        while self.pending:
+            output = self.pending.popleft()
+            self.trie.insert(output, range(len(output)))
+        self._pending_tokens = 0
         for row in self.rows:
-            self._count_outputs(row, complete_only=True)
+            if not row.prompt_counted:
+                self.trie.insert(row.context[: row.prompt_length], range(row.prompt_length), row=row.trie_row)
+                row.prompt_counted = True
+        for row in self.rows:
+            self._count_outputs(row)
         nodes = min(self.decoding_length, context.max_nodes)
         return [
             self._retrieve(row.trie_row, row.context, budget, nodes)
             for row, budget in zip(self.rows, context.budgets, strict=True)
         ]
 
-    def _count_outputs(self, row: _LookaheadRow, complete_only: bool) -> None:
-        """Count the row's output substrings not counted yet: the whole ones (`depth` long), or at the
-        row's end all of them. Deferred to proposals, so steps that do not speculate cost little."""
-        ctx = row.context
-        end = len(ctx) - self.trie.depth + 1 if complete_only else len(ctx)
+    def _count_outputs(self, row: _LookaheadRow) -> None:
+        """Count the row's whole output substrings (`depth` long) not counted yet; the rest wait for
+        more tokens, or for the row's end (`_finish`)."""
+        end = len(row.context) - self.trie.depth + 1
         if end > row.counted_from:
-            self.trie.insert(ctx, range(row.counted_from, end))
+            self.trie.insert(row.context, range(row.counted_from, end))
             row.counted_from = end
 
     def _retrieve(self, row: int, ctx: list[int], budget: int, nodes: int) -> Draft:
@@ -234,10 +253,18 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
     def keep_rows(self, rows: list[int]) -> None:
         kept = set(rows)
         for i, row in enumerate(self.rows):
-            if i not in kept:  # finished: count all its output substrings; forget its prompt
-                self._count_outputs(row, complete_only=False)
-                self.trie.release(row.trie_row)
+            if i not in kept:  # finished: its output substrings wait for the next proposal; its prompt goes
+                self._finish(row)
         super().keep_rows(rows)
+
+    def _finish(self, row: _LookaheadRow) -> None:
+        output = row.context[row.counted_from :]
+        if output:
+            self.pending.append(output)
+            self._pending_tokens += len(output)
+        while self._pending_tokens > self.trie.max_nodes and len(self.pending) > 1:
+            self._pending_tokens -= len(self.pending.popleft())
+        self.trie.release(row.trie_row)
 
     def stats(self) -> dict[str, float]:
         return {"trie_nodes": self.trie.num_nodes}
