@@ -19,7 +19,7 @@ from strategies.runtime.sampling import SamplingParams
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 from workers.controller import AdaptiveController, ControllerSettings, Learned, bucket
-from workers.cost_model import RecentTime, best_chain_depth
+from workers.cost_model import ForwardCosts, RecentTime, best_chain_depth
 
 LOOKUP = "lookup"
 CHAIN_OF_4 = DraftLimits(4, 4)
@@ -475,6 +475,14 @@ def _table_best_case(drafter: str, batch_size: int) -> float:
     )
 
 
+def _kept(forward_ms: dict[tuple[int, int], float]) -> dict[tuple[int, int], tuple[list[float], int]]:
+    """Forward times in ms per batch by (batch size, width) as a controller keeps them (`Learned.forward_time`)."""
+    costs = ForwardCosts()
+    for (b, width), ms in sorted(forward_ms.items()):  # plain forwards first at each batch size
+        costs.observe(b, width, ms / 1000 / b)
+    return {key: (list(t.recent), t.count) for key, t in costs.times.items()}
+
+
 def _run_scripted(c: AdaptiveController, schedule: list[int]) -> list[tuple[str, int]]:
     """Steps under the scripted table with drafts always accepted whole; (drafter, batch size) planned."""
     planned = []
@@ -498,9 +506,7 @@ def test_with_a_scripted_cost_table_no_drafter_whose_best_case_loses_is_planned(
     """Warm from an earlier job's forward times (as `controller_stats` gives them), the controller knows
     what a forward costs at every batch size; its drafters' host times it measures itself."""
     earlier = Learned(
-        forward_time={
-            (b, w): ([_forward_ms(b, w) / 1000 / b], 9) for b in (1, 2, 4, 8, 16, 32) for w in (1, 2, 3, 5, 9, 17)
-        }
+        forward_time=_kept({(b, w): _forward_ms(b, w) for b in (1, 2, 4, 8, 16, 32) for w in (1, 2, 3, 5, 9, 17)})
     )
     c = AdaptiveController()
     c.warm_start(earlier)
@@ -530,14 +536,33 @@ def test_a_cold_controller_explores_within_its_budget_and_cheapest_first():
     assert {d for d, b in planned if b == 1} == {AUTOREGRESSIVE, *SCRIPTED}  # at batch 1, all explored
 
 
+def test_a_drafter_measured_while_the_machine_was_loaded_keeps_its_best_case_once_it_is_quiet():
+    """Its forward and host times are kept as ratios to a plain step when it ran: plain steps measured
+    since, three times faster, do not make it look hopeless (then it would never run to be measured
+    again). Best case: 5 tokens for a 5-wide forward of 1.25 plain steps and 0.25 of host work."""
+    c = AdaptiveController()
+    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
+
+    def plain(seconds: float) -> StepRecord:
+        return StepRecord(AUTOREGRESSIVE, 1, seconds, [0], [0], 1, seconds)
+
+    for _ in range(9):
+        c.observe(plain(0.006))  # loaded
+    c.observe(StepRecord(LOOKUP, 1, 0.009, [4], [4], 5, 0.0075))
+    assert c.best_case(LOOKUP, 1) == pytest.approx(5 / 1.5)
+    for _ in range(20):  # quiet: past the steps a best case is kept
+        c.observe(plain(0.002))
+    assert c.best_case(LOOKUP, 1) == pytest.approx(5 / 1.5)
+
+
 def test_chains_are_sized_per_batch_by_tokens_per_second_on_literal_timings():
     """The issue's timings (see tests/test_cost_model.py for the hand computation): with α 0.6, a chain
     of 7 at batch 1 and of 2 at batch 8."""
     widths, batch_1, batch_8 = (1, 2, 4, 8, 16), (3.1, 3.5, 2.8, 3.0, 4.0), (4.0, 5.1, 6.8, 9.7, 13.9)
-    forward = {(1, w): ([ms / 1000], 9) for w, ms in zip(widths, batch_1, strict=True)}
-    forward |= {(8, w): ([ms / 8000], 9) for w, ms in zip(widths, batch_8, strict=True)}
+    forward = {(1, w): ms for w, ms in zip(widths, batch_1, strict=True)}
+    forward |= {(8, w): ms for w, ms in zip(widths, batch_8, strict=True)}
     c = AdaptiveController(ControllerSettings(resize_rows=2))
-    c.warm_start(Learned(forward_time=forward))
+    c.warm_start(Learned(forward_time=_kept(forward)))
     c.start_batch({LOOKUP: DraftLimits(8, 8)}, batch_size=2)
     assert c.draft_size(LOOKUP, 8) == (8, 8)  # acceptance not yet measured: as learned
     c.observe(StepRecord(LOOKUP, 2, 0.007, [8, 8], [3, 0]))  # 3 accepted, 2 rejections: α 0.6

@@ -41,13 +41,18 @@ def test_statistics_round_trip_through_the_file(tmp_path):
     assert controller_stats.read(url, {}) == {KEY: _learned(32), other: _learned(8, depth=2)}
 
 
-def test_a_file_of_the_schema_before_the_cost_model_is_read_without_its_times(tmp_path):
-    """Schema /1 had no forward or host times: its step times, τ and sizes still warm-start a job."""
+@pytest.mark.parametrize("schema", ["accelgen.controller_stats/1", "accelgen.controller_stats/2"])
+def test_a_file_of_an_earlier_schema_is_read_without_its_times(tmp_path, schema):
+    """Schema /1 had no forward or host times, /2 kept them in seconds where /3 keeps ratios to a plain
+    step: their step times, τ and sizes still warm-start a job, and the cost model starts afresh."""
     document = controller_stats.encode({KEY: _learned(32)})
-    for entry in document["entries"]:
-        del entry["forward_time"], entry["host_time"]
+    if schema.endswith("/1"):
+        for entry in document["entries"]:
+            del entry["forward_time"], entry["host_time"]
+    else:
+        assert all(entry["forward_time"] and entry["host_time"] for entry in document["entries"])
     path = tmp_path / "stats.json"
-    path.write_text(json.dumps({**document, "schema": "accelgen.controller_stats/1"}))
+    path.write_text(json.dumps({**document, "schema": schema}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         stats = controller_stats.read(str(path), {})

@@ -102,3 +102,17 @@ def test_the_best_case_over_segment_ends_is_the_best_case_over_every_depth():
 
             everywhere = best_case_speedup(range(1, 11), plain, step)
             assert best_case_speedup(segment_ends(widths, 10), plain, step) == pytest.approx(everywhere)
+
+
+def test_wide_forwards_follow_the_plain_forward_as_the_machine_speeds_up_or_slows_down():
+    """A wide forward is kept as a ratio to the plain forward when it ran: measured while the machine was
+    three times slower, it is not set against plain forwards measured since it is quiet."""
+    costs = ForwardCosts()
+    for _ in range(9):
+        costs.observe(1, 1, 0.003)  # loaded: 3 ms a plain forward
+    costs.observe(1, 5, 0.0045)  # a 5-wide forward then: 1.5 plain forwards
+    for _ in range(9):
+        costs.observe(1, 1, 0.001)  # quiet again
+    assert costs.row_seconds(1, 5) == pytest.approx(0.0015)
+    costs.observe(2, 5, 0.004)  # before any plain forward at its bucket: nothing to relate it to
+    assert not costs.covers(2)

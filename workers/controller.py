@@ -116,8 +116,9 @@ class Ema:
 class Learned:
     """What a controller learned that outlives its actor: step times by (option, batch bucket), each
     drafter's τ, steps and row steps measured per option, draft sizes, and the cost model's forward
-    times by (batch bucket, width) and host times by (drafter, batch bucket). Nothing in it decides a
-    token: it only decides which lossless option runs and how long its drafts are."""
+    times by (batch bucket, width) and host times by (drafter, batch bucket), both but the plain
+    forward's as ratios to a plain step's time when they ran. Nothing in it decides a token: it only
+    decides which lossless option runs and how long its drafts are."""
 
     row_time: dict[tuple[str, int], tuple[list[float], int]] = field(default_factory=dict)  # recent, count
     tau: dict[str, tuple[float, float]] = field(default_factory=dict)  # value, seen
@@ -163,7 +164,9 @@ class AdaptiveController:
         self.failed: set[str] = set()
         self.rows: list[RowDrafting] = []  # per batch row, in batch order (`keep_rows`, `add_rows`)
         self.forward = ForwardCosts(self.settings.time_window)  # the target's forward by bucket and width
-        self.host_time: dict[tuple[str, int], RecentTime] = {}  # (drafter, bucket) -> step − forward, per row
+        # (drafter, bucket) -> step − forward, per row, over a plain step's time there when it ran (as
+        # the cost model keeps wide forwards: the machine's speed drifts, ratios hold).
+        self.host_time: dict[tuple[str, int], RecentTime] = {}
         self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
@@ -237,9 +240,10 @@ class AdaptiveController:
         self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
-            if record.drafter != AUTOREGRESSIVE:
+            plain = self.row_time.get((AUTOREGRESSIVE, b))
+            if record.drafter != AUTOREGRESSIVE and plain is not None:
                 host = max(0.0, record.wall_s - record.forward_s) / record.batch_size
-                self.host_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(host)
+                self.host_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(host / plain.value)
         steps, rows = self.measured.get(record.drafter, (0, 0))
         self.measured[record.drafter] = (steps + 1, rows + record.batch_size)
         self.memo.clear()
@@ -423,7 +427,7 @@ class AdaptiveController:
             host = None
             if measured:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
-                host = self.host_time[(drafter, nearest)].value
+                host = self.host_time[(drafter, nearest)].value * self.row_time[(AUTOREGRESSIVE, nearest)].value
             self.memo[("host", drafter, b)] = host
         return self.memo[("host", drafter, b)]
 

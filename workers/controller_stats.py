@@ -10,9 +10,10 @@ hands it to the actors in their `WorkerSpec`; each actor warm-starts its control
 its own key and ignores the others (docs/design.md, "The adaptive controller").
 
 A file that cannot be read, is not JSON, or has another schema is ignored with a warning naming it:
-statistics only save exploration, they never decide a token. A file of the previous schema
-(`accelgen.controller_stats/1`, before the cost model) is read as it is, with no forward or host
-times: the controller measures those from its first steps.
+statistics only save exploration, they never decide a token. A file of an earlier schema
+(`accelgen.controller_stats/1`, before the cost model; `/2`, whose wide forwards and host times were
+seconds, not ratios to a plain step) is read with no forward or host times: the controller measures
+those from its first steps.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ import torch
 from workers.controller import Learned
 from workers.storage import filesystem, join, write_bytes
 
-SCHEMA = "accelgen.controller_stats/2"
-READABLE = (SCHEMA, "accelgen.controller_stats/1")  # /1 lacks forward_time and host_time
+SCHEMA = "accelgen.controller_stats/3"
+# /1 lacks forward_time and host_time; /2 kept them in seconds: both are read without them.
+WITHOUT_COSTS = ("accelgen.controller_stats/1", "accelgen.controller_stats/2")
+READABLE = (SCHEMA, *WITHOUT_COSTS)
 FILE_NAME = "controller_stats.json"  # in the output's _logs/
 
 
@@ -94,22 +97,26 @@ def decode(document: Any) -> dict[StatsKey, Learned]:
     if not isinstance(entries, list):
         raise ValueError("it has no list of entries")
     stats = {}
+    costs = document["schema"] not in WITHOUT_COSTS
     for i, entry in enumerate(entries):
         try:
-            key, learned = _entry(entry)
+            key, learned = _entry(entry, costs)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"entry {i} is malformed ({type(exc).__name__}: {exc})") from None
         stats[key] = learned
     return stats
 
 
-def _entry(entry: dict[str, Any]) -> tuple[StatsKey, Learned]:
+def _entry(entry: dict[str, Any], costs: bool) -> tuple[StatsKey, Learned]:
+    """One entry; `costs`: with its forward and host times (`WITHOUT_COSTS`)."""
     key = StatsKey(_text(entry["target"]), _text(entry["device"]), _text(entry["dtype"]))
     row_time = {(_text(t["option"]), _count(t["bucket"])): _times(t, "option") for t in entry["row_time"]}
     forward_time = {
-        (_count(t["bucket"]), _count(t["width"])): _times(t, "width") for t in entry.get("forward_time", [])
+        (_count(t["bucket"]), _count(t["width"])): _times(t, "width") for t in (entry["forward_time"] if costs else [])
     }
-    host_time = {(_text(t["drafter"]), _count(t["bucket"])): _times(t, "drafter") for t in entry.get("host_time", [])}
+    host_time = {
+        (_text(t["drafter"]), _count(t["bucket"])): _times(t, "drafter") for t in (entry["host_time"] if costs else [])
+    }
     return key, Learned(
         row_time=row_time,
         tau={_text(n): (_seconds(t["value"]), _seconds(t["seen"])) for n, t in entry["tau"].items()},

@@ -6,10 +6,15 @@ depends on B, the device and the dtype (on 2 CPU cores, float32: an 8-node tree 
 batch 1 and costs 2.4 plain steps at batch 8). The controller cannot size drafts by acceptance
 alone: it sizes them by tokens per second, τ(size) / cost(batch, size), with the cost from here.
 
-The model (`ForwardCosts`) keeps, per batch bucket and forward width n (new tokens per row, the
-pending token included), the recent forward time per row (`RecentTime`: 2-core outliers left out).
-Between measured widths it interpolates linearly over the running maximum (a forward over more
-tokens never costs less: a lower measurement at a wider forward is noise); beyond the widest it
+The model (`ForwardCosts`) keeps, per batch bucket, the recent plain forward time per row (width 1,
+`RecentTime`: 2-core outliers left out) and, per wider width n (new tokens per row, the pending token
+included), the recent ratio of such a forward to the plain one at its bucket when it ran: a 2-core
+machine's speed drifts with what else runs on it, and a wide forward measured while it was loaded,
+set against plain steps measured since it was quiet, would make every draft look hopeless, and keep
+it so, since a drafter judged hopeless is not run to measure it again. A wide forward at a bucket with
+no plain forward yet is not kept (the controller measures plain steps first at every bucket).
+Between measured widths the cost is interpolated linearly over the running maximum (a forward over
+more tokens never costs less: a lower measurement at a wider forward is noise); beyond the widest it
 extends the last segment's slope. Per-row time per width unit is the total time per batch token,
 which is about the same at every batch size once compute-bound, so a bucket with one measured width
 extends with the slope of the nearest bucket that has two; with none anywhere it is flat (the
@@ -91,13 +96,19 @@ def last_slope(widths: list[int], costs: list[float]) -> float | None:
 
 @dataclass
 class ForwardCosts:
-    """Forward seconds per row by (batch bucket, width), from the steps a controller ran."""
+    """Forward seconds per row by (batch bucket, width), from the steps a controller ran: `times` holds the
+    plain forward's seconds at width 1 and, at wider widths, ratios to it (module docstring)."""
 
     window: int = 9
     times: dict[tuple[int, int], RecentTime] = field(default_factory=dict)
     curves: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)  # per bucket, until it changes
 
     def observe(self, b: int, width: int, row_seconds: float) -> None:
+        if width > 1:
+            plain = self.times.get((b, 1))
+            if plain is None:
+                return
+            row_seconds /= plain.value
         self.times.setdefault((b, width), RecentTime(self.window)).update(row_seconds)
         self.curves.pop(b, None)
 
@@ -122,7 +133,11 @@ class ForwardCosts:
 
     def _curve(self, b: int) -> tuple[list[int], list[float]]:
         if b not in self.curves:
-            self.curves[b] = running_max({w: t.value for (bb, w), t in self.times.items() if bb == b})
+            plain = self.times.get((b, 1))
+            points = {}
+            if plain is not None:
+                points = {w: t.value * (plain.value if w > 1 else 1.0) for (bb, w), t in self.times.items() if bb == b}
+            self.curves[b] = running_max(points)
         return self.curves[b]
 
     def _slope_near(self, b: int) -> float | None:
