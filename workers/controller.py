@@ -2,8 +2,10 @@
 
 A policy object fed by statistics (docs/design.md, "The adaptive controller"). For every drafter and for
 plain autoregressive steps it keeps smoothed step times per row per batch-size bucket (powers of
-two), and for every drafter the smoothed tokens a row gains per step (τ). The estimated speed-up of
-a drafter over plain decoding is then
+two), a drafter's as its ratio to the plain step's time at its bucket when it ran (a 2-core
+machine's speed drifts with what else runs: a drafter measured while it was loaded must not look
+slow, or fast, against plain steps measured since), and for every drafter the smoothed tokens a row
+gains per step (τ). The estimated speed-up of a drafter over plain decoding is then
 
     speedup = τ · t_plain / t_drafter
 
@@ -116,9 +118,9 @@ class Ema:
 class Learned:
     """What a controller learned that outlives its actor: step times by (option, batch bucket), each
     drafter's τ, steps and row steps measured per option, draft sizes, and the cost model's forward
-    times by (batch bucket, width) and host times by (drafter, batch bucket), both but the plain
-    forward's as ratios to a plain step's time when they ran. Nothing in it decides a token: it only
-    decides which lossless option runs and how long its drafts are."""
+    times by (batch bucket, width) and host times by (drafter, batch bucket). Plain steps and plain
+    forwards are kept in seconds, every other time as its ratio to a plain step's when it ran. Nothing
+    in it decides a token: it only decides which lossless option runs and how long its drafts are."""
 
     row_time: dict[tuple[str, int], tuple[list[float], int]] = field(default_factory=dict)  # recent, count
     tau: dict[str, tuple[float, float]] = field(default_factory=dict)  # value, seen
@@ -148,7 +150,9 @@ class AdaptiveController:
     settings: ControllerSettings = field(default_factory=ControllerSettings)
 
     def __post_init__(self) -> None:
-        self.row_time: dict[tuple[str, int], RecentTime] = {}  # (option, bucket) -> seconds per row-step
+        # (option, bucket) -> seconds per row-step of plain steps; a drafter's over a plain row-step's
+        # when it ran (the machine's speed drifts: ratios hold, see `host_time`).
+        self.row_time: dict[tuple[str, int], RecentTime] = {}
         self.tau: dict[str, Ema] = {}
         self.depth: dict[str, int] = {}
         self.nodes: dict[str, int] = {}
@@ -233,14 +237,17 @@ class AdaptiveController:
         b = bucket(record.batch_size)
         self.step += 1
         row_time = record.wall_s / record.batch_size
-        self.row_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(row_time)
+        plain = self.row_time.get((AUTOREGRESSIVE, b))
+        if record.drafter == AUTOREGRESSIVE:
+            self.row_time.setdefault((AUTOREGRESSIVE, b), RecentTime(s.time_window)).update(row_time)
+        elif plain is not None:  # plain steps run first at every bucket: a drafter's has one to relate to
+            self.row_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(row_time / plain.value)
         self.decode_s += record.wall_s
         if record.drafter == self.exploring:
             self.exploring_s += record.wall_s
         self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
-            plain = self.row_time.get((AUTOREGRESSIVE, b))
             if record.drafter != AUTOREGRESSIVE and plain is not None:
                 host = max(0.0, record.wall_s - record.forward_s) / record.batch_size
                 self.host_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(host / plain.value)
@@ -346,8 +353,7 @@ class AdaptiveController:
                 ratio = step / plain if plain > 0 and step is not None else None
             elif measured:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
-                plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
-                ratio = self.row_time[(option, nearest)].value / plain if plain > 0 else None
+                ratio = self.row_time[(option, nearest)].value
             self.memo[("ratio", option, b)] = ratio
         return self.memo[("ratio", option, b)]
 

@@ -11,9 +11,9 @@ its own key and ignores the others (docs/design.md, "The adaptive controller").
 
 A file that cannot be read, is not JSON, or has another schema is ignored with a warning naming it:
 statistics only save exploration, they never decide a token. A file of an earlier schema
-(`accelgen.controller_stats/1`, before the cost model; `/2`, whose wide forwards and host times were
-seconds, not ratios to a plain step) is read with no forward or host times: the controller measures
-those from its first steps.
+(`accelgen.controller_stats/1`, before the cost model; `/2`, whose drafters' step times, wide
+forwards and host times were seconds, not ratios to a plain step) is read with its plain step times,
+τ and sizes only: the controller measures the rest from its first steps.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from typing import Any
 
 import torch
 
+from strategies.verification.control import AUTOREGRESSIVE
 from workers.controller import Learned
 from workers.storage import filesystem, join, write_bytes
 
 SCHEMA = "accelgen.controller_stats/3"
-# /1 lacks forward_time and host_time; /2 kept them in seconds: both are read without them.
+# /1 lacks forward_time and host_time; /2 kept them and drafters' step times in seconds: both are read without them.
 WITHOUT_COSTS = ("accelgen.controller_stats/1", "accelgen.controller_stats/2")
 READABLE = (SCHEMA, *WITHOUT_COSTS)
 FILE_NAME = "controller_stats.json"  # in the output's _logs/
@@ -108,9 +109,13 @@ def decode(document: Any) -> dict[StatsKey, Learned]:
 
 
 def _entry(entry: dict[str, Any], costs: bool) -> tuple[StatsKey, Learned]:
-    """One entry; `costs`: with its forward and host times (`WITHOUT_COSTS`)."""
+    """One entry; `costs`: with its drafters' step times and its forward and host times (`WITHOUT_COSTS`)."""
     key = StatsKey(_text(entry["target"]), _text(entry["device"]), _text(entry["dtype"]))
-    row_time = {(_text(t["option"]), _count(t["bucket"])): _times(t, "option") for t in entry["row_time"]}
+    row_time = {
+        (_text(t["option"]), _count(t["bucket"])): _times(t, "option")
+        for t in entry["row_time"]
+        if costs or t["option"] == AUTOREGRESSIVE
+    }
     forward_time = {
         (_count(t["bucket"]), _count(t["width"])): _times(t, "width") for t in (entry["forward_time"] if costs else [])
     }
