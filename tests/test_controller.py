@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -485,8 +486,14 @@ def _kept(forward_ms: dict[tuple[int, int], float]) -> dict[tuple[int, int], tup
     return {key: (list(t.recent), t.count) for key, t in costs.times.items()}
 
 
-def _run_scripted(c: AdaptiveController, schedule: list[int]) -> list[tuple[str, int]]:
-    """Steps under the scripted table with drafts always accepted whole; (drafter, batch size) planned."""
+def _run_scripted(
+    c: AdaptiveController,
+    schedule: list[int],
+    forward_ms: Callable[[int, int], float] = _forward_ms,
+    host_ms: dict[str, float] = HOST_MS,
+) -> list[tuple[str, int]]:
+    """Steps under a scripted table (by default the one above; drafters `SCRIPTED`, host times per row
+    `host_ms`) with drafts always accepted whole; (drafter, batch size) planned."""
     planned = []
     for batch_size in schedule:
         if len(c.rows) != batch_size:
@@ -495,8 +502,8 @@ def _run_scripted(c: AdaptiveController, schedule: list[int]) -> list[tuple[str,
         planned.append((plan.drafter, batch_size))
         drafted = 0 if plan.drafter == AUTOREGRESSIVE else plan.nodes
         accepted = min(plan.depth, drafted)
-        forward = _forward_ms(batch_size, 1 + drafted) / 1000
-        host = HOST_MS.get(plan.drafter, 0.0) * batch_size / 1000
+        forward = forward_ms(batch_size, 1 + drafted) / 1000
+        host = host_ms.get(plan.drafter, 0.0) * batch_size / 1000
         rows = [drafted] * batch_size
         c.observe(
             StepRecord(plan.drafter, batch_size, forward + host, rows, [accepted] * batch_size, 1 + drafted, forward)
@@ -536,6 +543,20 @@ def test_a_cold_controller_explores_within_its_budget_and_cheapest_first():
     # forward costs at 32; no drafter's best case wins there after it.
     assert at_32 == ["lookup"]
     assert {d for d, b in planned if b == 1} == {AUTOREGRESSIVE, *SCRIPTED}  # at batch 1, all explored
+
+
+def test_a_step_wider_than_any_run_counts_against_the_budget_as_forwards_of_the_widest_side_by_side():
+    """Batch 1, plain steps of 2.5 ms and a 5-wide forward of 3.25 ms known; a tree of 16 nodes, never
+    run, asks for a 17-wide step. It counts as four 5-wide forwards, 13 ms (the model's extrapolation
+    says 5.5: optimistic), not as 17 plain steps (42.5 ms). Exploring it fits 3% of the decode time
+    once (13 ms / 0.03 − 13 ms) / 2.5 ms = 168.1 plain steps have run: the plan is 169 plain steps."""
+    c = AdaptiveController()
+    c.warm_start(
+        Learned(row_time={(AUTOREGRESSIVE, 1): ([0.0025], 9)}, forward_time=_kept({(1, 1): 2.5, (1, 5): 3.25}))
+    )
+    c.start_batch({"tree": DraftLimits(6, 16, trees=True)}, batch_size=1)
+    plan = c.plan(1)
+    assert (plan.drafter, plan.steps) == (AUTOREGRESSIVE, 169)
 
 
 def test_a_drafter_measured_while_the_machine_was_loaded_keeps_its_best_case_once_it_is_quiet():

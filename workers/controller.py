@@ -30,8 +30,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   its cost at a batch size it has not run at modelled as above), cheapest first (its first step
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
   never tried), and only while the steps exploring drafters take at most `explore_budget` (3%) of
-  the decode time so far, a step not yet measured as wide as this one counted as dear as that many
-  plain steps: a cold job pays for exploration as it decodes. Then it follows the best estimate,
+  the decode time so far, a step wider than any measured at its bucket counted as dear as forwards
+  of the widest measured width laid side by side (as many plain steps as its width, where only plain
+  steps ran): a cold job pays for exploration as it decodes. Then it follows the best estimate,
   with hysteresis: speculation goes off when the best falls below 1 − h and comes back above
   1 + h, on or over to another drafter only right after that drafter ran (fresh evidence: 2-core
   step times drift, and an old measurement of a drafter against a fresh one of plain steps would
@@ -206,8 +207,13 @@ class AdaptiveController:
             self.current = AUTOREGRESSIVE
         if self._unexplored(AUTOREGRESSIVE, b):
             return self._plan_for(AUTOREGRESSIVE, b)
-        # Cheapest first: the first steps of cheap drafters teach the cost model what dear ones would cost.
-        unexplored = sorted((o for o in options[1:] if self._unexplored(o, b)), key=lambda o: self._step_cost(o, b))
+        # One at a time, cheapest first: the first steps of cheap drafters teach the cost model what dear
+        # ones would cost, and a drafter whose exploration is finished can be chosen while the budget
+        # refills for the next (one that has not run yet, its host time unknown, only looks cheaper).
+        unexplored = sorted(
+            (o for o in options[1:] if self._unexplored(o, b)),
+            key=lambda o: (o not in self.measured, self._step_cost(o, b)),
+        )
         explorable = [o for o in unexplored if self._explore_wait(o, b, batch_size) == 0]
         if explorable:
             return self._plan_for(explorable[0], b, exploring=True)
@@ -457,8 +463,10 @@ class AdaptiveController:
         if step is None:
             return 0
         plain = self.row_time[(AUTOREGRESSIVE, b)].value
-        if width > self.forward.widths(b)[-1]:  # never this wide here: at most as dear as `width` plain steps
-            step = max(step, plain * width + (self._host_row_s(drafter, b) or 0.0))
+        widest = self.forward.widths(b)[-1]
+        if width > widest:  # never this wide here: no dearer than forwards of the widest, side by side
+            bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
+            step = max(step, bound + (self._host_row_s(drafter, b) or 0.0))
         step *= batch_size
         deficit = (self.exploring_s + step) / budget - step - self.decode_s
         if deficit <= 0:
