@@ -29,7 +29,7 @@ def _learned(rows: int, depth: int = 5, plain_s: float = 0.01) -> Learned:
         depth={"prompt_lookup": depth},
         nodes={"prompt_lookup": depth},
         forward_time={(8, 1): ([plain_s], 2), (8, 5): ([0.011], rows // 8)},
-        host_time={("prompt_lookup", 8): ([0.001], rows // 8)},
+        host_time={("prompt_lookup", 8, 5): ([0.1], rows // 8)},
     )
 
 
@@ -103,7 +103,7 @@ def test_actors_merge_by_what_each_measured_most():
     assert merged.row_time[("prompt_lookup", 8)] == ([0.012], 8)
     assert merged.row_time[("autoregressive", 8)] == ([0.02, 0.02], 2)  # equal counts: the first
     assert merged.forward_time == {(8, 1): ([0.02], 2), (8, 5): ([0.011], 8)}
-    assert merged.host_time == {("prompt_lookup", 8): ([0.001], 8)}
+    assert merged.host_time == {("prompt_lookup", 8, 5): ([0.1], 8)}
 
 
 def test_a_job_saves_to_its_logs_and_into_the_shared_file_keeping_other_keys(tmp_path):

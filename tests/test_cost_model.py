@@ -11,6 +11,7 @@ from workers.cost_model import (
     best_chain_depth,
     best_tree_budget,
     expected_chain_tokens,
+    host_cost,
     segment_ends,
     tree_tokens_lower_bound,
 )
@@ -116,3 +117,12 @@ def test_wide_forwards_follow_the_plain_forward_as_the_machine_speeds_up_or_slow
     assert costs.row_seconds(1, 5) == pytest.approx(0.0015)
     costs.observe(2, 5, 0.004)  # before any plain forward at its bucket: nothing to relate it to
     assert not costs.covers(2)
+
+
+def test_a_drafters_host_time_by_width_is_interpolated_and_shrinks_with_depth_only_for_per_depth_drafters():
+    measured = {6: 0.9, 4: 0.7}  # (plain steps): a 5-token chain 0.9, a 3-token one 0.7: 0.1 per token
+    assert host_cost(measured, 5, per_depth=False) == pytest.approx(0.8)
+    assert host_cost(measured, 8, per_depth=False) == pytest.approx(1.1)  # the last segment's slope goes on
+    assert host_cost(measured, 2, per_depth=False) == pytest.approx(0.7)  # a lookup's search: no cheaper
+    assert host_cost(measured, 2, per_depth=True) == pytest.approx(0.7 / 3)  # a draft model's: per token
+    assert host_cost({6: 0.9}, 9, per_depth=True) == pytest.approx(0.9)  # one width: flat above it

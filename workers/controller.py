@@ -18,8 +18,8 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
 - knows what a token costs (`workers/cost_model.py`): each step reports its forward's width (new
   tokens per row, 1 + the widest draft) and time, so the controller keeps the target's forward
   time per row by bucket and width, and each drafter's host time (step − forward: drafting,
-  acceptance, bookkeeping) per bucket. At a bucket where plain steps ran but a drafter has not, the
-  drafter's step costs the forward at its width there plus its host time from the nearest bucket,
+  acceptance, bookkeeping) per bucket and width. At a bucket where plain steps ran but a drafter has
+  not, the drafter's step costs the forward at its width there plus its host time from the nearest bucket,
   not another bucket's step ratio: a draft nearly free at batch 1 costs 2.4 plain steps at batch 8;
 - never plans a drafter at a bucket where even its best case loses: every draft token accepted
   (1 + k tokens for a draft of k) at the cost of the forward at width 1 + k plus its known host
@@ -76,6 +76,7 @@ from workers.cost_model import (
     best_case_speedup,
     best_chain_depth,
     best_tree_budget,
+    host_cost,
     segment_ends,
 )
 
@@ -119,7 +120,7 @@ class Ema:
 class Learned:
     """What a controller learned that outlives its actor: step times by (option, batch bucket), each
     drafter's τ, steps and row steps measured per option, draft sizes, and the cost model's forward
-    times by (batch bucket, width) and host times by (drafter, batch bucket). Plain steps and plain
+    times by (batch bucket, width) and host times by (drafter, batch bucket, width). Plain steps and plain
     forwards are kept in seconds, every other time as its ratio to a plain step's when it ran. Nothing
     in it decides a token: it only decides which lossless option runs and how long its drafts are."""
 
@@ -129,7 +130,9 @@ class Learned:
     depth: dict[str, int] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)
     forward_time: dict[tuple[int, int], tuple[list[float], int]] = field(default_factory=dict)  # (bucket, width)
-    host_time: dict[tuple[str, int], tuple[list[float], int]] = field(default_factory=dict)  # (drafter, bucket)
+    host_time: dict[tuple[str, int, int], tuple[list[float], int]] = field(
+        default_factory=dict
+    )  # (drafter, bucket, width)
 
 
 @dataclass
@@ -171,7 +174,7 @@ class AdaptiveController:
         self.forward = ForwardCosts(self.settings.time_window)  # the target's forward by bucket and width
         # (drafter, bucket) -> step − forward, per row, over a plain step's time there when it ran (as
         # the cost model keeps wide forwards: the machine's speed drifts, ratios hold).
-        self.host_time: dict[tuple[str, int], RecentTime] = {}
+        self.host_time: dict[tuple[str, int, int], RecentTime] = {}  # by (drafter, bucket, width)
         self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
@@ -256,7 +259,8 @@ class AdaptiveController:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
             if record.drafter != AUTOREGRESSIVE and plain is not None:
                 host = max(0.0, record.wall_s - record.forward_s) / record.batch_size
-                self.host_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(host / plain.value)
+                key = (record.drafter, b, record.width)
+                self.host_time.setdefault(key, RecentTime(s.time_window)).update(host / plain.value)
         steps, rows = self.measured.get(record.drafter, (0, 0))
         self.measured[record.drafter] = (steps + 1, rows + record.batch_size)
         self.memo.clear()
@@ -351,7 +355,7 @@ class AdaptiveController:
         if ("ratio", option, b) not in self.memo:
             measured = [m for (name, m) in self.row_time if name == option and (AUTOREGRESSIVE, m) in self.row_time]
             ratio = None
-            modelled = self._host_row_s(option, b) is not None and (AUTOREGRESSIVE, b) in self.row_time
+            modelled = self._host_points(option, b) is not None and (AUTOREGRESSIVE, b) in self.row_time
             if b not in measured and modelled and self.forward.covers(b):
                 # A new bucket where plain steps ran: the forward's cost at this width there, not another bucket's.
                 plain = self.row_time[(AUTOREGRESSIVE, b)].value
@@ -405,17 +409,17 @@ class AdaptiveController:
         the cost model does not cover `b`, or plain steps have not run there. Kept `BEST_CASE_STEPS`
         steps unless what it rests on changes in kind (a width measured there, the drafter's host time
         known): it moves slowly with the times, and every drafter's is asked every step."""
-        widths, host = tuple(self.forward.widths(b)), self._host_row_s(drafter, b)
-        basis = (widths, host is None)
+        widths = tuple(self.forward.widths(b))
+        basis = (widths, self._host_points(drafter, b) is None)
         kept = self.best_cases.get((drafter, b))
         if kept is not None and kept[2] is not None and kept[1] == basis and self.step - kept[0] < BEST_CASE_STEPS:
             return kept[2]
         plain = self.row_time.get((AUTOREGRESSIVE, b))
         best = None
         if plain is not None and widths:
-            forward = self.forward.row_seconds
-            depths = segment_ends(list(widths), self.limits[drafter].max_depth)
-            best = best_case_speedup(depths, plain.value, lambda k: forward(b, 1 + k) + (host or 0.0))
+            corners = set(widths) | set(self._host_points(drafter, b) or ())  # both costs are piecewise linear
+            depths = segment_ends(sorted(corners), self.limits[drafter].max_depth)
+            best = best_case_speedup(depths, plain.value, lambda k: self._step_row_s(drafter, b, 1 + k))
         self.best_cases[(drafter, b)] = (self.step, basis, best)
         return best
 
@@ -431,23 +435,33 @@ class AdaptiveController:
             self._event("explore", drafter, AUTOREGRESSIVE, reason, batch_bucket=b)
         return False
 
-    def _host_row_s(self, drafter: str, b: int) -> float | None:
+    def _host_points(self, drafter: str, b: int) -> dict[int, float] | None:
         """Seconds per row a step of `drafter` spends besides the forward (drafting, acceptance, bookkeeping),
-        at `b` or the nearest bucket where it ran; None: it has not run with a timed forward."""
+        by the step's width, at `b` or the nearest bucket where it ran; None: it has not run with a
+        timed forward."""
         if ("host", drafter, b) not in self.memo:
-            measured = [m for (name, m) in self.host_time if name == drafter]
-            host = None
+            measured = {m for (name, m, _) in self.host_time if name == drafter}
+            points = None
             if measured:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
-                host = self.host_time[(drafter, nearest)].value * self.row_time[(AUTOREGRESSIVE, nearest)].value
-            self.memo[("host", drafter, b)] = host
+                plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
+                points = {
+                    w: t.value * plain for (name, m, w), t in self.host_time.items() if (name, m) == (drafter, nearest)
+                }
+            self.memo[("host", drafter, b)] = points
         return self.memo[("host", drafter, b)]
+
+    def _host_row_s(self, drafter: str, b: int, width: int) -> float | None:
+        """A step's seconds per row besides the forward for `drafter` at bucket `b`, `width` wide, from
+        `_host_points` (`cost_model.host_cost`); None: not measured yet."""
+        points = self._host_points(drafter, b)
+        return None if points is None else host_cost(points, width, self.limits[drafter].per_depth)
 
     def _step_row_s(self, drafter: str, b: int, width: int) -> float | None:
         """Seconds per row of a step of `drafter` at bucket `b` whose forward is `width` tokens wide, by the
         cost model (its host time taken as none until measured); None: the model does not cover `b`."""
         forward = self.forward.row_seconds(b, width)
-        return None if forward is None else forward + (self._host_row_s(drafter, b) or 0.0)
+        return None if forward is None else forward + (self._host_row_s(drafter, b, width) or 0.0)
 
     def _step_cost(self, drafter: str, b: int) -> float:
         """The cheapest step of `drafter` at `b` (one draft token), for exploring cheapest first; 0 if unknown."""
@@ -466,7 +480,7 @@ class AdaptiveController:
         widest = self.forward.widths(b)[-1]
         if width > widest:  # never this wide here: no dearer than forwards of the widest, side by side
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
-            step = max(step, bound + (self._host_row_s(drafter, b) or 0.0))
+            step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
         deficit = (self.exploring_s + step) / budget - step - self.decode_s
         if deficit <= 0:

@@ -30,7 +30,8 @@ from workers.controller import Learned
 from workers.storage import filesystem, join, write_bytes
 
 SCHEMA = "accelgen.controller_stats/3"
-# /1 lacks forward_time and host_time; /2 kept them and drafters' step times in seconds: both are read without them.
+# /1 lacks forward_time and host_time; /2 kept them and drafters' step times in seconds, and host times
+# by drafter and bucket only: both are read without them.
 WITHOUT_COSTS = ("accelgen.controller_stats/1", "accelgen.controller_stats/2")
 READABLE = (SCHEMA, *WITHOUT_COSTS)
 FILE_NAME = "controller_stats.json"  # in the output's _logs/
@@ -81,8 +82,8 @@ def encode(stats: dict[StatsKey, Learned]) -> dict[str, Any]:
                     for (b, width), (recent, count) in sorted(learned.forward_time.items())
                 ],
                 "host_time": [
-                    {"drafter": name, "bucket": b, "recent": recent, "count": count}
-                    for (name, b), (recent, count) in sorted(learned.host_time.items())
+                    {"drafter": name, "bucket": b, "width": width, "recent": recent, "count": count}
+                    for (name, b, width), (recent, count) in sorted(learned.host_time.items())
                 ],
             }
         )
@@ -120,7 +121,8 @@ def _entry(entry: dict[str, Any], costs: bool) -> tuple[StatsKey, Learned]:
         (_count(t["bucket"]), _count(t["width"])): _times(t, "width") for t in (entry["forward_time"] if costs else [])
     }
     host_time = {
-        (_text(t["drafter"]), _count(t["bucket"])): _times(t, "drafter") for t in (entry["host_time"] if costs else [])
+        (_text(t["drafter"]), _count(t["bucket"]), _count(t["width"])): _times(t, "drafter")
+        for t in (entry["host_time"] if costs else [])
     }
     return key, Learned(
         row_time=row_time,

@@ -35,6 +35,7 @@ class DraftModelProposer(Proposer[_DraftRow]):
     name = "draft_model"
     model: ClassVar[str] = "draft"  # the `model.<kind>` it drafts with
     draft_probabilities: ClassVar[bool] = True  # drafts carry q, as speculative sampling needs
+    drafts_per_depth = True
 
     def __init__(self, draft: ModelRunner, vocab_size: int) -> None:
         self.draft = draft

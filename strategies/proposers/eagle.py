@@ -51,6 +51,7 @@ class EagleProposer(Proposer[_EagleRow]):
 
     name = "eagle"
     wants_hidden_states = True
+    drafts_per_depth = True
 
     def __init__(self, head: EagleHead, top_k: int, static_nodes: int = 0) -> None:
         self.head = head

@@ -39,6 +39,7 @@ class SelfSpeculativeProposer(Proposer[int]):
 
     name = "self_speculative"
     shares_cache = True  # it drafts in the batch's own cache (`use_cache`), as provisional columns only
+    drafts_per_depth = True
 
     def __init__(self, runner: ModelRunner, exits: ExitHeads, exit_layer: int, min_confidence: float = 0.0) -> None:
         runner.need_layers()

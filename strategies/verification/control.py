@@ -32,6 +32,7 @@ class DraftLimits:
     max_nodes: int  # most nodes per row; a chain's are its depth
     trees: bool = False  # it drafts trees (node budgets double or halve), not chains (depth moves)
     start_depth: int | None = None  # a chain's length before the controller sizes it; None: max_depth
+    per_depth: bool = False  # its drafting runs a model once per draft depth (`Proposer.drafts_per_depth`)
 
 
 @dataclass

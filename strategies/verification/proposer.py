@@ -57,13 +57,17 @@ class Proposer(Generic[RowState]):
 
     What a proposer asks of the target is declared on its class, so the loop computes only that:
     `wants_hidden_states` (draft heads), `wants_verify_logits` (Jacobi's next iterate) and
-    `shares_cache` (self-speculation drafts in the target's own cache).
+    `shares_cache` (self-speculation drafts in the target's own cache); and what its drafts cost,
+    `drafts_per_depth`, to the controller.
     """
 
     name: str
     wants_hidden_states: ClassVar[bool] = False  # `start`, `add_rows` and `emitted` receive the hidden states
     wants_verify_logits: ClassVar[bool] = False  # `emitted` receives a verify forward's logits
     shares_cache: ClassVar[bool] = False  # handed the batch's cache (`use_cache`) before `start`
+    # Its drafting runs a model once per draft depth (a draft model, EAGLE's head): a shorter draft
+    # costs it less, which the controller's cost model assumes until it has measured (`DraftLimits`).
+    drafts_per_depth: ClassVar[bool] = False
     params: GenerationParams
     rows: list[RowState]
 

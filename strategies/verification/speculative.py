@@ -131,7 +131,8 @@ class SpeculativeStrategy:
             return run
         if self.controller is not None:
             limits = {
-                name: DraftLimits(d.max_depth, d.max_nodes, d.trees, d.start_depth) for name, d in run.live.items()
+                name: DraftLimits(d.max_depth, d.max_nodes, d.trees, d.start_depth, d.proposer.drafts_per_depth)
+                for name, d in run.live.items()
             }
             self.controller.start_batch(limits, batch_size)
         # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
