@@ -18,6 +18,10 @@ Decoding is the sum of the job's batch records' `wall_s` (`_logs/batches`); ever
 process's wall time is "outside decoding". Rounds alternate the contenders' order; the table shows
 medians and per-round ratios to the `autoregressive` job of the same batch size and mode.
 
+Our strategies also decode in this process, interleaved with the jobs (`x bench`: a job's decode rate
+over its strategy's in-process rate), on what the job decodes: its `num_prompts` rows at every batch
+size (never cycled on to fill a larger batch), at the torch threads of the job's actor.
+
 Peers decode the same prompts in this process (transformers' `generate` and prompt lookup) or in
 another virtual environment (vLLM's CPU build, `jobs/peers/vllm_offline.py`): their rate is of
 decoding alone, to set beside the jobs' decode rate.
