@@ -220,3 +220,23 @@ def test_a_scale_bench_prints_its_usage_names_a_wrong_key_and_runs_with_the_keys
     assert error.startswith("error:") and "'shards'" in error
     assert bench_main("usage: planning", PlanningBench(), ["shards=3", "ids=false"], run) == 7
     assert len(ran) == 1 and (ran[0].shards, ran[0].ids, ran[0].rows_per_shard) == (3, False, 100)
+
+
+def test_job_mode_times_in_process_the_jobs_rows_never_a_batch_filled_beyond_them(tmp_path, tiny_model_dir):
+    from jobs.bench.decoding import Bench, BenchConfig
+    from jobs.bench.job import in_process_contenders
+
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("a = 1", "def f():")))
+    config = BenchConfig(
+        model=str(tiny_model_dir),
+        prompts=str(tmp_path / "prompts.jsonl"),
+        num_prompts=3,
+        dtype="float64",
+        transformers=[],
+        max_new_tokens=4,
+    )
+    bench = Bench(config)
+    assert [len(b) for b in bench.batches(4)] == [4]  # in-process alone: a batch size decodes full batches
+    assert [len(b) for b in bench.batches(4, fill=False)] == [3] and [len(b) for b in bench.batches(2, False)] == [2, 1]
+    # A job of 3 rows at batch size 4 decodes 3 rows of 4 tokens: so does its in-process contender.
+    assert in_process_contenders(bench)(4)["autoregressive"]().tokens == 3 * 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,7 @@ from job_config import job_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.shipped import default_job_config
+from pipeline.actor_pool import _init_ray
 from pipeline.commit import commit_record_name
 from pipeline.config import load_config
 from pipeline.driver import _print_summary, _summary, run_job
@@ -208,6 +210,13 @@ def test_actors_that_cannot_be_scheduled_fail_the_job_quickly(tmp_path, tiny_mod
     )
     with pytest.raises(JobError, match=r"not running after workers\.actor_start_timeout_s=3s"):
         run_job(config)
+
+
+def test_a_local_clusters_actors_run_at_the_jobs_niceness():
+    """Ray would start them 15 nicer than the job, so that they decode slower whenever anything else runs."""
+    _init_ray("")
+    niceness = ray.remote(lambda: os.nice(0))  # a lambda travels by value, not as this module's name
+    assert ray.get(niceness.remote()) == os.nice(0)
 
 
 def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_dir, tiny_draft_dir):

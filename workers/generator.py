@@ -99,6 +99,10 @@ class Generator:
         )
         if self.controller is not None and self.stats_key in spec.controller_stats:
             self.controller.warm_start(spec.controller_stats[self.stats_key])
+        # The output path's first call loads modules (pyarrow imports pandas at its first array built from
+        # Python values, about 0.5 s of CPU): paid here, and not by the first unit's part while the next
+        # batch decodes beside it, which the two threads' shared GIL would stall for as long.
+        _parquet_bytes(pa.table({name: [] for name in OUTPUT_SCHEMA.names}, schema=OUTPUT_SCHEMA))
         self._strategies: dict[str, Strategy] = {}
         self._strategy(spec.strategy.name)  # fail at start, not at the first unit
         g = spec.generation
@@ -169,9 +173,7 @@ class Generator:
         table = self._read_unit(unit)
         columns, records, by_option = self.decode_table(table, unit, attempt, error_rows)
         out = pa.table(columns, schema=output_schema(self.spec, table))
-        buffer = io.BytesIO()
-        pq.write_table(out, buffer)
-        data = buffer.getvalue()
+        data = _parquet_bytes(out)
         _write(staged_url, data, self.spec.output.storage_options)
         _write(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output.storage_options)
         faults.after_upload(self.faults, unit.unit_id, attempt)
@@ -461,6 +463,12 @@ def _fill_scores(columns: dict[str, list], i: int, row: RowOutput) -> None:
             [{"token_id": t, "logprob": v} for t, v in zip(s.top_ids, s.top_logprobs, strict=True)]
             for s in row.logprobs
         ]
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
 
 
 def _write(url: str, data: bytes, storage_options: dict[str, Any]) -> None:

@@ -197,8 +197,11 @@ class Bench:
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.controllers: dict[tuple[str, int], AdaptiveController] = {}
 
-    def batches(self, batch_size: int) -> list[list[list[int]]]:
-        count = max(self.config.num_prompts, batch_size)
+    def batches(self, batch_size: int, fill: bool = True) -> list[list[list[int]]]:
+        """The first `num_prompts` prompts (cycled) in batches of `batch_size`. `fill`: cycled on to fill
+        one whole batch where `num_prompts` is smaller; without, the `num_prompts` rows a job of them
+        decodes (`job=true`: a batch size above it decodes one batch of `num_prompts` rows there)."""
+        count = max(self.config.num_prompts, batch_size) if fill else self.config.num_prompts
         rows = [self.prompts[i % len(self.prompts)] for i in range(count)]
         return [rows[i : i + batch_size] for i in range(0, count, batch_size)]
 

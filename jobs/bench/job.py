@@ -18,6 +18,10 @@ Decoding is the sum of the job's batch records' `wall_s` (`_logs/batches`); ever
 process's wall time is "outside decoding". Rounds alternate the contenders' order; the table shows
 medians and per-round ratios to the `autoregressive` job of the same batch size and mode.
 
+Our strategies also decode in this process, interleaved with the jobs (`x bench`: a job's decode rate
+over its strategy's in-process rate), on what the job decodes: its `num_prompts` rows at every batch
+size (never cycled on to fill a larger batch), at the torch threads of the job's actor.
+
 Peers decode the same prompts in this process (transformers' `generate` and prompt lookup) or in
 another virtual environment (vLLM's CPU build, `jobs/peers/vllm_offline.py`): their rate is of
 decoding alone, to set beside the jobs' decode rate.
@@ -362,10 +366,12 @@ def _rate_ratio(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
 
 def in_process_contenders(bench: Any) -> Callable[[int], dict[str, Callable[[], Timed]]]:
     """The in-process bench's contenders (`Bench.contenders`: transformers' and our strategies) as timed
-    passes over the job's prompts, each warmed up on one batch first."""
+    passes over the job's rows, each warmed up on one batch first: the `num_prompts` rows, never cycled
+    on to fill a batch larger than them, as the job has no more (at batch 32 of 24 rows, a filled batch
+    of 32 rows decodes more tokens per second than the job's 24 can)."""
 
     def contenders(batch_size: int) -> dict[str, Callable[[], Timed]]:
-        batches = bench.batches(batch_size)
+        batches = bench.batches(batch_size, fill=False)
         found = bench.contenders(batch_size)
         for fn in found.values():
             fn(batches[:1])  # first calls allocate and pick kernels
