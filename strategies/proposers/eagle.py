@@ -63,6 +63,8 @@ class EagleProposer(Proposer[_EagleRow]):
 
     def start(self, contexts: list[list[int]], params: GenerationParams, states: TargetStates | None) -> None:
         super().start(contexts, params, states)
+        with torch.no_grad():
+            self.weights = self.head.layer_weights()  # fused once per batch, not per draft step
         self.kv = RaggedKV(1, len(contexts), self.device)
         for b, row in enumerate(self.rows):
             row.features = _kept_features(states, b)
@@ -122,7 +124,8 @@ class EagleProposer(Proposer[_EagleRow]):
         eye = torch.eye(width, dtype=torch.bool, device=self.device)
         among = (causal & valid[:, None, :]) | eye  # [B, n, n] a padding slot sees only itself
         allowed = torch.cat([kv.valid[:, None, :].expand(-1, width, -1), among], dim=2)  # [B, n, S+n]
-        out = self.head(features, tokens.to(self.device), positions.to(self.device), allowed, kv.layers[0])
+        tokens, positions = tokens.to(self.device), positions.to(self.device)
+        out = self.head(features, tokens, positions, allowed, kv.layers[0], self.weights)
         kv.append(valid)
         last = torch.tensor(counts, device=self.device) - 1
         return out[torch.arange(len(rows), device=self.device), last]
@@ -150,7 +153,7 @@ class EagleProposer(Proposer[_EagleRow]):
             itself = torch.eye(f, dtype=torch.bool, device=self.device).expand(b, f, f)
             allowed = torch.cat([seen[:, None, :].expand(-1, f, -1), ancestors, itself], dim=2)
             positions = (pending + level - 1)[:, None].expand(-1, f)
-            out = self.head(features, self.head.to_target(tokens), positions, allowed, kv.layers[0])  # [B, F, H]
+            out = self.head(features, self.head.to_target(tokens), positions, allowed, kv.layers[0], self.weights)
             kv.append(torch.ones(b, f, dtype=torch.bool, device=self.device))
             fed["features"], fed["sees"] = out, torch.cat([ancestors, itself], dim=2)
             return self._log_confidence(out)
