@@ -168,7 +168,8 @@ class EagleHead(torch.nn.Module):
         self,
         features: torch.Tensor,  # [B, n, H] f_t, the target's or predicted
         tokens: torch.Tensor,  # [B, n] token t+1 of each
-        positions: torch.Tensor,  # [B, n] t
+        # [B, n] t, or its rotary tables (`math.rope`: cos, sin [B, 1, n or 1, hd]) made once for several passes
+        positions: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
         allowed: torch.Tensor | None = None,  # [B, n, S+n] bool over the cache's slots, then the new ones
         cache: SlotLayer | None = None,  # the head's keys and values; None: a causal pass over the n alone
         weights: LayerWeights | None = None,  # `layer_weights()` taken once; None: taken for this pass
@@ -179,7 +180,8 @@ class EagleHead(torch.nn.Module):
         math, w = self.math, weights or self.layer_weights()
         inputs = torch.cat([features, F.embedding(tokens, self.embed)], dim=-1)  # [B, n, 2H]
         x = F.linear(inputs, self.fc.weight, self.fc.bias)  # [B, n, H]
-        q, k, v = math.project(x, w.norm_attn, w.w_qkv, w.b_qkv, *math.rope(positions, x.dtype))
+        cos, sin = math.rope(positions, x.dtype) if isinstance(positions, torch.Tensor) else positions
+        q, k, v = math.project(x, w.norm_attn, w.w_qkv, w.b_qkv, cos, sin)
         if cache is None:
             gqa = math.num_kv_heads != math.num_heads
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)

@@ -141,6 +141,8 @@ class EagleProposer(Proposer[_EagleRow]):
         seen, slots = kv.valid, kv.num_slots  # [B, S] the slots of true features
         # Per row: the context position of the pending token (depth-d nodes sit at position + d).
         pending = torch.tensor([len(row.context) - 1 for row in self.rows], device=self.device)
+        # Every node of a depth sits at one position per row: the rotary tables of depths 1..depth, made once.
+        cos, sin = self.head.math.rope(pending[:, None] + torch.arange(depth, device=self.device), root.dtype)
         # The last frontier fed: its predicted features [B, F, H] and each node's drafted ancestors and
         # itself among the drafted slots [B, F, D].
         fed = {"features": root[:, None], "sees": torch.zeros(b, 1, 0, dtype=torch.bool, device=self.device)}
@@ -152,8 +154,8 @@ class EagleProposer(Proposer[_EagleRow]):
             ancestors = fed["sees"].gather(1, parent[..., None].expand(-1, -1, fed["sees"].shape[2]))  # [B, F, D]
             itself = torch.eye(f, dtype=torch.bool, device=self.device).expand(b, f, f)
             allowed = torch.cat([seen[:, None, :].expand(-1, f, -1), ancestors, itself], dim=2)
-            positions = (pending + level - 1)[:, None].expand(-1, f)
-            out = self.head(features, self.head.to_target(tokens), positions, allowed, kv.layers[0], self.weights)
+            rope = cos[:, :, level - 1 : level], sin[:, :, level - 1 : level]  # [B, 1, 1, hd]: every node of the level
+            out = self.head(features, self.head.to_target(tokens), rope, allowed, kv.layers[0], self.weights)
             kv.append(torch.ones(b, f, dtype=torch.bool, device=self.device))
             fed["features"], fed["sees"] = out, torch.cat([ancestors, itself], dim=2)
             return self._log_confidence(out)
