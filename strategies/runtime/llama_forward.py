@@ -6,7 +6,8 @@ computes the same function with fewer, larger operations: Q, K and V in one matm
 one matmul, rotary tables computed once per step for all layers, no per-call mask building.
 Numerics follow transformers' Llama code (RMSNorm and rotary tables in float32, then cast back), so
 greedy tokens equal those of the reference implementation; `tests/test_llama_forward.py` checks
-logits against it in float64.
+logits against it in float64. One layer's arithmetic (`LayerMath`) is also what the EAGLE head's own
+decoder layer runs (`strategies.artifacts.eagle`), with its norm in its own dtype.
 """
 
 from __future__ import annotations
@@ -94,16 +95,17 @@ class LayerMath:
         return weight * normed.to(x.dtype)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary tables of `positions` [B, n], shared by every layer of a forward: 2 x [B, 1, n, hd]."""
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, n, hd/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, n, hd]
-        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+        """Rotary tables of `positions` [B, n], shared by every layer of a forward: 2 x [B, 1, n, hd],
+        the sine's first half negated (`rotate`)."""
+        freqs = positions[:, None, :, None].float() * self.inv_freq.to(positions.device)  # [B, 1, n, hd/2]
+        cos, sin = (freqs.cos() * self.rope_scale).to(dtype), (freqs.sin() * self.rope_scale).to(dtype)
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        """x·cos + rotate_half(x)·sin as transformers computes it, with rotate_half(x) = (−x₂, x₁) taken as
+        the halves swapped (one `roll`) times the sine whose first half `rope` negated: the same products."""
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
     def project(
         self,
