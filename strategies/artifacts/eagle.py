@@ -24,6 +24,12 @@ all V rows, and a softmax over N), which is most of a draft step's cost at a sma
 still verifies with its whole vocabulary, so the output is unchanged: a token outside the N is
 never drafted, only emitted by the target.
 
+The layer runs the target forward's own arithmetic (`llama_forward.LayerMath`: Q/K/V and gate/up each
+one matmul, queries and keys rotated together), its norms in the head's dtype as trained. A drafter
+takes the fused weights once per batch (`layer_weights`) and the rotary tables once per proposal:
+at batch 1 on a CPU a pass is mostly per-operation host work and reading its weights, so each
+operation saved per depth counts.
+
 A job refuses a head whose `target_weights_sha256` is not its target's (`workers.model_kinds`).
 """
 
