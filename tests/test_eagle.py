@@ -21,6 +21,7 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
 from strategies.proposers.eagle import EagleProposer
 from strategies.proposers.eagle_tree import first_nodes, grow, grow_static, rerank, static_tree
+from strategies.runtime.kv_cache import SlotLayer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
@@ -178,6 +179,33 @@ def test_the_heads_cache_after_partial_acceptance_equals_a_fresh_run_over_the_ac
         fresh.start([context], params, TargetStates(hidden, [list(range(len(context) - 1))]))
         with torch.inference_mode():
             assert torch.allclose(fresh._feed_target_features()[0], root, atol=1e-9)
+
+
+def test_the_heads_drafting_pass_predicts_what_its_training_pass_does(target, tiny_model_dir):
+    """One input at a time over its cache, with the fused weights taken once and the rotary tables made
+    ahead (as drafting runs it), the head predicts the features of its causal pass over the chain (as
+    training runs it)."""
+    head = tiny_eagle(target, tiny_model_dir)
+    generator = torch.Generator().manual_seed(1)
+    n = 6
+    features = torch.randn(2, n, head.config.hidden_size, dtype=torch.float64, generator=generator)
+    tokens = torch.randint(0, head.config.vocab_size, (2, n), generator=generator)
+    positions = torch.arange(n).expand(2, -1) + torch.tensor([[0], [3]])
+    with torch.inference_mode():
+        causal = head(features, tokens, positions)  # [2, n, H]
+        weights, (cos, sin), layer = head.layer_weights(), head.math.rope(positions, torch.float64), SlotLayer()
+        steps = [
+            head(
+                features[:, i : i + 1],
+                tokens[:, i : i + 1],
+                (cos[:, :, i : i + 1], sin[:, :, i : i + 1]),
+                torch.ones(2, 1, i + 1, dtype=torch.bool),
+                layer,
+                weights,
+            )
+            for i in range(n)
+        ]
+    assert torch.allclose(torch.cat(steps, dim=1), causal, atol=1e-12)
 
 
 def test_sampled_eagle_emits_the_targets_own_keyed_samples(target, tiny_model_dir):

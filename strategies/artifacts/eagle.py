@@ -24,6 +24,12 @@ all V rows, and a softmax over N), which is most of a draft step's cost at a sma
 still verifies with its whole vocabulary, so the output is unchanged: a token outside the N is
 never drafted, only emitted by the target.
 
+The layer runs the target forward's own arithmetic (`llama_forward.LayerMath`: Q/K/V and gate/up each
+one matmul, queries and keys rotated together), its norms in the head's dtype as trained. A drafter
+takes the fused weights once per batch (`layer_weights`) and the rotary tables once per proposal:
+at batch 1 on a CPU a pass is mostly per-operation host work and reading its weights, so each
+operation saved per depth counts.
+
 A job refuses a head whose `target_weights_sha256` is not its target's (`workers.model_kinds`).
 """
 
@@ -37,10 +43,10 @@ import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
 from strategies.runtime.kv_cache import SlotLayer
+from strategies.runtime.llama_forward import LayerMath, LayerWeights
 
 KIND = "eagle"
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
@@ -100,8 +106,7 @@ class EagleHead(torch.nn.Module):
         # The target's, attached by `use_target`: buffers would register as the head's own and be saved.
         self.embed: torch.Tensor | None = None  # [V, H]
         self.lm_head: torch.Tensor | None = None  # [V, H]
-        self.inv_freq: torch.Tensor | None = None  # [head_dim / 2]
-        self.rope_scale = 1.0
+        self.math: LayerMath | None = None  # the layer's arithmetic, with the target's rotary frequencies
         self.draft_ids: torch.Tensor | None = None  # [N] the draft vocabulary's target ids; None: all V
         self.draft_lm_head: torch.Tensor | None = None  # [N, H] the LM head's rows of the draft vocabulary
 
@@ -114,8 +119,16 @@ class EagleHead(torch.nn.Module):
         rotary = target.model.rotary_emb
         self.embed = target.get_input_embeddings().weight.detach()
         self.lm_head = lm_head.detach()
-        self.inv_freq = rotary.inv_freq.detach().float()
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        c = self.config
+        self.math = LayerMath(
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.rms_norm_eps,
+            rotary.inv_freq.detach().float(),
+            float(getattr(rotary, "attention_scaling", 1.0)),
+            upcast_norm=False,  # trained with F.rms_norm in its own dtype: float64 stays float64
+        )
         self._slice_draft_lm_head()
 
     def use_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
@@ -144,39 +157,44 @@ class EagleHead(torch.nn.Module):
             raise ValueError("the EAGLE head reads the target's LM head: attach it with use_target()")
         return F.linear(features, self.lm_head)
 
+    def layer_weights(self) -> LayerWeights:
+        """The decoder layer's weights with Q/K/V and gate/up each in one matrix: concatenated from the
+        parameters (differentiable while training); a drafter takes them once per batch (`detach`)."""
+        return LayerWeights(
+            norm_attn=self.attn_norm,
+            w_qkv=torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
+            b_qkv=None,
+            w_o=self.o_proj.weight,
+            norm_mlp=self.mlp_norm,
+            w_gate_up=torch.cat([self.gate_proj.weight, self.up_proj.weight]),
+            w_down=self.down_proj.weight,
+        )
+
     def forward(
         self,
         features: torch.Tensor,  # [B, n, H] f_t, the target's or predicted
         tokens: torch.Tensor,  # [B, n] token t+1 of each
-        positions: torch.Tensor,  # [B, n] t
+        # [B, n] t, or its rotary tables (`math.rope`: cos, sin [B, 1, n or 1, hd]) made once for several passes
+        positions: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
         allowed: torch.Tensor | None = None,  # [B, n, S+n] bool over the cache's slots, then the new ones
         cache: SlotLayer | None = None,  # the head's keys and values; None: a causal pass over the n alone
+        weights: LayerWeights | None = None,  # `layer_weights()` taken once; None: taken for this pass
     ) -> torch.Tensor:
         """Predicted features f̂_{t+1}: [B, n, H]. Without a cache the n inputs form one causal chain per row."""
-        if self.embed is None:
+        if self.embed is None or self.math is None:
             raise ValueError("the EAGLE head reads the target's embedding: attach it with use_target()")
-        c = self.config
-        x = self.fc(torch.cat([features, F.embedding(tokens, self.embed)], dim=-1))  # [B, n, H]
-        b, n, _ = x.shape
-        h = F.rms_norm(x, (c.hidden_size,), self.attn_norm, c.rms_norm_eps)
-        q = self.q_proj(h).view(b, n, c.num_attention_heads, c.head_dim).transpose(1, 2)  # [B, Hq, n, hd]
-        k = self.k_proj(h).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # [B, Hkv, n, hd]
-        v = self.v_proj(h).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, n, hd/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = (emb.cos() * self.rope_scale).to(x.dtype), (emb.sin() * self.rope_scale).to(x.dtype)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        gqa = c.num_key_value_heads != c.num_attention_heads
+        math, w = self.math, weights or self.layer_weights()
+        inputs = torch.cat([features, F.embedding(tokens, self.embed)], dim=-1)  # [B, n, 2H]
+        x = F.linear(inputs, self.fc.weight, self.fc.bias)  # [B, n, H]
+        cos, sin = math.rope(positions, x.dtype) if isinstance(positions, torch.Tensor) else positions
+        q, k, v = math.project(x, w.norm_attn, w.w_qkv, w.b_qkv, cos, sin)
         if cache is None:
+            gqa = math.num_kv_heads != math.num_heads
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             keys, values = cache.update(k, v)  # [B, Hkv, S+n, hd]
-            mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
-            mask.masked_fill_(~allowed, torch.finfo(x.dtype).min)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=gqa)
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
-        h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, c.rms_norm_eps)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+            attn = math.attend(q, keys, values, allowed[:, None])
+        return math.mix(x, attn, w.w_o, w.norm_mlp, w.w_gate_up, w.w_down)
 
     def save(self, directory: Path) -> None:
         """Write `eagle.json` and `eagle.safetensors` (float32) to `directory` (the draft vocabulary is

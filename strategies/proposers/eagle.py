@@ -28,11 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from strategies.artifacts.eagle import EagleHead
 from strategies.base import GenerationParams
 from strategies.proposers.eagle_tree import Grown, first_nodes, grow, grow_static, rerank, static_tree
 from strategies.runtime.kv_cache import RaggedKV
+from strategies.runtime.runner import square_masks
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
@@ -64,6 +66,8 @@ class EagleProposer(Proposer[_EagleRow]):
 
     def start(self, contexts: list[list[int]], params: GenerationParams, states: TargetStates | None) -> None:
         super().start(contexts, params, states)
+        with torch.no_grad():
+            self.weights = self.head.layer_weights()  # fused once per batch, not per draft step
         self.kv = RaggedKV(1, len(contexts), self.device)
         for b, row in enumerate(self.rows):
             row.features = _kept_features(states, b)
@@ -104,29 +108,25 @@ class EagleProposer(Proposer[_EagleRow]):
     def _feed_target_features(self) -> torch.Tensor:
         """Feed every row's waiting (true feature, next token) pairs to the head's cache: [B, H], per
         row the predicted feature of the pending token's position."""
-        rows, kv = self.rows, self.kv
+        rows, kv, device = self.rows, self.kv, self.device
         counts = [len(row.features) for row in rows]
-        width, hidden = max(counts), self.head.config.hidden_size
-        features = torch.zeros(len(rows), width, hidden, dtype=self.head.fc.weight.dtype, device=self.device)
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
-        positions = torch.zeros(len(rows), width, dtype=torch.long)
-        valid = torch.zeros(len(rows), width, dtype=torch.bool)
-        for b, (row, n) in enumerate(zip(rows, counts, strict=True)):
-            features[b, :n] = row.features
-            tokens[b, :n] = torch.tensor(row.context[len(row.context) - n :])
+        width = max(counts)
+        features = pad_sequence([row.features for row in rows], batch_first=True)  # [B, n, H] zeros past a row's
+        tokens, positions = [], []
+        for row, n in zip(rows, counts, strict=True):
             first = len(row.context) - 1 - n  # the position of the first waiting feature
-            positions[b, :n] = torch.arange(first, first + n)
-            valid[b, :n] = True
+            tokens.append(row.context[first + 1 :] + [0] * (width - n))
+            positions.append(list(range(first, first + n)) + [0] * (width - n))
             row.features = row.features[:0]
-        valid = valid.to(self.device)
-        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
-        eye = torch.eye(width, dtype=torch.bool, device=self.device)
+        count = torch.tensor(counts, device=device)
+        valid = torch.arange(width, device=device) < count[:, None]  # [B, n]
+        causal, eye = square_masks(width, device)
         among = (causal & valid[:, None, :]) | eye  # [B, n, n] a padding slot sees only itself
         allowed = torch.cat([kv.valid[:, None, :].expand(-1, width, -1), among], dim=2)  # [B, n, S+n]
-        out = self.head(features, tokens.to(self.device), positions.to(self.device), allowed, kv.layers[0])
+        tokens_t = torch.tensor(tokens, device=device)
+        out = self.head(features, tokens_t, torch.tensor(positions, device=device), allowed, kv.layers[0], self.weights)
         kv.append(valid)
-        last = torch.tensor(counts, device=self.device) - 1
-        return out[torch.arange(len(rows), device=self.device), last]
+        return out[torch.arange(len(rows), device=device), count - 1]
 
     def _log_confidence(self, features: torch.Tensor) -> torch.Tensor:
         """The head's next-token log-probabilities from (predicted) features over its draft vocabulary:
@@ -134,26 +134,29 @@ class EagleProposer(Proposer[_EagleRow]):
         return torch.log_softmax(self.head.draft_logits(features).float(), dim=-1)
 
     def _grow(self, root: torch.Tensor, depth: int) -> Grown:
-        """The tree below each row's pending token; the head's inputs for it are dropped afterwards."""
-        kv, b = self.kv, len(self.rows)
-        seen, slots = kv.valid, kv.num_slots  # [B, S] the slots of true features
+        """The tree below each row's pending token; the head's inputs for it are dropped afterwards.
+
+        A depth's nodes are written to the head's cache layer only, never recorded as slots
+        (`RaggedKV.append`): each node's mask names what it sees, and `truncate` drops them all."""
+        kv, head, device = self.kv, self.head, self.device
+        slots = kv.num_slots
         # Per row: the context position of the pending token (depth-d nodes sit at position + d).
-        pending = torch.tensor([len(row.context) - 1 for row in self.rows], device=self.device)
-        # The last frontier fed: its predicted features [B, F, H] and each node's drafted ancestors and
-        # itself among the drafted slots [B, F, D].
-        fed = {"features": root[:, None], "sees": torch.zeros(b, 1, 0, dtype=torch.bool, device=self.device)}
+        pending = torch.tensor([len(row.context) - 1 for row in self.rows], device=device)
+        # Every node of a depth sits at one position per row: the rotary tables of depths 1..depth, made once.
+        cos, sin = head.math.rope(pending[:, None] + torch.arange(depth, device=device), root.dtype)
+        # The last frontier fed: its predicted features [B, F, H] and what each node saw [B, F, S + D]: the
+        # slots of true features, its drafted ancestors and itself.
+        fed = {"features": root[:, None], "sees": kv.valid[:, None, :]}
 
         def expand(tokens: torch.Tensor, parents: torch.Tensor, level: int) -> torch.Tensor:
             f = tokens.shape[1]
-            parent = parents.clamp(min=0)  # the root is the only node of the "frontier" before level 1
-            features = fed["features"].gather(1, parent[..., None].expand(-1, -1, root.shape[-1]))  # [B, F, H]
-            ancestors = fed["sees"].gather(1, parent[..., None].expand(-1, -1, fed["sees"].shape[2]))  # [B, F, D]
-            itself = torch.eye(f, dtype=torch.bool, device=self.device).expand(b, f, f)
-            allowed = torch.cat([seen[:, None, :].expand(-1, f, -1), ancestors, itself], dim=2)
-            positions = (pending + level - 1)[:, None].expand(-1, f)
-            out = self.head(features, self.head.to_target(tokens), positions, allowed, kv.layers[0])  # [B, F, H]
-            kv.append(torch.ones(b, f, dtype=torch.bool, device=self.device))
-            fed["features"], fed["sees"] = out, torch.cat([ancestors, itself], dim=2)
+            parent = parents.clamp(min=0)[..., None]  # [B, F, 1] the root is the only node before level 1
+            features = fed["features"].gather(1, parent.expand(-1, -1, root.shape[-1]))  # [B, F, H]
+            ancestors = fed["sees"].gather(1, parent.expand(-1, -1, fed["sees"].shape[2]))  # [B, F, S + D]
+            allowed = torch.cat([ancestors, square_masks(f, device)[1].expand(len(tokens), f, f)], dim=2)
+            rope = cos[:, :, level - 1 : level], sin[:, :, level - 1 : level]  # [B, 1, 1, hd]: every node of the level
+            out = head(features, head.to_target(tokens), rope, allowed, kv.layers[0], self.weights)
+            fed["features"], fed["sees"] = out, allowed
             return self._log_confidence(out)
 
         try:
@@ -164,7 +167,7 @@ class EagleProposer(Proposer[_EagleRow]):
                 grown = grow(self._log_confidence(root), depth, self.top_k, expand)
         finally:
             kv.truncate(slots)
-        grown.tokens = self.head.to_target(grown.tokens)  # the trees' tokens are indices into the draft vocabulary
+        grown.tokens = head.to_target(grown.tokens)  # the trees' tokens are indices into the draft vocabulary
         return grown
 
 

@@ -6,7 +6,8 @@ computes the same function with fewer, larger operations: Q, K and V in one matm
 one matmul, rotary tables computed once per step for all layers, no per-call mask building.
 Numerics follow transformers' Llama code (RMSNorm and rotary tables in float32, then cast back), so
 greedy tokens equal those of the reference implementation; `tests/test_llama_forward.py` checks
-logits against it in float64.
+logits against it in float64. One layer's arithmetic (`LayerMath`) is also what the EAGLE head's own
+decoder layer runs (`strategies.artifacts.eagle`), with its norm in its own dtype.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass
-class _Layer:
+class LayerWeights:
+    """One decoder layer's weights, Q/K/V and gate/up each fused into one matrix."""
+
     norm_attn: torch.Tensor  # [D]
     w_qkv: torch.Tensor  # [(Hq + 2 Hkv) * hd, D]
     b_qkv: torch.Tensor | None
@@ -64,21 +67,110 @@ def _fuse(params: list[torch.Tensor]) -> torch.Tensor:
     return fused
 
 
-class LlamaForward:
+class LayerMath:
+    """The arithmetic of a Llama decoder layer given its weights (`LayerWeights`): the target's forward
+    runs it for each of its layers, and a draft head made of the same layer type (EAGLE's) for its own.
+
+    `upcast_norm`: RMSNorm of a dtype other than float32 runs in float32 and is cast back, as
+    transformers' Llama does; False: in the input's own dtype (a head trained with `F.rms_norm`).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        eps: float,
+        inv_freq: torch.Tensor,  # [hd / 2] float32
+        rope_scale: float,
+        upcast_norm: bool = True,
+    ) -> None:
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.eps, self.inv_freq, self.rope_scale, self.upcast_norm = eps, inv_freq, rope_scale, upcast_norm
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 or not self.upcast_norm:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=self.eps)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # in float32, as transformers does
+        return weight * normed.to(x.dtype)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary tables of `positions` [B, n], shared by every layer of a forward: 2 x [B, 1, n, hd],
+        the sine's first half negated (`rotate`)."""
+        freqs = positions[:, None, :, None].float() * self.inv_freq.to(positions.device)  # [B, 1, n, hd/2]
+        cos, sin = (freqs.cos() * self.rope_scale).to(dtype), (freqs.sin() * self.rope_scale).to(dtype)
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x·cos + rotate_half(x)·sin as transformers computes it, with rotate_half(x) = (−x₂, x₁) taken as
+        the halves swapped (one `roll`) times the sine whose first half `rope` negated: the same products."""
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+    def project(
+        self,
+        x: torch.Tensor,  # [B, n, D]
+        norm: torch.Tensor,
+        w_qkv: torch.Tensor,
+        b_qkv: torch.Tensor | None,
+        cos: torch.Tensor,  # [B, 1, n, hd]
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's rotated queries [B, Hq, n, hd], keys and values [B, Hkv, n, hd] of `x`."""
+        b, n, _ = x.shape
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv = F.linear(self.norm(x, norm), w_qkv, b_qkv)  # [B, n, (Hq+2Hkv) hd]
+        qk, v = qkv.split_with_sizes([q_width + kv_width, kv_width], dim=-1)  # not `split`: its Python wrapper costs
+        # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
+        qk = self.rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
+        q, k = qk.split_with_sizes([self.num_heads, self.num_kv_heads], dim=1)
+        return q, k, v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [B, Hq, n, hd]
+        keys: torch.Tensor,  # [B, Hkv, S, hd]
+        values: torch.Tensor,
+        mask: torch.Tensor | None,  # [B, 1, n, S] additive, or bool (True: may attend); None: all visible
+    ) -> torch.Tensor:
+        """Attention of the queries over the slots: [B, Hq, n, hd]."""
+        gqa = self.num_kv_heads != self.num_heads
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+
+    def mix(
+        self,
+        x: torch.Tensor,  # [R, n, D] the residual stream of the rows going on
+        attn: torch.Tensor,  # [R, Hq, n, hd] their attention output
+        w_o: torch.Tensor,
+        norm_mlp: torch.Tensor,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+    ) -> torch.Tensor:
+        """The rest of a layer after attention: output projection and MLP, each added to the stream."""
+        r, n, _ = x.shape
+        x = x + F.linear(attn.transpose(1, 2).reshape(r, n, self.num_heads * self.head_dim), w_o)
+        gate, up = F.linear(self.norm(x, norm_mlp), w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w_down)
+
+
+class LlamaForward(LayerMath):
     """The forward of a supported model over `SlotLayer` caches; weights are shared, not copied twice."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         inner = model.model
         config = model.config
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.eps = config.rms_norm_eps
+        num_heads = config.num_attention_heads
+        super().__init__(
+            num_heads=num_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+            eps=config.rms_norm_eps,
+            inv_freq=inner.rotary_emb.inv_freq.float(),  # [hd / 2]
+            rope_scale=float(getattr(inner.rotary_emb, "attention_scaling", 1.0)),
+        )
         self.embed_weight = inner.embed_tokens.weight  # [V, D]
         self.final_norm = inner.norm.weight
         self.lm_head = model.lm_head.weight  # [V, D]
-        self.inv_freq = inner.rotary_emb.inv_freq.float()  # [hd / 2]
-        self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self.layers = []
         with torch.no_grad():
             for layer in inner.layers:
@@ -87,7 +179,7 @@ class LlamaForward:
                 w_qkv = _fuse([m.weight for m in qkv])
                 b_qkv = _fuse([m.bias for m in qkv]) if all(m.bias is not None for m in qkv) else None
                 self.layers.append(
-                    _Layer(
+                    LayerWeights(
                         norm_attn=layer.input_layernorm.weight,
                         w_qkv=w_qkv,
                         b_qkv=b_qkv,
@@ -98,30 +190,9 @@ class LlamaForward:
                     )
                 )
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), weight, eps=self.eps)
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # in float32, as transformers does
-        return weight * normed.to(x.dtype)
-
-    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, n, hd/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, n, hd]
-        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
-
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The residual stream entering layer 0: `input_ids` [B, n] -> [B, n, D]."""
         return F.embedding(input_ids, self.embed_weight)
-
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary tables of `positions` [B, n], shared by every layer of a forward: 2 x [B, 1, n, hd]."""
-        return self._rope_tables(positions, dtype)
 
     def run_layers(
         self,
@@ -146,61 +217,25 @@ class LlamaForward:
 
     def _layer(
         self,
-        layer: _Layer,
+        layer: LayerWeights,
         x: torch.Tensor,  # [B, n, D]
         rope: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
         cache: SlotLayer,
         rows: torch.Tensor | None,
     ) -> torch.Tensor:
-        q, k, v = self._project(x, layer.norm_attn, layer.w_qkv, layer.b_qkv, *rope)
+        q, k, v = self.project(x, layer.norm_attn, layer.w_qkv, layer.b_qkv, *rope)
         keys, values = cache.update(k, v)  # [B, Hkv, S+n, hd]
         if rows is not None and rows.numel() == 0:
             return x
         # Attention runs for every row: gathering the going rows' cache would copy more than their
         # queries cost. The MLP, the larger part, runs for the going rows only.
-        attn = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
-        )  # [B, Hq, n, hd]
+        attn = self.attend(q, keys, values, mask)  # [B, Hq, n, hd]
         inner = x
         if rows is not None:  # only these rows go on through the layer
             attn, inner = attn[rows], x[rows]
-        inner = self._mix(inner, attn, layer.w_o, layer.norm_mlp, layer.w_gate_up, layer.w_down)
+        inner = self.mix(inner, attn, layer.w_o, layer.norm_mlp, layer.w_gate_up, layer.w_down)
         return inner if rows is None else x.index_copy(0, rows, inner)
-
-    def _project(
-        self,
-        x: torch.Tensor,  # [B, n, D]
-        norm: torch.Tensor,
-        w_qkv: torch.Tensor,
-        b_qkv: torch.Tensor | None,
-        cos: torch.Tensor,  # [B, 1, n, hd]
-        sin: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A layer's rotated queries [B, Hq, n, hd], keys and values [B, Hkv, n, hd] of `x`."""
-        b, n, _ = x.shape
-        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qkv = F.linear(self._norm(x, norm), w_qkv, b_qkv)  # [B, n, (Hq+2Hkv) hd]
-        qk, v = qkv.split_with_sizes([q_width + kv_width, kv_width], dim=-1)  # not `split`: its Python wrapper costs
-        # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
-        qk = self._rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
-        q, k = qk.split_with_sizes([self.num_heads, self.num_kv_heads], dim=1)
-        return q, k, v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-
-    def _mix(
-        self,
-        x: torch.Tensor,  # [R, n, D] the residual stream of the rows going on
-        attn: torch.Tensor,  # [R, Hq, n, hd] their attention output
-        w_o: torch.Tensor,
-        norm_mlp: torch.Tensor,
-        w_gate_up: torch.Tensor,
-        w_down: torch.Tensor,
-    ) -> torch.Tensor:
-        """The rest of a layer after attention: output projection and MLP, each added to the stream."""
-        r, n, _ = x.shape
-        x = x + F.linear(attn.transpose(1, 2).reshape(r, n, self.num_heads * self.head_dim), w_o)
-        gate, up = F.linear(self._norm(x, norm_mlp), w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, w_down)
 
     def compile(self) -> None:
         """`torch.compile` each layer's parts around the cache and attention (`model.compile`).
@@ -211,12 +246,12 @@ class LlamaForward:
         1 are specialized: a few compiles per actor). Compiling the whole forward, cache included, also
         gives the same tokens but compiled longer and saved less (`jobs/bench/compile.py`, README).
         """
-        self._project = torch.compile(self._project, dynamic=True)
-        self._mix = torch.compile(self._mix, dynamic=True)
+        self.project = torch.compile(self.project, dynamic=True)
+        self.mix = torch.compile(self.mix, dynamic=True)
 
     def final_state(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm of the last layer's output `x` [..., D]: what the LM head reads."""
-        return self._norm(x, self.final_norm)
+        return self.norm(x, self.final_norm)
 
     def head(self, x: torch.Tensor, logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The final norm and LM head on the last layer's output `x` [B, n, D]: (logits [B, n_kept, V],

@@ -82,7 +82,7 @@ class ModelRunner:
         """The additive mask [B, 1, n, S+n] of n new tokens over `seen` [B, S] (the earlier columns each
         may see) and each other (`attend` [B, n, n], None: a causal chain); a token always sees itself."""
         b, n = new_valid.shape
-        causal, eye = _square_masks(n, self.device)
+        causal, eye = square_masks(n, self.device)
         attend = ((causal if attend is None else attend) & new_valid[:, None, :]) | eye  # [B, n, n]
         allowed = torch.cat([seen[:, None, :].expand(b, n, seen.shape[1]), attend], dim=2)  # [B, n, S+n]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
@@ -328,7 +328,7 @@ class LayerPass:
 
 
 @functools.lru_cache(maxsize=64)
-def _square_masks(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def square_masks(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, n] bool: a causal chain's mask and the identity, made once per width and device (to be read only)."""
     return torch.ones(n, n, dtype=torch.bool, device=device).tril(), torch.eye(n, dtype=torch.bool, device=device)
 
