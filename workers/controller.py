@@ -130,9 +130,8 @@ class Learned:
     depth: dict[str, int] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)
     forward_time: dict[tuple[int, int], tuple[list[float], int]] = field(default_factory=dict)  # (bucket, width)
-    host_time: dict[tuple[str, int, int], tuple[list[float], int]] = field(
-        default_factory=dict
-    )  # (drafter, bucket, width)
+    # (drafter, bucket, width)
+    host_time: dict[tuple[str, int, int], tuple[list[float], int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,9 +171,9 @@ class AdaptiveController:
         self.failed: set[str] = set()
         self.rows: list[RowDrafting] = []  # per batch row, in batch order (`keep_rows`, `add_rows`)
         self.forward = ForwardCosts(self.settings.time_window)  # the target's forward by bucket and width
-        # (drafter, bucket) -> step − forward, per row, over a plain step's time there when it ran (as
-        # the cost model keeps wide forwards: the machine's speed drifts, ratios hold).
-        self.host_time: dict[tuple[str, int, int], RecentTime] = {}  # by (drafter, bucket, width)
+        # (drafter, bucket, width) -> step − forward, per row, over a plain step's time there when it ran
+        # (as the cost model keeps wide forwards: the machine's speed drifts, ratios hold).
+        self.host_time: dict[tuple[str, int, int], RecentTime] = {}
         self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
