@@ -35,12 +35,21 @@ def generate(args: list[str]) -> int:
     config = config_or_usage("usage: accelgen generate [CONFIG.yaml] [key=value ...]", default_job_config(), args)
     if config is None:
         return 0
-    from pipeline.actor_pool import stop_ray
-    from pipeline.driver import run_job
+    from pipeline import markers
+    from pipeline.cluster import start_while_importing, stop_ray
+    from pipeline.phases import Phases
+    from workers.storage import filesystem
 
+    phases = Phases()
     status = 2
     try:
-        status = {"failed": 1, "interrupted": 143}.get(run_job(config).status, 0)
+        # A job with units to run needs Ray: it starts while the driver imports (`pipeline.cluster`).
+        if not markers.finished(*filesystem(config.output.url, dict(config.output.storage_options))):
+            start_while_importing(config.ray.address, "pipeline.driver")
+            phases.lap("ray_start")
+        from pipeline.driver import run_job
+
+        status = {"failed": 1, "interrupted": 143}.get(run_job(config, phases).status, 0)
     finally:
         if status != 0:  # an early exit: what the job or `main` prints ends the output, not Ray's shutdown
             stop_ray()

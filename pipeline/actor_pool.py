@@ -22,6 +22,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 from tqdm import tqdm
 
+from pipeline.cluster import init_ray
 from pipeline.commit import OutputFolder
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
@@ -37,7 +38,6 @@ from workers.spec import UnitResult, WorkerSpec, WorkUnit
 RESERVED_CPUS = 1.0
 PROGRESS_POLL_S = 1.0
 MAX_UNITS_PER_ACTOR = 64  # attempts in flight on one actor at most (each holds a thread there)
-WORKER_NICENESS_ENV = "RAY_worker_niceness"  # read by every process Ray starts (`_init_ray`)
 
 
 CRASHING_ROW = "this row made the generator process crash on every attempt; it was skipped"
@@ -106,7 +106,7 @@ class ActorPool:
         start. A cluster that cannot hold the actors fails here, before the job writes anything."""
         self.config = config
         self.job_id = spec.job_id
-        _init_ray(config.ray.address)
+        init_ray(config.ray.address)
         phases.lap("ray_start")
         resources = ray.cluster_resources()
         cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
@@ -423,56 +423,6 @@ def _show_progress(bar: tqdm, run: _PoolRun, snapshot: list[tuple[int, int]], el
     bar.n = min(bar.total, run.committed_rows + in_flight_rows)
     bar.set_postfix(tok_s=f"{sum(g for _, g in snapshot) / elapsed_s:.1f}")
     bar.refresh()
-
-
-def _init_ray(address: str) -> None:
-    if ray.is_initialized():
-        return
-    if address:
-        import strategies
-        import workers
-
-        # The actors of a remote cluster get this project's code with the job (the driver's own
-        # modules stay here); the cluster's image must hold the dependencies.
-        runtime_env = {"py_modules": [workers, strategies]}
-        ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
-    else:
-        # Ray starts its workers 15 nicer than itself, below every other process of the machine: a
-        # generator actor then decodes slower whenever anything else runs (sharing a core with a nice-19
-        # process, a nice-15 actor gets 70% of it, one at 0 98.5%). On a cluster of the job's own, the
-        # actors run at the job's niceness (`nice accelgen generate` still lowers them all); a value the
-        # environment sets is kept.
-        os.environ.setdefault(WORKER_NICENESS_ENV, "0")
-        # "local": a cluster of this process's own, never another job's or session's that happens to run
-        # on the machine (a bare init would join the latest one it finds).
-        ray.init(address="local", include_dashboard=False, logging_level="WARNING", log_to_driver=True)
-
-
-def stop_ray() -> None:
-    """Shut Ray down with its output silenced, so that what the job printed last stays last.
-
-    A job refused early kills actors still starting, and Ray's processes report that (a GCS line about an
-    actor it could not kill) seconds later, through the driver's log forwarding, over the message the
-    user must act on. Shutting down stops that forwarding; the process's stdout and stderr go to
-    /dev/null meanwhile, since the forwarding threads and Ray's C++ core write to them until they stop.
-    """
-    if not ray.is_initialized():
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        ray.shutdown()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, copy in zip((1, 2), saved, strict=True):
-            os.dup2(copy, fd)
-            os.close(copy)
-        os.close(devnull)
 
 
 def _cause(exc: BaseException) -> str:

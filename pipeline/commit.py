@@ -25,6 +25,7 @@ import time
 import uuid
 from typing import Any
 
+from pipeline import markers
 from pipeline.errors import JobError
 from pipeline.fingerprint import changed_shards, difference
 from workers.contract import parse_unit_id, part_name
@@ -33,7 +34,6 @@ from workers.storage import filesystem, join, protocol_prefix, write_bytes
 
 JOB_FILE = "_job.json"
 MANIFEST_FILE = "_manifest.json"
-SUCCESS_FILE = "_SUCCESS"
 
 
 def commit_record_name(unit: str) -> str:
@@ -60,7 +60,7 @@ class OutputFolder:
 
     def finished(self) -> bool:
         """Whether the folder holds a finished job (`_SUCCESS`): one that no run can add units to."""
-        return self.fs.exists(self._p(SUCCESS_FILE))
+        return markers.finished(self.fs, self.path)
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         try:
@@ -91,7 +91,7 @@ class OutputFolder:
         if existing.get("fingerprint") != fingerprint:
             changed = changed_shards(existing.get("identity", {}), job_record["identity"])
             committed_shards = {parse_unit_id(unit)[0] for unit in self.committed()}
-            if changed is not None and not changed & committed_shards and not self.fs.exists(self._p(SUCCESS_FILE)):
+            if changed is not None and not changed & committed_shards and not self.finished():
                 self.write_json(JOB_FILE, job_record)
                 return False
             raise JobError(
@@ -101,7 +101,7 @@ class OutputFolder:
                 "same shards, where just shards with no committed unit may change. Choose a new output.url, or "
                 "delete the folder to redo it"
             )
-        return self.fs.exists(self._p(SUCCESS_FILE))
+        return self.finished()
 
     def committed(self) -> dict[str, dict[str, Any]]:
         """Commit records of the units whose parts are in place, by unit id.
@@ -165,4 +165,4 @@ class OutputFolder:
         if self.fs.exists(self._p("_staging")):
             self.fs.rm(self._p("_staging"), recursive=True)
         self._abort_incomplete_uploads()
-        write_bytes(self.fs, self._p(SUCCESS_FILE), b"")
+        write_bytes(self.fs, self._p(markers.SUCCESS_FILE), b"")

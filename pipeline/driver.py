@@ -35,13 +35,15 @@ class JobOutcome:
     summary: dict[str, Any]
 
 
-def run_job(config: JobConfig) -> JobOutcome:
+def run_job(config: JobConfig, phases: Phases | None = None) -> JobOutcome:
     """Check, plan and claim the output folder, decode the units not yet committed, then finish the
     job (manifest, `_SUCCESS`) or say what is left to resume.
 
     The actors start first and load their models while the driver plans the input (a finished output
-    folder, which can run no unit, starts none); a job that fails its checks stops them again."""
-    phases = Phases()
+    folder, which can run no unit, starts none); a job that fails its checks stops them again.
+    `phases`: the job's clock, when its caller started it earlier (`accelgen generate` starts Ray
+    before it calls this), so that the summary's phases add up to the whole job."""
+    phases = phases or Phases()
     validate(config)
     output = OutputFolder(config.output.url, config.output.storage_options)
     pool = None if output.finished() else ActorPool(config, _actor_spec(config, output), phases)

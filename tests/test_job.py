@@ -17,7 +17,7 @@ from job_config import job_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.shipped import default_job_config
-from pipeline.actor_pool import _init_ray
+from pipeline.cluster import init_ray
 from pipeline.commit import commit_record_name
 from pipeline.config import load_config
 from pipeline.driver import _print_summary, _summary, run_job
@@ -214,7 +214,7 @@ def test_actors_that_cannot_be_scheduled_fail_the_job_quickly(tmp_path, tiny_mod
 
 def test_a_local_clusters_actors_run_at_the_jobs_niceness():
     """Ray would start them 15 nicer than the job, so that they decode slower whenever anything else runs."""
-    _init_ray("")
+    init_ray("")
     niceness = ray.remote(lambda: os.nice(0))  # a lambda travels by value, not as this module's name
     assert ray.get(niceness.remote()) == os.nice(0)
 

@@ -1,0 +1,90 @@
+"""Ray for a job: started (or joined) once per driver, and stopped quietly.
+
+`accelgen generate` starts Ray while the driver's own modules import (`start_while_importing`): a
+cold job's first seconds are the driver importing torch, transformers and Ray (about 3 s on a 2-core
+machine) and then Ray starting its processes (3-4 s), which mostly wait on one another and on
+sockets, so the two overlap on a machine's cores instead of adding up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+
+import ray
+
+WORKER_NICENESS_ENV = "RAY_worker_niceness"  # read by every process Ray starts (`init_ray`)
+
+
+def init_ray(address: str) -> None:
+    """Join the cluster at `address`, or start one of the job's own (`""`); nothing if Ray is up."""
+    if ray.is_initialized():
+        return
+    if address:
+        import strategies
+        import workers
+
+        # The actors of a remote cluster get this project's code with the job (the driver's own
+        # modules stay here); the cluster's image must hold the dependencies.
+        runtime_env = {"py_modules": [workers, strategies]}
+        ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
+    else:
+        # Ray starts its workers 15 nicer than itself, below every other process of the machine: a
+        # generator actor then decodes slower whenever anything else runs (sharing a core with a nice-19
+        # process, a nice-15 actor gets 70% of it, one at 0 98.5%). On a cluster of the job's own, the
+        # actors run at the job's niceness (`nice accelgen generate` still lowers them all); a value the
+        # environment sets is kept.
+        os.environ.setdefault(WORKER_NICENESS_ENV, "0")
+        # "local": a cluster of this process's own, never another job's or session's that happens to run
+        # on the machine (a bare init would join the latest one it finds).
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING", log_to_driver=True)
+
+
+def start_while_importing(address: str, module: str) -> None:
+    """`init_ray(address)` here while `module` imports on a thread; back when both are done. An error of
+    either is raised here, Ray's first (the import's is then raised again by the caller's own import)."""
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except BaseException as exc:  # raised again below, on the caller's thread
+            failed.append(exc)
+
+    importer = threading.Thread(target=load, name=f"import {module}", daemon=True)
+    importer.start()
+    try:
+        init_ray(address)
+    finally:
+        importer.join()
+    if failed:
+        raise failed[0]
+
+
+def stop_ray() -> None:
+    """Shut Ray down with its output silenced, so that what the job printed last stays last.
+
+    A job refused early kills actors still starting, and Ray's processes report that (a GCS line about an
+    actor it could not kill) seconds later, through the driver's log forwarding, over the message the
+    user must act on. Shutting down stops that forwarding; the process's stdout and stderr go to
+    /dev/null meanwhile, since the forwarding threads and Ray's C++ core write to them until they stop.
+    """
+    if not ray.is_initialized():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        ray.shutdown()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(devnull)
