@@ -42,7 +42,7 @@ def _step(controller, drafter, wall_s, accepted, drafted=(4, 4)):
 def test_tau_starts_as_a_plain_mean_so_one_unlucky_first_step_does_not_stand():
     c = _controller(time_window=1)
     c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.01, [0], [0]))  # as dear as a lookup step: speed-up = τ
-    for accepted in (0, 3, 3, 3):  # batch 1: a step weighs 1/16 of a full moving-average weight
+    for accepted in (0, 3, 3, 3):  # batch 1: a step weighs 1/64 of a full moving-average weight
         c.observe(StepRecord(LOOKUP, 1, 0.01, [4], [accepted]))
     assert c.speedup(LOOKUP, 1) == pytest.approx(3.25)
 
@@ -81,10 +81,48 @@ def test_hysteresis_keeps_the_choice_near_break_even_and_switches_off_below():
     assert c.plan(2).drafter == LOOKUP
 
 
+def test_a_drafters_estimate_averages_its_time_over_the_steps_its_tau_averages():
+    """Prompt lookup drafts in streaks: a verify when the context repeats (here 3 tokens for two plain
+    steps' time), a plain step when it found nothing (1 token, one plain step). Over 20 of each the
+    speed-up is 2 tokens for 1.5 plain steps; a time window of the last few steps alone would say 2.0
+    after a streak of cheap steps, and switch a drafter off and on with the kind of its last steps."""
+    c = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1, probe_every=10**6))
+    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
+    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
+    for _ in range(20):
+        c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))
+    for _ in range(20):
+        c.observe(StepRecord(LOOKUP, 1, 0.010, [0], [0]))
+    assert c.speedup(LOOKUP, 1) == pytest.approx(2 / 1.5)
+
+
+def test_a_paying_drafter_gives_way_only_to_an_estimate_resting_on_enough_rows():
+    """At batch 1 a few steps are one prompt's luck: a drafter measured over 8 row steps at 2.0x does not
+    displace one measured over 500 at 1.5x; measured over 600 more, it does."""
+    other = "other"
+    settings = ControllerSettings(
+        explore_steps=1, explore_rows=1, probe_every=10**6, max_probe_wait=10**6, smoothing=1.0, time_window=1
+    )
+    c = AdaptiveController(settings)
+    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
+    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
+    for _ in range(500):
+        c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 3 tokens in two plain steps' time: 1.5x
+    assert c.plan(1).drafter == LOOKUP
+    c.start_batch({LOOKUP: CHAIN_OF_4, other: CHAIN_OF_4}, batch_size=1)
+    for _ in range(8):
+        c.observe(StepRecord(other, 1, 0.010, [4], [1]))  # 2 tokens in one plain step's time: 2.0x
+    assert c.speedup(other, 1) == pytest.approx(2.0) and c.speedup(LOOKUP, 1) == pytest.approx(1.5)
+    assert c.plan(1).drafter == LOOKUP  # 2.0 on 8 rows weighs 1 + 1.0 · 8 / (8 + 64) = 1.11
+    for _ in range(600):
+        c.observe(StepRecord(other, 1, 0.010, [4], [1]))
+    assert c.plan(1).drafter == other  # on 608 rows: 1.90 > 1.5 · 1.05
+
+
 def test_speculation_comes_on_only_on_fresh_evidence():
     """A drafter's step time is kept against the plain step's when it ran: when the machine slows down
     its old measurement does not look faster than it was, and only a step of it now can switch it on."""
-    c = _controller(time_window=1)
+    c = _controller(smoothing=1.0, time_window=1)  # each measurement is the estimate
     _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
     _step(c, LOOKUP, 0.030, [0, 0])  # a third as fast as plain steps
     for _ in range(5):
@@ -211,7 +249,7 @@ def test_chain_depth_moves_toward_the_best_one_token_at_a_time():
 
 
 def test_tree_budget_follows_what_a_node_yields_against_what_it_costs():
-    c = _controller(DraftLimits(8, 16, trees=True), resize_rows=2, min_tree_nodes=4, time_window=1)
+    c = _controller(DraftLimits(8, 16, trees=True), resize_rows=2, min_tree_nodes=4, smoothing=1.0, time_window=1)
     assert c.draft_size(LOOKUP) == (8, 16)  # a tree starts with its whole node budget
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
     # A 16-node step costs 2.6 plain steps: 0.1 a node. 3 of 32 nodes accepted: under that, halve.
@@ -567,7 +605,7 @@ def test_a_chain_whose_drafting_runs_a_model_per_token_is_shortened_as_its_host_
     in proportion for shorter chains until measured there, and the chain moves down among 1 to 3 tokens
     (the acceptance model, one α per position, sees 2/3 at 3 tokens and 1 below: it moves between
     them); undeclared, a shorter chain is taken to cost as much besides the forward, and it stays at 5."""
-    c = AdaptiveController()
+    c = AdaptiveController(ControllerSettings(resize_rows=16))  # a step toward the best every 16 drafts
     limits = {"draft": DraftLimits(5, 5, per_depth=per_depth)}
     c.start_batch(limits, batch_size=1)
     for _ in range(1500):

@@ -36,7 +36,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   with hysteresis: speculation goes off when the best falls below 1 − h and comes back above
   1 + h, on or over to another drafter only right after that drafter ran (fresh evidence: 2-core
   step times drift, and an old measurement of a drafter against a fresh one of plain steps would
-  switch on noise);
+  switch on noise); a drafter that pays gives way to another only on that one's estimate shrunk
+  toward 1 by the row steps it rests on (`evidence_rows`: at batch 1, a few steps are one prompt's
+  luck, and the next prompt is another);
 - probes an option it is not using again after a wait sized so that probes cost at most
   `probe_budget` of the time in all (each option an equal share; a probe costs the option's step
   time times the share of speed it would lose against the current choice), never sooner than
@@ -86,8 +88,12 @@ BEST_CASE_STEPS = 16  # steps a drafter's best case at a bucket is kept (`Adapti
 @dataclass(frozen=True)
 class ControllerSettings:
     smoothing: float = 0.3  # weight in τ's moving average of a step over `smoothing_rows` rows
-    smoothing_rows: int = 16  # a step over fewer rows weighs less: at batch 1, τ is one row's luck
-    time_window: int = 9  # step times: the mean of this many recent measurements, outliers left out
+    # A step over fewer rows weighs less. At batch 1 each batch is one prompt, and the next prompt is not
+    # like this one: τ averages over a few prompts (some 200 row steps), not over this prompt's luck.
+    smoothing_rows: int = 64
+    # Step times: the mean of this many recent measurements, outliers left out (a drafter's step ratios:
+    # at least this many, `_ratio_window`).
+    time_window: int = 9
     hysteresis: float = 0.05
     explore_steps: int = 2  # plain steps measured per bucket, and steps per drafter, before estimates count
     explore_rows: int = 8  # row steps per drafter, too: at batch 1, two steps are two tokens' luck
@@ -97,9 +103,14 @@ class ControllerSettings:
     row_patience: int = 4
     row_cooldown: int = 16
     min_tree_nodes: int = 4
-    resize_rows: int = 16  # drafted row steps between draft-size decisions
+    # Drafted row steps between draft-size decisions: at batch 1, 16 were a quarter of one prompt, and a
+    # chain sized on them swung to a single token on a prompt that copied little.
+    resize_rows: int = 64
     learn_above: float = 0.85  # a learning drafter sees batches while its estimate is above this
     explore_budget: float = 0.03  # share of the decode time that steps exploring drafters may take
+    # A drafter that pays gives way to another only on that one's estimate shrunk toward 1 by the row
+    # steps it was measured over, n / (n + evidence_rows): a few steps of one prompt are its luck.
+    evidence_rows: int = 64
 
 
 @dataclass
@@ -249,7 +260,8 @@ class AdaptiveController:
         if record.drafter == AUTOREGRESSIVE:
             self.row_time.setdefault((AUTOREGRESSIVE, b), RecentTime(s.time_window)).update(row_time)
         elif plain is not None:  # plain steps run first at every bucket: a drafter's has one to relate to
-            self.row_time.setdefault((record.drafter, b), RecentTime(s.time_window)).update(row_time / plain.value)
+            window = self._ratio_window(b)
+            self.row_time.setdefault((record.drafter, b), RecentTime(window)).update(row_time / plain.value)
         self.decode_s += record.wall_s
         if record.drafter == self.exploring:
             self.exploring_s += record.wall_s
@@ -308,13 +320,16 @@ class AdaptiveController:
         batch buckets it covers are not explored again; measurements of this job go on updating it."""
         s = self.settings
 
-        def times(learned_times: dict) -> dict:
+        def times(learned_times: dict, window=lambda key: s.time_window) -> dict:
             return {
-                key: RecentTime(s.time_window, recent=deque(recent[-s.time_window :]), count=count)
+                key: RecentTime(window(key), recent=deque(recent[-window(key) :]), count=count)
                 for key, (recent, count) in learned_times.items()
             }
 
-        self.row_time.update(times(learned.row_time))
+        def row_window(key: tuple[str, int]) -> int:
+            return s.time_window if key[0] == AUTOREGRESSIVE else self._ratio_window(key[1])
+
+        self.row_time.update(times(learned.row_time, row_window))
         self.forward.load(times(learned.forward_time))
         self.host_time.update(times(learned.host_time))
         self.tau = {name: Ema(value, seen) for name, (value, seen) in learned.tau.items()}
@@ -512,7 +527,7 @@ class AdaptiveController:
         elif current_gain < 1 - h:
             target = best if best_gain > 1 + h else AUTOREGRESSIVE
             reason = f"estimated speed-up {current_gain:.2f} < {1 - h:.2f}"
-        elif best != self.current and best_gain > current_gain * (1 + h):
+        elif best != self.current and self._weighed(best, best_gain) > current_gain * (1 + h):
             target, reason = best, f"{best} estimated {best_gain:.2f} vs {current_gain:.2f}"
         else:
             return
@@ -526,6 +541,22 @@ class AdaptiveController:
             rounded = {o: (round(e, 3) if e is not None else None) for o, e in estimates.items()}
             self._event("batch", self.current, target, reason, estimates=rounded, batch_bucket=b)
             self.current = target
+
+    def _ratio_window(self, b: int) -> int:
+        """Measurements of a drafter's step ratio kept at bucket `b`: as many row steps as τ's moving
+        average spans (a plain mean as old on average as its weights), at least `time_window`. A drafter's
+        steps are of two kinds, a verify when it drafted and a plain step when it found nothing, in
+        streaks: against τ's long average, a short window of times made the estimate swing with the
+        kind of the last few steps (prompt lookup at batch 1: 0.94x to 1.75x, while it ran 1.3x)."""
+        s = self.settings
+        rows = 2 * s.smoothing_rows / -math.log(1 - s.smoothing) if s.smoothing < 1 else 1
+        return max(s.time_window, math.ceil(rows / b))
+
+    def _weighed(self, drafter: str, estimate: float) -> float:
+        """`estimate` of `drafter` shrunk toward 1 (plain decoding) by the evidence behind it: the row
+        steps it was measured over (`evidence_rows`)."""
+        rows = self.measured.get(drafter, (0, 0))[1]
+        return 1 + (estimate - 1) * rows / (rows + self.settings.evidence_rows)
 
     def draft_size(self, drafter: str, b: int | None = None) -> tuple[int, int]:
         """The (depth, nodes) the next step of `drafter` asks for, within its limits. Where the cost model
