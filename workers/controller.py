@@ -69,7 +69,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
 from workers.cost_model import (
@@ -92,7 +94,7 @@ class ControllerSettings:
     # like this one: τ averages over a few prompts (some 200 row steps), not over this prompt's luck.
     smoothing_rows: int = 64
     # Step times: the mean of this many recent measurements, outliers left out (a drafter's step ratios:
-    # at least this many, `_ratio_window`).
+    # at least this many, `_row_window`).
     time_window: int = 9
     hysteresis: float = 0.05
     explore_steps: int = 2  # plain steps measured per bucket, and steps per drafter, before estimates count
@@ -257,11 +259,11 @@ class AdaptiveController:
         self.step += 1
         row_time = record.wall_s / record.batch_size
         plain = self.row_time.get((AUTOREGRESSIVE, b))
+        key = (record.drafter, b)
         if record.drafter == AUTOREGRESSIVE:
-            self.row_time.setdefault((AUTOREGRESSIVE, b), RecentTime(s.time_window)).update(row_time)
+            self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time)
         elif plain is not None:  # plain steps run first at every bucket: a drafter's has one to relate to
-            window = self._ratio_window(b)
-            self.row_time.setdefault((record.drafter, b), RecentTime(window)).update(row_time / plain.value)
+            self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
         self.decode_s += record.wall_s
         if record.drafter == self.exploring:
             self.exploring_s += record.wall_s
@@ -320,16 +322,13 @@ class AdaptiveController:
         batch buckets it covers are not explored again; measurements of this job go on updating it."""
         s = self.settings
 
-        def times(learned_times: dict, window=lambda key: s.time_window) -> dict:
+        def times(learned_times: dict, window: Callable[[Any], int] = lambda key: s.time_window) -> dict:
             return {
                 key: RecentTime(window(key), recent=deque(recent[-window(key) :]), count=count)
                 for key, (recent, count) in learned_times.items()
             }
 
-        def row_window(key: tuple[str, int]) -> int:
-            return s.time_window if key[0] == AUTOREGRESSIVE else self._ratio_window(key[1])
-
-        self.row_time.update(times(learned.row_time, row_window))
+        self.row_time.update(times(learned.row_time, self._row_window))
         self.forward.load(times(learned.forward_time))
         self.host_time.update(times(learned.host_time))
         self.tau = {name: Ema(value, seen) for name, (value, seen) in learned.tau.items()}
@@ -542,14 +541,18 @@ class AdaptiveController:
             self._event("batch", self.current, target, reason, estimates=rounded, batch_bucket=b)
             self.current = target
 
-    def _ratio_window(self, b: int) -> int:
-        """Measurements of a drafter's step ratio kept at bucket `b`: as many row steps as τ's moving
-        average spans (a plain mean as old on average as its weights), at least `time_window`. A drafter's
-        steps are of two kinds, a verify when it drafted and a plain step when it found nothing, in
-        streaks: against τ's long average, a short window of times made the estimate swing with the
-        kind of the last few steps (prompt lookup at batch 1: 0.94x to 1.75x, while it ran 1.3x)."""
+    def _row_window(self, key: tuple[str, int]) -> int:
+        """Measurements kept of `row_time[key]` ((option, bucket)): `time_window` of plain steps; of a
+        drafter's step ratio, as many row steps as τ's moving average spans (a plain mean as old on
+        average as its weights), at least `time_window`. A drafter's steps are of two kinds, a verify
+        when it drafted and a plain step when it found nothing, in streaks: against τ's long average,
+        a short window of times made the estimate swing with the kind of the last few steps (prompt
+        lookup at batch 1: 0.94x to 1.75x, while it ran 1.3x)."""
         s = self.settings
-        rows = 2 * s.smoothing_rows / -math.log(1 - s.smoothing) if s.smoothing < 1 else 1
+        option, b = key
+        if option == AUTOREGRESSIVE or s.smoothing >= 1:
+            return s.time_window
+        rows = 2 * s.smoothing_rows / -math.log(1 - s.smoothing)
         return max(s.time_window, math.ceil(rows / b))
 
     def _weighed(self, drafter: str, estimate: float) -> float:
