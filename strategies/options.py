@@ -50,6 +50,9 @@ class SpecDecOptions:
     )
 
 
+PROMPT_LOOKUP_SIZINGS = ("acceptance", "fixed")
+
+
 @dataclass
 class PromptLookupOptions:
     max_ngram: int = field(default=3, metadata={"help": "Longest suffix n-gram looked up in the row's context."})
@@ -57,10 +60,29 @@ class PromptLookupOptions:
     max_speculative_tokens: int = field(
         default=10,
         metadata={
-            "help": "Longest draft: where drafts keep being accepted, the controller lengthens them from "
-            "strategy.num_speculative_tokens up to this (never below it). 10: the reference prompt-lookup "
+            "help": "Longest draft (never below strategy.num_speculative_tokens). 10: the reference prompt-lookup "
             "decoding's draft length."
         },
+    )
+    sizing: str = field(
+        default="acceptance",
+        metadata={
+            "help": f"One of {PROMPT_LOOKUP_SIZINGS}. acceptance: each row's draft is cut to the length its kind "
+            "of match (in the row's own output or its prompt, n tokens long) has paid for, up to "
+            "max_speculative_tokens; fixed: "
+            "strategy.num_speculative_tokens, which the controller lengthens where drafts keep being accepted."
+        },
+    )
+    draft_step_cost: float = field(
+        default=1.35,
+        metadata={
+            "help": "sizing=acceptance: a step drafting one token over a plain step, until the controller has "
+            "measured it (always with strategy.adaptive=false). 1.35: batch 1 on a 2-core CPU (bench costs=true)."
+        },
+    )
+    draft_token_cost: float = field(
+        default=0.07,
+        metadata={"help": "sizing=acceptance: each draft token more, over a plain step, until measured (as above)."},
     )
 
 

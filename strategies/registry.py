@@ -27,11 +27,13 @@ from strategies.options import (
     CALM_MEASURES,
     EAGLE_TREES,
     MEDUSA_ACCEPTANCE,
+    PROMPT_LOOKUP_SIZINGS,
     StrategyOptions,
     out_of_bounds,
 )
 from strategies.proposers.cmlm_proposer import CMLMProposer
 from strategies.proposers.draft_model import DraftModelProposer
+from strategies.proposers.draft_sizing import AcceptanceRecord, linear_step_costs
 from strategies.proposers.eagle import EagleProposer
 from strategies.proposers.jacobi import INITS, JacobiProposer
 from strategies.proposers.jacobi import MODES as JACOBI_MODES
@@ -210,18 +212,25 @@ def _check_specdec(options: StrategyOptions) -> list[str]:
 
 
 def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
-    """Copied text is accepted whole more often than a model's guesses: drafts start at k tokens and
-    the controller may lengthen them up to `max_speculative_tokens` where they keep being accepted."""
+    """Copied text is accepted whole more often than a model's guesses. By acceptance, each draft may be
+    up to `max_speculative_tokens` long and the proposer cuts it to what its kind of match pays for (k
+    is then only the controller's first guess at its usual length); fixed, drafts start at k tokens and
+    the controller may lengthen them where they keep being accepted."""
     k, o = options.num_speculative_tokens, options.prompt_lookup
     cap = max(k, o.max_speculative_tokens)
-    return DraftingMethod(
-        "prompt_lookup", PromptLookupProposer(o.min_ngram, o.max_ngram), cap, cap, rule, start_depth=k
+    by_acceptance = o.sizing == "acceptance"
+    proposer = PromptLookupProposer(
+        o.min_ngram,
+        o.max_ngram,
+        AcceptanceRecord() if by_acceptance else None,
+        linear_step_costs(o.draft_step_cost, o.draft_token_cost, cap),
     )
+    return DraftingMethod("prompt_lookup", proposer, cap, cap, rule, start_depth=k)
 
 
 def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
     pl = options.prompt_lookup
-    return out_of_bounds(
+    return _one_of("strategy.prompt_lookup.sizing", pl.sizing, PROMPT_LOOKUP_SIZINGS) + out_of_bounds(
         [
             ("strategy.prompt_lookup.min_ngram", pl.min_ngram, pl.min_ngram >= 1, ">= 1"),
             (
@@ -236,6 +245,8 @@ def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
                 pl.max_speculative_tokens >= 1,
                 ">= 1",
             ),
+            ("strategy.prompt_lookup.draft_step_cost", pl.draft_step_cost, pl.draft_step_cost > 0, "> 0"),
+            ("strategy.prompt_lookup.draft_token_cost", pl.draft_token_cost, pl.draft_token_cost >= 0, ">= 0"),
         ]
     )
 

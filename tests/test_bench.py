@@ -40,6 +40,7 @@ def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, t
         "dtype=float64",
         "strategies=[autoregressive,speculative,prompt_lookup]",
         "strategy.num_speculative_tokens=3",
+        "strategy.prompt_lookup.max_speculative_tokens=3",  # prompt lookup's drafts, too, at most 3 long
         "batch_sizes=[1,2]",
         "max_new_tokens=12",
         "repeats=1",

@@ -440,13 +440,17 @@ def test_chain_drafts_lengthen_from_their_start_while_accepted_and_stop_at_the_c
         assert c.draft_size(LOOKUP) == (depth, depth)
 
 
-def test_prompt_lookup_starts_at_num_speculative_tokens_and_may_grow_to_its_cap(runner):
+def test_prompt_lookup_fixed_starts_at_num_speculative_tokens_and_by_acceptance_may_draft_to_its_cap(runner):
     options = StrategyOptions(name="prompt_lookup", num_speculative_tokens=3)
+    options.prompt_lookup.sizing = "fixed"
     lookup = registry.create(options, registry.Models(runner)).drafters["prompt_lookup"]
-    assert (lookup.start_depth, lookup.max_depth) == (3, 10)
+    assert (lookup.start_depth, lookup.max_depth, lookup.proposer.sizes_own_drafts) == (3, 10, False)
     options.num_speculative_tokens = 12  # the cap never shortens the configured start
     lookup = registry.create(options, registry.Models(runner)).drafters["prompt_lookup"]
     assert (lookup.start_depth, lookup.max_depth) == (12, 12)
+    options.prompt_lookup.sizing = "acceptance"  # the default: the proposer cuts each draft within the cap
+    lookup = registry.create(options, registry.Models(runner)).drafters["prompt_lookup"]
+    assert (lookup.start_depth, lookup.max_depth, lookup.proposer.sizes_own_drafts) == (12, 12, True)
 
 
 def _learned_controller(lookup_wall_s: float) -> AdaptiveController:
@@ -648,3 +652,23 @@ def test_chains_are_sized_per_batch_by_tokens_per_second_on_literal_timings():
     assert c.draft_size(LOOKUP, 8) == (8, 8)  # acceptance not yet measured: as learned
     c.observe(StepRecord(LOOKUP, 2, 0.007, [8, 8], [3, 0]))  # 3 accepted, 2 rejections: α 0.6
     assert c.draft_size(LOOKUP, 1) == (7, 7) and c.draft_size(LOOKUP, 8) == (2, 2)
+
+
+def test_a_drafter_that_sizes_its_own_drafts_is_asked_for_its_longest_and_told_what_each_length_costs():
+    """Batch 1: plain steps of 2 ms; forwards of 2.0, 2.4, 2.8 and 4.0 ms at widths 1, 2, 5 and 11. A
+    step drafting k tokens is a forward 1 + k wide (its host time not measured yet), over a plain step:
+    k = 1: 2.4 / 2 = 1.2; k = 2 and 3, a third and two thirds of the way to 2.8: 1.2667, 1.3333; k = 4:
+    1.4; then 0.1 more per token up to k = 10: 2.0."""
+    c = AdaptiveController(ControllerSettings(explore_budget=1.0))
+    forwards = _kept({(1, 1): 2.0, (1, 2): 2.4, (1, 5): 2.8, (1, 11): 4.0})
+    c.warm_start(Learned(row_time={(AUTOREGRESSIVE, 1): ([0.002], 9)}, forward_time=forwards))
+    c.start_batch({LOOKUP: DraftLimits(10, 10, sizes_own=True)}, batch_size=1)
+    plan = c.plan(1)
+    assert (plan.drafter, plan.depth) == (LOOKUP, 10)
+    expected = [1.2, 1.2667, 1.3333, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0]
+    assert plan.step_costs == pytest.approx(expected, abs=1e-4)
+    fixed = AdaptiveController(ControllerSettings(explore_budget=1.0))
+    fixed.warm_start(Learned(row_time={(AUTOREGRESSIVE, 1): ([0.002], 9)}, forward_time=forwards))
+    fixed.start_batch({LOOKUP: DraftLimits(10, 10, start_depth=3)}, batch_size=1)
+    assert (fixed.plan(1).depth, fixed.plan(1).step_costs) == (3, None)  # sized by the controller
+

@@ -126,7 +126,7 @@ def test_each_init_guesses_from_the_context():
     # The last 1-gram 5 was followed by 6 9: retrieval takes that, repeat the context's tail.
     assert _jacobi("pgj", 2, "retrieval", [[5, 6, 9, 5]]).rows[0].guess == [6, 9]
     assert _jacobi("pgj", 2, "repeat", [[5, 6, 9, 5]]).rows[0].guess == [9, 5]
-    assert _jacobi("pgj", 3, "retrieval", [[5, 6, 5]]).rows[0].guess == [6, 5, 5]  # found 2, then the tail's
+    assert _jacobi("pgj", 3, "retrieval", [[5, 6, 5]]).rows[0].guess == [6, 5, 6]  # copied on through the loop
     # The longest n-gram matched is 3: its latest occurrence, not that of the 4-gram.
     assert _jacobi("pgj", 2, "retrieval", [[1, 2, 3, 4, 8, 2, 3, 4, 9, 1, 2, 3, 4]]).rows[0].guess == [9, 1]
     two = _jacobi("pj", 3, "pad", [[1], [2, 3]])

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.proposers.draft_sizing import AcceptanceRecord, linear_step_costs
 from strategies.proposers.lookahead import LookaheadProposer, TokenTrie, gather_tree
 from strategies.proposers.prompt_lookup import NgramIndex, PromptLookupProposer
 from strategies.runtime.runner import ModelRunner
@@ -135,6 +136,11 @@ def _strategies(runner):
     yield SpeculativeStrategy(
         "prompt_lookup", runner, [DraftingMethod("prompt_lookup", PromptLookupProposer(1, 3), 4, 4)]
     )
+    # Sized by acceptance, with drafts so cheap that every kind drafts, then so dear that only kinds
+    # accepted at least half the time do (and refused kinds probe).
+    for cost in (0.0, 0.6):
+        sized = PromptLookupProposer(1, 3, AcceptanceRecord(probe_every=3), linear_step_costs(1.0 + cost, cost, 8))
+        yield SpeculativeStrategy("prompt_lookup", runner, [DraftingMethod("prompt_lookup", sized, 8, 8)])
     for mode in ("hier", "one"):
         proposer = LookaheadProposer(decoding_length=12, branch_length=4, max_query_length=4, mode=mode)
         yield SpeculativeStrategy("lookahead", runner, [DraftingMethod("lookahead", proposer, 4, 12)])

@@ -194,6 +194,7 @@ class AdaptiveController:
         self.exploring_s = 0.0  # time of such steps
         self.decode_s = 0.0  # time of all steps
         self.best_cases: dict[tuple[str, int], tuple[int, tuple, float | None]] = {}  # step, basis, best case
+        self.step_costs: dict[tuple[str, int], tuple[int, list[float]]] = {}  # step, `_step_costs`
         self.hopeless: set[tuple[str, int]] = set()  # (drafter, bucket) whose best case loses, told in an event
 
     # -- the Controller protocol ---------------------------------------------------------------
@@ -581,7 +582,7 @@ class AdaptiveController:
             budgets = [nodes >> halvings for halvings in range(nodes.bit_length()) if nodes >> halvings >= smallest]
             costs = {n: self._step_row_s(drafter, b, 1 + n) for n in budgets}
             return depth, best_tree_budget(tried, costs) if tried and budgets else nodes
-        if drafter not in self.alpha:
+        if drafter not in self.alpha or limits.sizes_own:
             return depth, nodes
         costs = [self._step_row_s(drafter, b, 1 + k) for k in range(1, limits.max_depth + 1)]
         best = best_chain_depth(self.alpha[drafter], costs)
@@ -596,7 +597,25 @@ class AdaptiveController:
         off = {b for b, row in enumerate(self.rows) if row.off_until > self.step + 1}
         depth, nodes = self.draft_size(option, b)
         self.planned_nodes[option] = nodes
-        return Plan(option, depth, nodes, rows_off=off)
+        limits = self.limits[option]
+        if not limits.sizes_own:
+            return Plan(option, depth, nodes, rows_off=off)
+        # It cuts each row's draft itself: it may go as deep as allowed, and is told what depths cost.
+        return Plan(option, limits.max_depth, limits.max_nodes, rows_off=off, step_costs=self._step_costs(option, b))
+
+    def _step_costs(self, drafter: str, b: int) -> list[float] | None:
+        """A step of `drafter` drafting k = 1..max_depth tokens over a plain step at bucket `b`, by the
+        cost model; None where it does not cover `b` or plain steps have not run there. Kept
+        `BEST_CASE_STEPS` steps, as `best_case` is: asked every step, they move slowly."""
+        kept = self.step_costs.get((drafter, b))
+        if kept is not None and self.step - kept[0] < BEST_CASE_STEPS:
+            return kept[1]
+        plain = self.row_time.get((AUTOREGRESSIVE, b))
+        steps = [self._step_row_s(drafter, b, 1 + k) for k in range(1, self.limits[drafter].max_depth + 1)]
+        costs = [step / plain.value for step in steps] if plain and plain.value > 0 and None not in steps else None
+        if costs is not None:
+            self.step_costs[(drafter, b)] = (self.step, costs)
+        return costs
 
     def _resize(self, record: StepRecord) -> None:
         """Size drafts on the last `resize_rows` drafted row steps (one step at batch 1 is one row's luck)."""
@@ -610,7 +629,7 @@ class AdaptiveController:
                 tally[3] += accepted < drafted
         if tally[0] < self.settings.resize_rows:
             return
-        _, drafted, accepted, rejections = tally
+        row_steps, drafted, accepted, rejections = tally
         self.resize_tally[name] = [0, 0, 0, 0]
         limits = self.limits[name]
         b = bucket(record.batch_size)
@@ -624,6 +643,9 @@ class AdaptiveController:
                 self.nodes[name] = min(limits.max_nodes, nodes * 2)
             elif yield_per_node < node_cost:
                 self.nodes[name] = max(min(self.settings.min_tree_nodes, limits.max_nodes), nodes // 2)
+            return
+        if limits.sizes_own:  # its usual draft length, which its costing assumes (`draft_size`)
+            self.depth[name] = self.nodes[name] = min(limits.max_depth, max(1, round(drafted / row_steps)))
             return
         # A chain: one step toward the depth with the most tokens per unit of step cost.
         depth = self.depth[name]

@@ -29,6 +29,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from strategies.proposers.draft_sizing import best_length
+
 
 @dataclass
 class RecentTime:
@@ -162,18 +164,11 @@ def host_cost(points: dict[int, float], width: int, per_depth: bool) -> float:
     return interpolate(widths, costs, width, None)
 
 
-def expected_chain_tokens(alpha: float, depth: int) -> float:
-    """Tokens a step yields with a chain of `depth` tokens each accepted with probability `alpha`:
-    E(k) = (1 − α^{k+1}) / (1 − α), the pending token's included."""
-    if alpha >= 1:
-        return depth + 1.0
-    return (1 - alpha ** (depth + 1)) / (1 - alpha)
-
-
 def best_chain_depth(alpha: float, step_costs: Sequence[float]) -> int:
     """The chain length k in 1..len(step_costs) with the most tokens per second, E(k) / step_costs[k − 1]
-    (a step drafting k tokens costs step_costs[k − 1], in any unit); the shortest of equals."""
-    return max(range(1, len(step_costs) + 1), key=lambda k: (expected_chain_tokens(alpha, k) / step_costs[k - 1], -k))
+    (a step drafting k tokens costs step_costs[k − 1], in any unit), each token accepted with probability
+    `alpha`: E(k) = 1 + α + … + α^k, the pending token's included; the shortest of equals."""
+    return best_length([alpha**j for j in range(1, len(step_costs) + 1)], step_costs, plain_cost=None)
 
 
 def tree_tokens_lower_bound(tried: dict[int, float], nodes: int) -> float:

@@ -22,6 +22,9 @@ class Plan:
     rows_off: set[int] = field(default_factory=set)  # batch rows that take a plain step anyway
     # Plain plans: steps to take before asking again (fewer if a row finishes); None: until one does.
     steps: int | None = 1
+    # A drafter that sizes its own drafts: a step drafting k = 1..depth tokens over a plain step, by the
+    # cost model (`ProposalContext.step_costs`); None: not modelled at this batch size yet.
+    step_costs: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class DraftLimits:
     trees: bool = False  # it drafts trees (node budgets double or halve), not chains (depth moves)
     start_depth: int | None = None  # a chain's length before the controller sizes it; None: max_depth
     per_depth: bool = False  # its drafting runs a model once per draft depth (`Proposer.drafts_per_depth`)
+    sizes_own: bool = False  # it cuts each row's draft itself (`Proposer.sizes_own_drafts`): ask for max_depth
 
 
 @dataclass

@@ -44,6 +44,9 @@ class ProposalContext:
     keys: torch.Tensor  # [B] the rows' sampling keys (the batch's: a proposer keeps no copy to keep in step)
     # The target's states from its latest forward, for a proposer that wants hidden states, else None.
     states: TargetStates | None = None
+    # For a proposer that sizes its own drafts: what a step drafting k = 1, 2, ... tokens costs, in plain
+    # steps, by the controller's cost model; None: it has none yet (the proposer's own defaults).
+    step_costs: list[float] | None = None
 
 
 class Proposer(Generic[RowState]):
@@ -68,6 +71,9 @@ class Proposer(Generic[RowState]):
     # Its drafting runs a model once per draft depth (a draft model, EAGLE's head): a shorter draft
     # costs it less, which the controller's cost model assumes until it has measured (`DraftLimits`).
     drafts_per_depth: ClassVar[bool] = False
+    # It cuts each row's draft to the length that row's draft is worth (`draft_sizing`), within the
+    # depth asked: the controller asks for its longest and says what each length costs instead.
+    sizes_own_drafts: bool = False
     params: GenerationParams
     rows: list[RowState]
 

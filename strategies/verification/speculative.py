@@ -48,7 +48,9 @@ class DraftingMethod:
     trees: bool = False  # it drafts trees (several children below a node), not only chains
     greedy_only: bool = False  # off at temperature > 0: those rows decode plainly (Jacobi's fixed point is greedy)
     learns: bool = False  # it learns from every batch it sees (a Lookahead trie), drafting or not
-    start_depth: int | None = None  # chain length without a controller, and its first under one; None: max_depth
+    # Chain length without a controller, and its first under one; None: max_depth. A proposer that sizes
+    # its own drafts is asked for max_depth, and this is the controller's first guess at its usual length.
+    start_depth: int | None = None
 
 
 @dataclass(eq=False)
@@ -131,7 +133,14 @@ class SpeculativeStrategy:
             return run
         if self.controller is not None:
             limits = {
-                name: DraftLimits(d.max_depth, d.max_nodes, d.trees, d.start_depth, d.proposer.drafts_per_depth)
+                name: DraftLimits(
+                    d.max_depth,
+                    d.max_nodes,
+                    d.trees,
+                    d.start_depth,
+                    d.proposer.drafts_per_depth,
+                    d.proposer.sizes_own_drafts,
+                )
                 for name, d in run.live.items()
             }
             self.controller.start_batch(limits, batch_size)
@@ -163,6 +172,7 @@ class SpeculativeStrategy:
             max_nodes=plan.nodes,
             keys=batch.keys,
             states=batch.states if drafter.proposer.wants_hidden_states else None,
+            step_costs=plan.step_costs,
         )
         if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
             self._plain(run, 1)
@@ -331,7 +341,8 @@ class SpeculativeStrategy:
         if not live:
             return Plan(AUTOREGRESSIVE, 0, 0, steps=None)
         d = next(iter(live.values()))
-        return Plan(d.name, d.max_depth if d.start_depth is None else d.start_depth, d.max_nodes)
+        longest = d.start_depth is None or d.proposer.sizes_own_drafts  # one that sizes its own may use all
+        return Plan(d.name, d.max_depth if longest else d.start_depth, d.max_nodes)
 
     def _call(self, run: _Decoding, name: str, fn: Callable[..., object], *args: object) -> bool:
         """Run a proposer callback; on an exception the drafter is off for the batch (a fallback, logged)."""
