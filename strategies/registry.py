@@ -423,10 +423,18 @@ def _mask_predict_refusal(options: StrategyOptions, greedy: bool, logprobs: bool
     return None
 
 
+# Drafting strategies in the order `auto` explores them where nothing tells their costs apart yet:
+# lookups that run no model first, then draft heads, then drafters that run a model per token.
 _SPECS: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
         _decoder(AutoregressiveStrategy, (), lambda o: None, lambda o, models: AutoregressiveStrategy(models.target)),
+        _drafting("prompt_lookup", lambda o: (), lambda o: ExactMatch(), _prompt_lookup, _check_prompt_lookup),
+        _drafting("lookahead", lambda o: (), lambda o: ExactMatch(), _lookahead, _check_lookahead),
+        _drafting("medusa", lambda o: ("heads",), _medusa_rule, _medusa, _check_medusa),
+        _drafting("blockwise", lambda o: ("heads",), _blockwise_rule, _blockwise, _check_blockwise),
+        _drafting("eagle", lambda o: ("eagle",), lambda o: ExactMatch(), _eagle, _check_eagle),
+        _drafting("jacobi", lambda o: (), lambda o: ExactMatch(), _jacobi, _check_jacobi),
         _drafting(
             "speculative",
             lambda o: (_chain_proposer("speculative", o).model,),
@@ -441,12 +449,6 @@ _SPECS: dict[str, StrategySpec] = {
             _chain_drafter("specdec"),
             _check_specdec,
         ),
-        _drafting("prompt_lookup", lambda o: (), lambda o: ExactMatch(), _prompt_lookup, _check_prompt_lookup),
-        _drafting("lookahead", lambda o: (), lambda o: ExactMatch(), _lookahead, _check_lookahead),
-        _drafting("medusa", lambda o: ("heads",), _medusa_rule, _medusa, _check_medusa),
-        _drafting("blockwise", lambda o: ("heads",), _blockwise_rule, _blockwise, _check_blockwise),
-        _drafting("jacobi", lambda o: (), lambda o: ExactMatch(), _jacobi, _check_jacobi),
-        _drafting("eagle", lambda o: ("eagle",), lambda o: ExactMatch(), _eagle, _check_eagle),
         _drafting(
             "self_speculative",
             lambda o: ("exits",),
@@ -518,10 +520,15 @@ def models_needed(options: StrategyOptions) -> set[str]:
 
 
 def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
-    """`strategy.candidates`, or every lossless drafting strategy whose models (`has`) are available."""
+    """`strategy.candidates`, or every lossless drafting strategy whose models (`has`) are available, in
+    `_SPECS` order: cheapest drafting first."""
     if options.candidates:
         return list(options.candidates)
-    return [n for n in drafting() if lossy_reason(n, options) is None and needs_models(n, options) <= has]
+    return [
+        n
+        for n, spec in _SPECS.items()
+        if spec.drafter is not None and lossy_reason(n, options) is None and needs_models(n, options) <= has
+    ]
 
 
 def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> list[str]:

@@ -156,11 +156,11 @@ def test_relaxed_and_typical_modes_refuse_or_run_as_documented(target, tiny_mode
     rows = registry.create(typical, models).generate(_requests(PROMPTS), _params(12)).rows
     assert all(len(r.tokens) == 12 for r in rows)
     assert registry.auto_candidates(StrategyOptions(name="auto"), {"heads"}) == [
-        "blockwise",
-        "jacobi",
+        "prompt_lookup",
         "lookahead",
         "medusa",
-        "prompt_lookup",
+        "blockwise",
+        "jacobi",
     ]
     assert "medusa" not in registry.auto_candidates(typical, {"heads", "draft"})
 

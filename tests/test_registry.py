@@ -95,7 +95,7 @@ def test_auto_refuses_lossy_candidates_unless_the_key_allows_them():
 def test_default_auto_candidates_are_the_lossless_ones_whose_models_exist():
     typical = StrategyOptions(name="auto")
     typical.medusa.acceptance, typical.blockwise.top_k = "typical", 2
-    assert registry.auto_candidates(typical, {"heads"}) == ["jacobi", "lookahead", "prompt_lookup"]
+    assert registry.auto_candidates(typical, {"heads"}) == ["prompt_lookup", "lookahead", "jacobi"]  # cheapest first
 
 
 def test_models_needed_come_from_the_proposer_each_option_picks():
