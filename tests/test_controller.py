@@ -28,6 +28,8 @@ LOOKUP_3_TO_6 = DraftLimits(6, 6, start_depth=3)  # drafts start at 3 tokens and
 
 
 def _controller(limits: DraftLimits = CHAIN_OF_4, **settings) -> AdaptiveController:
+    # Every plan weighs the options again (replan_rows=1): these tests follow the estimates step by step.
+    settings = {"replan_rows": 1, **settings}
     controller = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1, probe_every=1000, **settings))
     controller.start_batch({LOOKUP: limits}, batch_size=2)
     return controller
@@ -672,3 +674,21 @@ def test_a_drafter_that_sizes_its_own_drafts_is_asked_for_its_longest_and_told_w
     fixed.start_batch({LOOKUP: DraftLimits(10, 10, start_depth=3)}, batch_size=1)
     assert (fixed.plan(1).depth, fixed.plan(1).step_costs) == (3, None)  # sized by the controller
 
+
+def test_a_drafting_choice_stands_replan_rows_row_steps_before_the_options_are_weighed_again():
+    c = _controller(smoothing=1.0, time_window=1, replan_rows=8)  # at batch 2: four steps
+    _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
+    _step(c, LOOKUP, 0.010, [1, 1])
+    planned = []
+    for _ in range(4):
+        planned.append(c.plan(2).drafter)
+        c.observe(StepRecord(LOOKUP, 2, 0.013, [4, 4], [0, 0]))  # 0.77 each: it would be switched off at once
+    assert planned == [LOOKUP] * 4
+    assert c.plan(2).drafter == AUTOREGRESSIVE  # weighed again
+    c = _controller(smoothing=1.0, time_window=1, replan_rows=8)
+    _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
+    _step(c, LOOKUP, 0.010, [1, 1])
+    assert c.plan(2).drafter == LOOKUP
+    c.observe(StepRecord(LOOKUP, 2, 0.013, [4, 4], [0, 0]))
+    c.keep_rows([0])  # a row finished: the batch changed, every option is weighed again
+    assert c.plan(1).drafter == AUTOREGRESSIVE

@@ -24,7 +24,8 @@ budget). Updating is one append per step; a query is a few comparisons: no fitti
 
 from __future__ import annotations
 
-import statistics
+import bisect
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -56,9 +57,12 @@ class RecentTime:
 
     @property
     def value(self) -> float:
-        if self.cached is None:
-            limit = self.outlier * statistics.median(self.recent)
-            self.cached = statistics.fmean(x for x in self.recent if x <= limit)
+        if self.cached is None:  # asked every step, over windows of a few hundred: one sort, no generator
+            ordered = sorted(self.recent)
+            mid = len(ordered) // 2
+            median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            kept = ordered[: bisect.bisect_right(ordered, self.outlier * median)]
+            self.cached = math.fsum(kept) / len(kept)
         return self.cached
 
 
