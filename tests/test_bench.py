@@ -94,6 +94,32 @@ def test_bench_times_eagle_with_each_tree_in_one_run(tmp_path, tiny_model_dir, c
     assert "eagle_trees: unknown ['bushy']; use dynamic, static, chain" in capsys.readouterr().err
 
 
+
+def test_bench_times_prompt_lookup_with_each_sizing_in_one_run(tmp_path, tiny_model_dir, capsys):
+    """`lookup_sizings` makes one contender of each draft sizing; both are lossless in float64."""
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a b a b a b a b"}) + "\n")
+    report = tmp_path / "report.json"
+    args = [
+        f"model={tiny_model_dir}",
+        f"prompts={tmp_path / 'prompts.jsonl'}",
+        "num_prompts=1",
+        "dtype=float64",
+        "strategies=[autoregressive,prompt_lookup]",
+        "lookup_sizings=[acceptance,fixed]",
+        "transformers=[]",
+        "batch_sizes=[1]",
+        "max_new_tokens=8",
+        "repeats=1",
+        f"report={report}",
+    ]
+    assert cli(["bench", *args]) == 0
+    rows = {r["contender"]: r for r in json.loads(report.read_text())}
+    sizings = ["prompt_lookup sizing=acceptance", "prompt_lookup sizing=fixed"]
+    assert list(rows) == ["autoregressive", *sizings]
+    assert all(rows[name]["agreement"]["exact_match"] == 1.0 for name in sizings)
+    assert cli(["bench", *args[:-1], "lookup_sizings=[guess]"]) == 2
+    assert "lookup_sizings: unknown ['guess']; use acceptance, fixed" in capsys.readouterr().err
+
 def test_job_input_splits_cycled_prompts_into_shards(tmp_path):
     import pyarrow.parquet as pq
 

@@ -31,7 +31,7 @@ from pipeline.errors import JobError
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
-from strategies.options import DRAFTERS, EAGLE_TREES, StrategyOptions
+from strategies.options import DRAFTERS, EAGLE_TREES, PROMPT_LOOKUP_SIZINGS, StrategyOptions
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
 from workers.model_kinds import KINDS, needed_by
@@ -65,6 +65,11 @@ class _BenchSettings:
         [],
         "With eagle among the strategies: time it with each of these trees (chain, static, dynamic), one contender "
         "each, the other strategy.eagle.* options shared. Empty: strategy.eagle.tree alone.",
+    )
+    lookup_sizings: list[str] = option(
+        [],
+        "With prompt_lookup among the strategies: time it with each of these draft sizings (acceptance, fixed), one "
+        "contender each. Empty: strategy.prompt_lookup.sizing alone.",
     )
     transformers: list[str] = option(
         ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
@@ -276,6 +281,12 @@ class Bench:
                 f"{name} drafter={d}": dataclasses.replace(options, **{name: dataclasses.replace(section, drafter=d)})
                 for d in config.drafters
             }
+        if name == "prompt_lookup" and config.lookup_sizings:
+            section = options.prompt_lookup
+            return {
+                f"{name} sizing={z}": dataclasses.replace(options, prompt_lookup=dataclasses.replace(section, sizing=z))
+                for z in config.lookup_sizings
+            }
         if name == "eagle" and config.eagle_trees:
             return {
                 f"{name} tree={t}": dataclasses.replace(options, eagle=dataclasses.replace(options.eagle, tree=t))
@@ -405,6 +416,9 @@ def main(args: list[str]) -> int:
     if set(config.eagle_trees) - set(EAGLE_TREES):
         unknown_trees = sorted(set(config.eagle_trees) - set(EAGLE_TREES))
         raise JobError(f"eagle_trees: unknown {unknown_trees}; use {', '.join(EAGLE_TREES)}")
+    if set(config.lookup_sizings) - set(PROMPT_LOOKUP_SIZINGS):
+        unknown_sizings = sorted(set(config.lookup_sizings) - set(PROMPT_LOOKUP_SIZINGS))
+        raise JobError(f"lookup_sizings: unknown {unknown_sizings}; use {', '.join(PROMPT_LOOKUP_SIZINGS)}")
     if config.job:
         from jobs.bench import job as bench_job
 
