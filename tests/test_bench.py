@@ -63,26 +63,27 @@ def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, t
     assert all(f"{b:>5}  {c:<28}" in table for b, c in rows)
 
 
+def _one_prompt_bench(tmp_path, model_dir, prompt: str, *keys: str) -> tuple[list[str], Path]:
+    """A bench of one prompt in float64 at batch 1, 8 tokens, one repeat, plus `keys`; and its report's path."""
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": prompt}) + "\n")
+    report = tmp_path / "report.json"
+    args = [f"model={model_dir}", f"prompts={tmp_path / 'prompts.jsonl'}", "num_prompts=1", "dtype=float64", *keys]
+    return [*args, "batch_sizes=[1]", "max_new_tokens=8", "repeats=1", f"report={report}"], report
+
+
 def test_bench_times_eagle_with_each_tree_in_one_run(tmp_path, tiny_model_dir, capsys):
     """`eagle_trees` makes one contender of each tree; every one is lossless in float64."""
     target = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     sha = weights_sha256(tiny_model_dir)
     EagleHead(EagleConfig.of_target(target, target_weights_sha256=sha)).save(tmp_path / "eagle")
-    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n")
-    report = tmp_path / "report.json"
-    args = [
-        f"model={tiny_model_dir}",
+    args, report = _one_prompt_bench(
+        tmp_path,
+        tiny_model_dir,
+        "def add(a, b):",
         f"eagle={tmp_path / 'eagle'}",
-        f"prompts={tmp_path / 'prompts.jsonl'}",
-        "num_prompts=1",
-        "dtype=float64",
         "strategies=[autoregressive,eagle]",
         "eagle_trees=[chain,static,dynamic]",
-        "batch_sizes=[1]",
-        "max_new_tokens=8",
-        "repeats=1",
-        f"report={report}",
-    ]
+    )
     assert cli(["bench", *args]) == 0
     rows = {r["contender"]: r for r in json.loads(report.read_text())}
     trees = ["eagle tree=chain", "eagle tree=static", "eagle tree=dynamic"]
@@ -94,24 +95,16 @@ def test_bench_times_eagle_with_each_tree_in_one_run(tmp_path, tiny_model_dir, c
     assert "eagle_trees: unknown ['bushy']; use dynamic, static, chain" in capsys.readouterr().err
 
 
-
 def test_bench_times_prompt_lookup_with_each_sizing_in_one_run(tmp_path, tiny_model_dir, capsys):
     """`lookup_sizings` makes one contender of each draft sizing; both are lossless in float64."""
-    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a b a b a b a b"}) + "\n")
-    report = tmp_path / "report.json"
-    args = [
-        f"model={tiny_model_dir}",
-        f"prompts={tmp_path / 'prompts.jsonl'}",
-        "num_prompts=1",
-        "dtype=float64",
+    args, report = _one_prompt_bench(
+        tmp_path,
+        tiny_model_dir,
+        "a b a b a b a b",
         "strategies=[autoregressive,prompt_lookup]",
         "lookup_sizings=[acceptance,fixed]",
         "transformers=[]",
-        "batch_sizes=[1]",
-        "max_new_tokens=8",
-        "repeats=1",
-        f"report={report}",
-    ]
+    )
     assert cli(["bench", *args]) == 0
     rows = {r["contender"]: r for r in json.loads(report.read_text())}
     sizings = ["prompt_lookup sizing=acceptance", "prompt_lookup sizing=fixed"]
@@ -119,6 +112,7 @@ def test_bench_times_prompt_lookup_with_each_sizing_in_one_run(tmp_path, tiny_mo
     assert all(rows[name]["agreement"]["exact_match"] == 1.0 for name in sizings)
     assert cli(["bench", *args[:-1], "lookup_sizings=[guess]"]) == 2
     assert "lookup_sizings: unknown ['guess']; use acceptance, fixed" in capsys.readouterr().err
+
 
 def test_job_input_splits_cycled_prompts_into_shards(tmp_path):
     import pyarrow.parquet as pq

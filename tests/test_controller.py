@@ -121,7 +121,6 @@ def test_a_paying_drafter_gives_way_only_to_an_estimate_resting_on_enough_rows()
     assert c.plan(1).drafter == other  # on 608 rows: 1.90 > 1.5 · 1.05
 
 
-
 def test_drafters_are_ranked_on_their_estimates_weighed_by_the_rows_behind_them():
     """Turning speculation on, the drafter chosen is the one whose estimate, shrunk toward 1 by
     n / (n + 64), is best: 1.5x on 500 row steps (1.44) over 1.6x on 8 (1.07)."""
@@ -138,6 +137,7 @@ def test_drafters_are_ranked_on_their_estimates_weighed_by_the_rows_behind_them(
         c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 3 tokens in two plain steps' time: 1.5x
     assert c.speedup(other, 1) == pytest.approx(1.6) and c.speedup(LOOKUP, 1) == pytest.approx(1.5)
     assert c.plan(1).drafter == LOOKUP
+
 
 def test_speculation_comes_on_only_on_fresh_evidence():
     """A drafter's step time is kept against the plain step's when it ran: when the machine slows down
