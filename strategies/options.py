@@ -67,8 +67,8 @@ class PromptLookupOptions:
     sizing: str = field(
         default="acceptance",
         metadata={
-            "help": f"One of {PROMPT_LOOKUP_SIZINGS}. acceptance: each row's draft is cut to the length its kind "
-            "of match (in the row's own output or its prompt, n tokens long) has paid for, up to "
+            "help": f"One of {PROMPT_LOOKUP_SIZINGS}. acceptance: the batch's drafts are cut to the depth their "
+            "kinds of match (in the row's own output or its prompt, n tokens long) have paid for, up to "
             "max_speculative_tokens; fixed: "
             "strategy.num_speculative_tokens, which the controller lengthens where drafts keep being accepted."
         },

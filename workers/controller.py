@@ -614,7 +614,7 @@ class AdaptiveController:
         limits = self.limits[option]
         if not limits.sizes_own:
             return Plan(option, depth, nodes, rows_off=off)
-        # It cuts each row's draft itself: it may go as deep as allowed, and is told what depths cost.
+        # It sizes its drafts itself: it may go as deep as allowed, and is told what depths cost.
         return Plan(option, limits.max_depth, limits.max_nodes, rows_off=off, step_costs=self._step_costs(option, b))
 
     def _step_costs(self, drafter: str, b: int) -> list[float] | None:

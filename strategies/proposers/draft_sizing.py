@@ -1,14 +1,15 @@
-"""Sizing each row's draft by how drafts of its kind have fared, against what a draft costs.
+"""Sizing a batch's drafts by how drafts of their kinds have fared, against what a draft costs.
 
 A lookup drafter knows more about each draft than the controller does: a long match in the row's
 own output (a loop the model has fallen into) is accepted almost always, a one-token match in the
 prompt seldom. So it keeps, per kind of draft, how often the j-th token was accepted when the ones
-before it were, and drafts the length k with the most tokens per unit of time:
+before it were, and drafts the depth k with the most tokens per unit of time:
 
     (1 + P(a >= 1) + ... + P(a >= k)) / cost(k)
 
-where a is the accepted length and cost(k) what a step drafting k tokens costs, in plain steps
-(cost(0) = 1: no draft, the row's share of a plain-width forward). The costs are the controller's
+where a is the accepted length (each P the mean over the batch's rows: every row pays the forward's
+width) and cost(k) what a step drafting k tokens costs, in plain steps (cost(0) = 1: no draft, a
+plain-width forward). The costs are the controller's
 cost model where it has one (`ProposalContext.step_costs`). The controller's chain sizing is the
 same rule with P(a >= j) = alpha^j (`workers.cost_model.best_chain_depth`).
 

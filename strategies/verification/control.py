@@ -36,7 +36,7 @@ class DraftLimits:
     trees: bool = False  # it drafts trees (node budgets double or halve), not chains (depth moves)
     start_depth: int | None = None  # a chain's length before the controller sizes it; None: max_depth
     per_depth: bool = False  # its drafting runs a model once per draft depth (`Proposer.drafts_per_depth`)
-    sizes_own: bool = False  # it cuts each row's draft itself (`Proposer.sizes_own_drafts`): ask for max_depth
+    sizes_own: bool = False  # it sizes its drafts itself (`Proposer.sizes_own_drafts`): ask for max_depth
 
 
 @dataclass

@@ -71,8 +71,8 @@ class Proposer(Generic[RowState]):
     # Its drafting runs a model once per draft depth (a draft model, EAGLE's head): a shorter draft
     # costs it less, which the controller's cost model assumes until it has measured (`DraftLimits`).
     drafts_per_depth: ClassVar[bool] = False
-    # It cuts each row's draft to the length that row's draft is worth (`draft_sizing`), within the
-    # depth asked: the controller asks for its longest and says what each length costs instead.
+    # It cuts the batch's drafts to the depth they are worth (`draft_sizing`), within the depth asked:
+    # the controller asks for its longest and says what each depth costs instead.
     sizes_own_drafts: bool = False
     params: GenerationParams
     rows: list[RowState]
