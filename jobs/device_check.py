@@ -229,10 +229,12 @@ def profile(dry_run: bool) -> dict[str, Any]:
 
     from jobs.bench.decoding import read_prompts
     from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
+    from strategies import registry
     from strategies.base import GenerationParams, RowRequest
-    from strategies.decoders import autoregressive, registry, speculative
+    from strategies.decoders import autoregressive
     from strategies.options import StrategyOptions
     from strategies.runtime.sampling import SamplingParams, row_key
+    from strategies.verification import speculative
     from workers import controller as controller_module
     from workers.model_kinds import KINDS
     from workers.model_loading import load_models

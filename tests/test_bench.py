@@ -192,6 +192,21 @@ def test_device_check_counts_a_junit_report_and_names_each_failure():
     ]
 
 
+def test_device_check_profile_step_runs_on_cpu(tmp_path):
+    """The profile step of `python -m jobs.device_check` (its own process: it wraps the decoding code's
+    functions in profiler labels) runs through on CPU with `--dry-run`, for both strategies."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "profile.json"
+    command = [sys.executable, "-m", "jobs.device_check", f"--profile-only={out}", "--dry-run"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(out.read_text())
+    assert found["device"] == "cpu" and found["autoregressive"]["wall_s"] > 0
+    assert {"plain_steps", "controller"} <= set(found["auto"]["parts"])
+
+
 def test_job_warm_job_shares_the_new_cache_of_the_cold_job_before_it(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
