@@ -710,3 +710,18 @@ def test_a_drafting_choice_stands_replan_rows_row_steps_before_the_options_are_w
     c.observe(StepRecord(LOOKUP, 2, 0.013, [4, 4], [0, 0]))
     c.keep_rows([0])  # a row finished: the batch changed, every option is weighed again
     assert c.plan(1).drafter == AUTOREGRESSIVE
+
+
+def test_a_self_sizing_drafter_is_told_depths_beyond_the_widest_forward_measured_cost_what_that_one_does():
+    """Batch 1: plain steps of 2 ms, forwards of 2.0 and 2.6 ms at widths 1 and 3 only. Extrapolated on
+    that slope a 10-token draft would cost 4.4 ms (2.2 plain steps) and never be tried; told the
+    widest measured forward's cost instead, 1.3, it may draft that deep once and have it measured.
+    Once width 11 is measured (4.0 ms), the costs are recomputed at once: 2.0 for k = 10."""
+    c = AdaptiveController(ControllerSettings(explore_budget=1.0))
+    c.warm_start(
+        Learned(row_time={(AUTOREGRESSIVE, 1): ([0.002], 9)}, forward_time=_kept({(1, 1): 2.0, (1, 3): 2.6}))
+    )
+    c.start_batch({LOOKUP: DraftLimits(10, 10, sizes_own=True)}, batch_size=1)
+    assert c.plan(1).step_costs == pytest.approx([1.15] + [1.3] * 9)
+    c.observe(StepRecord(LOOKUP, 1, 0.004, [10], [10], width=11, forward_s=0.004))
+    assert c.plan(1).step_costs[-1] == pytest.approx(2.0)

@@ -198,7 +198,7 @@ class AdaptiveController:
         self.exploring_s = 0.0  # time of such steps
         self.decode_s = 0.0  # time of all steps
         self.best_cases: dict[tuple[str, int], tuple[int, tuple, float | None]] = {}  # step, basis, best case
-        self.step_costs: dict[tuple[str, int], tuple[int, list[float]]] = {}  # step, `_step_costs`
+        self.step_costs: dict[tuple[str, int], tuple[int, tuple, list[float]]] = {}  # step, widths, `_step_costs`
         self.hopeless: set[tuple[str, int]] = set()  # (drafter, bucket) whose best case loses, told in an event
         self.standing: tuple[int, int] | None = None  # (batch size, step) until which the current drafter stands
 
@@ -619,16 +619,23 @@ class AdaptiveController:
 
     def _step_costs(self, drafter: str, b: int) -> list[float] | None:
         """A step of `drafter` drafting k = 1..max_depth tokens over a plain step at bucket `b`, by the
-        cost model; None where it does not cover `b` or plain steps have not run there. Kept
-        `BEST_CASE_STEPS` steps, as `best_case` is: asked every step, they move slowly."""
+        cost model; None where it does not cover `b` or plain steps have not run there. Beyond the widest
+        forward measured there, as dear as that one: the optimistic side, so that a drafter whose drafts
+        would pay deeper drafts once and the model measures that width (extrapolated from a narrow
+        curve's slope, a deep draft looked too dear ever to be tried). Kept `BEST_CASE_STEPS` steps, as
+        `best_case` is, unless a width is measured there for the first time: asked every step, they
+        move slowly."""
+        widths = tuple(self.forward.widths(b))
         kept = self.step_costs.get((drafter, b))
-        if kept is not None and self.step - kept[0] < BEST_CASE_STEPS:
-            return kept[1]
+        if kept is not None and kept[1] == widths and self.step - kept[0] < BEST_CASE_STEPS:
+            return kept[2]
         plain = self.row_time.get((AUTOREGRESSIVE, b))
-        steps = [self._step_row_s(drafter, b, 1 + k) for k in range(1, self.limits[drafter].max_depth + 1)]
+        widest = max(widths, default=1)
+        depths = range(1, self.limits[drafter].max_depth + 1)
+        steps = [self._step_row_s(drafter, b, min(1 + k, max(widest, 2))) for k in depths]
         costs = [step / plain.value for step in steps] if plain and plain.value > 0 and None not in steps else None
         if costs is not None:
-            self.step_costs[(drafter, b)] = (self.step, costs)
+            self.step_costs[(drafter, b)] = (self.step, widths, costs)
         return costs
 
     def _resize(self, record: StepRecord) -> None:
