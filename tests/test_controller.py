@@ -718,9 +718,7 @@ def test_a_self_sizing_drafter_is_told_depths_beyond_the_widest_forward_measured
     widest measured forward's cost instead, 1.3, it may draft that deep once and have it measured.
     Once width 11 is measured (4.0 ms), the costs are recomputed at once: 2.0 for k = 10."""
     c = AdaptiveController(ControllerSettings(explore_budget=1.0))
-    c.warm_start(
-        Learned(row_time={(AUTOREGRESSIVE, 1): ([0.002], 9)}, forward_time=_kept({(1, 1): 2.0, (1, 3): 2.6}))
-    )
+    c.warm_start(Learned(row_time={(AUTOREGRESSIVE, 1): ([0.002], 9)}, forward_time=_kept({(1, 1): 2.0, (1, 3): 2.6})))
     c.start_batch({LOOKUP: DraftLimits(10, 10, sizes_own=True)}, batch_size=1)
     assert c.plan(1).step_costs == pytest.approx([1.15] + [1.3] * 9)
     c.observe(StepRecord(LOOKUP, 1, 0.004, [10], [10], width=11, forward_s=0.004))
