@@ -197,8 +197,9 @@ class AdaptiveController:
         self.exploring: str | None = None  # a drafter planned for a step that explores it
         self.exploring_s = 0.0  # time of such steps
         self.decode_s = 0.0  # time of all steps
-        self.best_cases: dict[tuple[str, int], tuple[int, tuple, float | None]] = {}  # step, basis, best case
-        self.step_costs: dict[tuple[str, int], tuple[int, tuple, list[float]]] = {}  # step, widths, `_step_costs`
+        # (drafter, bucket) -> step, basis and value (`_kept`) of `best_case` and `_step_costs`
+        self.best_cases: dict[tuple[str, int], tuple[int, tuple, float]] = {}
+        self.step_costs: dict[tuple[str, int], tuple[int, tuple, list[float]]] = {}
         self.hopeless: set[tuple[str, int]] = set()  # (drafter, bucket) whose best case loses, told in an event
         self.standing: tuple[int, int] | None = None  # (batch size, step) until which the current drafter stands
 
@@ -435,19 +436,29 @@ class AdaptiveController:
         the cost model does not cover `b`, or plain steps have not run there. Kept `BEST_CASE_STEPS`
         steps unless what it rests on changes in kind (a width measured there, the drafter's host time
         known): it moves slowly with the times, and every drafter's is asked every step."""
-        widths = tuple(self.forward.widths(b))
-        basis = (widths, self._host_points(drafter, b) is None)
-        kept = self.best_cases.get((drafter, b))
-        if kept is not None and kept[2] is not None and kept[1] == basis and self.step - kept[0] < BEST_CASE_STEPS:
-            return kept[2]
+        return self._kept(self.best_cases, drafter, b, lambda: self._best_case(drafter, b))
+
+    def _best_case(self, drafter: str, b: int) -> float | None:
         plain = self.row_time.get((AUTOREGRESSIVE, b))
-        best = None
-        if plain is not None and widths:
-            corners = set(widths) | set(self._host_points(drafter, b) or ())  # both costs are piecewise linear
-            depths = segment_ends(sorted(corners), self.limits[drafter].max_depth)
-            best = best_case_speedup(depths, plain.value, lambda k: self._step_row_s(drafter, b, 1 + k))
-        self.best_cases[(drafter, b)] = (self.step, basis, best)
-        return best
+        widths = self.forward.widths(b)
+        if plain is None or not widths:
+            return None
+        corners = set(widths) | set(self._host_points(drafter, b) or ())  # both costs are piecewise linear
+        depths = segment_ends(sorted(corners), self.limits[drafter].max_depth)
+        return best_case_speedup(depths, plain.value, lambda k: self._step_row_s(drafter, b, 1 + k))
+
+    def _kept(self, cache: dict, drafter: str, b: int, compute: Callable[[], Any]) -> Any:
+        """`compute()` for `drafter` at bucket `b`, kept in `cache` `BEST_CASE_STEPS` steps unless what the
+        cost model rests on there changes in kind (a width measured for the first time, the drafter's host
+        time known). None is not kept."""
+        basis = (tuple(self.forward.widths(b)), self._host_points(drafter, b) is None)
+        kept = cache.get((drafter, b))
+        if kept is not None and kept[1] == basis and self.step - kept[0] < BEST_CASE_STEPS:
+            return kept[2]
+        value = compute()
+        if value is not None:
+            cache[(drafter, b)] = (self.step, basis, value)
+        return value
 
     def _may_pay(self, drafter: str, b: int) -> bool:
         """Whether `drafter` may be planned at bucket `b`: not when even its best case would not switch
@@ -622,21 +633,15 @@ class AdaptiveController:
         cost model; None where it does not cover `b` or plain steps have not run there. Beyond the widest
         forward measured there, as dear as that one: the optimistic side, so that a drafter whose drafts
         would pay deeper drafts once and the model measures that width (extrapolated from a narrow
-        curve's slope, a deep draft looked too dear ever to be tried). Kept `BEST_CASE_STEPS` steps, as
-        `best_case` is, unless a width is measured there for the first time: asked every step, they
-        move slowly."""
-        widths = tuple(self.forward.widths(b))
-        kept = self.step_costs.get((drafter, b))
-        if kept is not None and kept[1] == widths and self.step - kept[0] < BEST_CASE_STEPS:
-            return kept[2]
+        curve's slope, a deep draft looked too dear ever to be tried). Kept as `best_case` is."""
+        return self._kept(self.step_costs, drafter, b, lambda: self._modelled_step_costs(drafter, b))
+
+    def _modelled_step_costs(self, drafter: str, b: int) -> list[float] | None:
         plain = self.row_time.get((AUTOREGRESSIVE, b))
-        widest = max(widths, default=1)
+        widest = max(self.forward.widths(b), default=1)
         depths = range(1, self.limits[drafter].max_depth + 1)
         steps = [self._step_row_s(drafter, b, min(1 + k, max(widest, 2))) for k in depths]
-        costs = [step / plain.value for step in steps] if plain and plain.value > 0 and None not in steps else None
-        if costs is not None:
-            self.step_costs[(drafter, b)] = (self.step, widths, costs)
-        return costs
+        return [step / plain.value for step in steps] if plain and plain.value > 0 and None not in steps else None
 
     def _resize(self, record: StepRecord) -> None:
         """Size drafts on the last `resize_rows` drafted row steps (one step at batch 1 is one row's luck)."""
