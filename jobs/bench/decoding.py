@@ -111,6 +111,27 @@ class _BenchSettings:
     )
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """A bench key listing values of one strategy option: each value makes a contender of each strategy
+    it names, labelled "<strategy> <label>=<value>"."""
+
+    key: str  # the bench's list of values
+    strategies: tuple[str, ...]
+    section: str | None  # the option's section, `strategy.<section>`; None: the strategy's own
+    field: str
+    label: str
+    allowed: tuple[str, ...] | None = None  # None: any value the option takes
+
+
+SWEEPS = (
+    Sweep("mask_predict_iterations", (registry.MASK_PREDICT,), "mask_predict", "iterations", "T"),
+    Sweep("drafters", ("speculative", "specdec"), None, "drafter", "drafter", DRAFTERS),
+    Sweep("lookup_sizings", ("prompt_lookup",), "prompt_lookup", "sizing", "sizing", PROMPT_LOOKUP_SIZINGS),
+    Sweep("eagle_trees", ("eagle",), "eagle", "tree", "tree", EAGLE_TREES),
+)
+
+
 def _bench_config() -> type:
     """The bench's keys: its settings, then one key per optional model kind (`workers/model_kinds.py`),
     the shipped family's by default, as the job's `model.<kind>`."""
@@ -264,34 +285,19 @@ class Bench:
         return found
 
     def variants(self, name: str) -> dict[str, StrategyOptions]:
-        """The contenders strategy `name` stands for, by label: one per swept setting (passes T, drafters,
-        EAGLE trees), or itself, each with the config's `strategy.*` options."""
-        config = self.config
-        options = dataclasses.replace(config.strategy, name=name)
-        if name == registry.MASK_PREDICT and config.mask_predict_iterations:
-            return {
-                f"{name} T={t}": dataclasses.replace(
-                    options, mask_predict=dataclasses.replace(options.mask_predict, iterations=t)
-                )
-                for t in config.mask_predict_iterations
-            }
-        if name in ("speculative", "specdec") and config.drafters:
-            section = getattr(options, name)
-            return {
-                f"{name} drafter={d}": dataclasses.replace(options, **{name: dataclasses.replace(section, drafter=d)})
-                for d in config.drafters
-            }
-        if name == "prompt_lookup" and config.lookup_sizings:
-            section = options.prompt_lookup
-            return {
-                f"{name} sizing={z}": dataclasses.replace(options, prompt_lookup=dataclasses.replace(section, sizing=z))
-                for z in config.lookup_sizings
-            }
-        if name == "eagle" and config.eagle_trees:
-            return {
-                f"{name} tree={t}": dataclasses.replace(options, eagle=dataclasses.replace(options.eagle, tree=t))
-                for t in config.eagle_trees
-            }
+        """The contenders strategy `name` stands for, by label: one per value of a sweep that names it
+        (`SWEEPS`), or itself, each with the config's `strategy.*` options."""
+        options = dataclasses.replace(self.config.strategy, name=name)
+        for sweep in SWEEPS:
+            values = getattr(self.config, sweep.key)
+            if name in sweep.strategies and values:
+                section = sweep.section or name
+                return {
+                    f"{name} {sweep.label}={v}": dataclasses.replace(
+                        options, **{section: dataclasses.replace(getattr(options, section), **{sweep.field: v})}
+                    )
+                    for v in values
+                }
         return {name: options}
 
     def greedy(self, batches: list[list[list[int]]]) -> list[list[int]]:
@@ -411,14 +417,10 @@ def main(args: list[str]) -> int:
     unknown = sorted(set(config.strategies) - set(registry.available()))
     if unknown:
         raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
-    if set(config.drafters) - set(DRAFTERS):
-        raise JobError(f"drafters: unknown {sorted(set(config.drafters) - set(DRAFTERS))}; use {', '.join(DRAFTERS)}")
-    if set(config.eagle_trees) - set(EAGLE_TREES):
-        unknown_trees = sorted(set(config.eagle_trees) - set(EAGLE_TREES))
-        raise JobError(f"eagle_trees: unknown {unknown_trees}; use {', '.join(EAGLE_TREES)}")
-    if set(config.lookup_sizings) - set(PROMPT_LOOKUP_SIZINGS):
-        unknown_sizings = sorted(set(config.lookup_sizings) - set(PROMPT_LOOKUP_SIZINGS))
-        raise JobError(f"lookup_sizings: unknown {unknown_sizings}; use {', '.join(PROMPT_LOOKUP_SIZINGS)}")
+    for sweep in (s for s in SWEEPS if s.allowed is not None):
+        unknown_values = sorted(set(getattr(config, sweep.key)) - set(sweep.allowed))
+        if unknown_values:
+            raise JobError(f"{sweep.key}: unknown {unknown_values}; use {', '.join(sweep.allowed)}")
     if config.job:
         from jobs.bench import job as bench_job
 
