@@ -114,8 +114,8 @@ class ControllerSettings:
     # steps it was measured over, n / (n + evidence_rows): a few steps of one prompt are its luck.
     evidence_rows: int = 64
     # A drafting choice stands this many row steps (at batch 1, 8 steps) before every option is weighed
-    # again: the estimates move over hundreds of row steps, and weighing eight drafters' costs some 0.3 ms,
-    # a seventh of a plain step at batch 1.
+    # again: the estimates move over hundreds of row steps, and weighing eight drafters costs some 0.2 ms,
+    # a tenth of a plain step at batch 1.
     replan_rows: int = 8
 
 
