@@ -114,6 +114,24 @@ def test_bench_times_prompt_lookup_with_each_sizing_in_one_run(tmp_path, tiny_mo
     assert "lookup_sizings: unknown ['guess']; use acceptance, fixed" in capsys.readouterr().err
 
 
+def test_bench_times_lookahead_with_each_tree_budget(tmp_path, tiny_model_dir):
+    """`lookahead_nodes` makes one contender of each tree budget, each drafting within it, lossless in float64."""
+    args, report = _one_prompt_bench(
+        tmp_path,
+        tiny_model_dir,
+        "a b a b a b a b",
+        "strategies=[autoregressive,lookahead]",
+        "lookahead_nodes=[1,4]",
+        "transformers=[]",
+    )
+    assert cli(["bench", *args]) == 0
+    rows = {r["contender"]: r for r in json.loads(report.read_text())}
+    budgets = ["lookahead nodes=1", "lookahead nodes=4"]
+    assert list(rows) == ["autoregressive", *budgets]
+    assert all(rows[name]["agreement"]["exact_match"] == 1.0 for name in budgets)
+    assert rows["lookahead nodes=1"]["tau"] <= 2.0  # one node: at most one draft token a step
+
+
 def test_job_input_splits_cycled_prompts_into_shards(tmp_path):
     import pyarrow.parquet as pq
 

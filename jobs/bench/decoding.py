@@ -71,6 +71,11 @@ class _BenchSettings:
         "With prompt_lookup among the strategies: time it with each of these draft sizings (acceptance, fixed), one "
         "contender each. Empty: strategy.prompt_lookup.sizing alone.",
     )
+    lookahead_nodes: list[int] = option(
+        [],
+        "With lookahead among the strategies: time it with each of these tree budgets (its decoding_length), one "
+        "contender each. Empty: strategy.lookahead.decoding_length alone.",
+    )
     transformers: list[str] = option(
         ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
     )
@@ -129,6 +134,7 @@ SWEEPS = (
     Sweep("drafters", ("speculative", "specdec"), None, "drafter", "drafter", DRAFTERS),
     Sweep("lookup_sizings", ("prompt_lookup",), "prompt_lookup", "sizing", "sizing", PROMPT_LOOKUP_SIZINGS),
     Sweep("eagle_trees", ("eagle",), "eagle", "tree", "tree", EAGLE_TREES),
+    Sweep("lookahead_nodes", ("lookahead",), "lookahead", "decoding_length", "nodes"),
 )
 
 
