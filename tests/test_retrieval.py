@@ -76,6 +76,20 @@ def test_lookahead_retrieves_the_longest_suffix_first():
     assert proposer.propose(ProposalContext(num_generated=[3], budgets=[2], max_nodes=1, keys=keys))[0].tokens == []
 
 
+def test_lookahead_reports_the_counting_a_row_needs_once_as_setup_not_as_its_steps_cost():
+    """A row's prompt is counted at its first proposal: that time is `setup_s`, which the loop leaves out
+    of the step the controller measures, as it does a start. A proposal with nothing new to count has none."""
+    proposer = LookaheadProposer(decoding_length=4, branch_length=2, max_query_length=2)
+    proposer.start([list(range(2, 400))], None, None)
+    keys = torch.zeros(1, dtype=torch.long)
+    context = ProposalContext(num_generated=[1], budgets=[2], max_nodes=4, keys=keys)
+    proposer.propose(context)
+    assert proposer.setup_s > 0.0 and proposer.trie.num_nodes > 0
+    proposer.emitted([[5]], None)
+    proposer.propose(context)
+    assert proposer.setup_s == 0.0
+
+
 def test_lookahead_counts_nothing_until_it_proposes_and_then_what_an_eager_count_would_hold():
     """Prompts and finished outputs are counted at the next proposal: a batch decoded with Lookahead off
     costs no trie work, and the proposal after it reads the counts made at once would have left."""

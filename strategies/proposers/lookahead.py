@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -212,6 +213,8 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
         )
 
     def propose(self, context: ProposalContext) -> list[Draft]:
+        began = time.perf_counter()
+        counting = bool(self.pending) or not all(row.prompt_counted for row in self.rows)
         while self.pending:
             output = self.pending.popleft()
             self.trie.insert(output, range(len(output)))
@@ -220,6 +223,7 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
             if not row.prompt_counted:
                 self.trie.insert(row.context[: row.prompt_length], range(row.prompt_length), row=row.trie_row)
                 row.prompt_counted = True
+        self.setup_s = time.perf_counter() - began if counting else 0.0  # once per row: outputs, prompts
         for row in self.rows:
             self._count_outputs(row)
         nodes = min(self.decoding_length, context.max_nodes)

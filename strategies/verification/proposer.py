@@ -74,6 +74,9 @@ class Proposer(Generic[RowState]):
     # It cuts the batch's drafts to the depth they are worth (`draft_sizing`), within the depth asked:
     # the controller asks for its longest and says what each depth costs instead.
     sizes_own_drafts: bool = False
+    # Seconds of its last `propose` spent on work done once per row, as `start`'s is (Lookahead counts a
+    # row's prompt at the row's first proposal): left out of the step's time the controller measures.
+    setup_s: float = 0.0
     params: GenerationParams
     rows: list[RowState]
 

@@ -178,6 +178,7 @@ class SpeculativeStrategy:
             self._plain(run, 1)
             return
         drafts = self._drafts(run, drafter, context)
+        began += drafter.proposer.setup_s  # once per row, as a start is
         if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
             self._plain(run, 1, billed_to=drafter.name, overhead_s=time.perf_counter() - began)
             return
