@@ -607,6 +607,35 @@ def test_a_cold_controller_explores_within_its_budget_and_cheapest_first():
     assert {d for d, b in planned if b == 1} == {AUTOREGRESSIVE, *SCRIPTED}  # at batch 1, all explored
 
 
+def test_a_first_step_that_pays_for_one_time_work_does_not_rule_a_drafter_out_before_it_is_explored():
+    """Batch 1, plain steps and 1-wide forwards of 2 ms, a 5-wide forward of 2.5 ms. A chain drafter's
+    first step spends 20 ms besides its forward (Lookahead counting a prompt): on that step alone its
+    best case (5 tokens for 22.5 ms) loses, but the forward alone lets it pay (5 tokens for 2.5 ms),
+    so it is explored to `explore_rows` row steps; at 0.2 ms of host time a step after that, it pays
+    and is chosen. With `explore_rows` of 1 its first step is all its exploration, and it is ruled out."""
+
+    def run(settings: ControllerSettings) -> list[str]:
+        c = AdaptiveController(settings)
+        c.warm_start(
+            Learned(row_time={(AUTOREGRESSIVE, 1): ([0.002], 9)}, forward_time=_kept({(1, 1): 2.0, (1, 5): 2.5}))
+        )
+        c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
+        planned = []
+        for _ in range(60):
+            plan = c.plan(1)
+            planned.append(plan.drafter)
+            if plan.drafter == AUTOREGRESSIVE:
+                c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.002, [0], [0], 1, 0.002))
+            else:
+                host = 0.020 if planned.count(LOOKUP) == 1 else 0.0002
+                c.observe(StepRecord(LOOKUP, 1, 0.0025 + host, [4], [4], 5, 0.0025))
+        return planned
+
+    explored = run(ControllerSettings(explore_budget=1.0))
+    assert explored[:8] == [LOOKUP] * 8 and explored[-10:] == [LOOKUP] * 10
+    assert run(ControllerSettings(explore_budget=1.0, explore_rows=1, explore_steps=1)).count(LOOKUP) == 1
+
+
 def test_a_step_wider_than_any_run_counts_against_the_budget_as_forwards_of_the_widest_side_by_side():
     """Batch 1, plain steps of 2.5 ms and a 5-wide forward of 3.25 ms known; a tree of 16 nodes, never
     run, asks for a 17-wide step. It counts as four 5-wide forwards, 13 ms (the model's extrapolation

@@ -67,6 +67,7 @@ with it: a switch still needs a fresh measurement of its drafter.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable
@@ -113,9 +114,9 @@ class ControllerSettings:
     # A drafter that pays gives way to another only on that one's estimate shrunk toward 1 by the row
     # steps it was measured over, n / (n + evidence_rows): a few steps of one prompt are its luck.
     evidence_rows: int = 64
-    # A drafting choice stands this many row steps (at batch 1, 8 steps) before every option is weighed
-    # again: the estimates move over hundreds of row steps, and weighing eight drafters costs some 0.2 ms,
-    # a tenth of a plain step at batch 1.
+    # A drafting choice and its draft sizes stand this many row steps (at batch 1, 8 steps) before every
+    # option is weighed again: the estimates move over hundreds of row steps, and weighing eight drafters
+    # costs some 0.2 ms, a tenth of a plain step at batch 1 (sizing one again, some 0.1 ms).
     replan_rows: int = 8
 
 
@@ -201,7 +202,8 @@ class AdaptiveController:
         self.best_cases: dict[tuple[str, int], tuple[int, tuple, float]] = {}
         self.step_costs: dict[tuple[str, int], tuple[int, tuple, list[float]]] = {}
         self.hopeless: set[tuple[str, int]] = set()  # (drafter, bucket) whose best case loses, told in an event
-        self.standing: tuple[int, int] | None = None  # (batch size, step) until which the current drafter stands
+        # (batch size, step, plan): the current drafter's plan stands until that step at that batch size
+        self.standing: tuple[int, int, Plan] | None = None
 
     # -- the Controller protocol ---------------------------------------------------------------
 
@@ -225,7 +227,8 @@ class AdaptiveController:
     def plan(self, batch_size: int) -> Plan:
         b = bucket(batch_size)
         if self.standing is not None and self.standing[0] == batch_size and self.step < self.standing[1]:
-            return self._plan_for(self.current, b)
+            # Its sizes too: weighing them again costs about what weighing the options does (0.1 ms).
+            return dataclasses.replace(self.standing[2], rows_off=self._rows_off())
         self.standing = None
         options = [AUTOREGRESSIVE, *(o for o in self.limits if o not in self.failed and self._may_pay(o, b))]
         if self.current not in options:
@@ -252,7 +255,7 @@ class AdaptiveController:
         self._choose(options, b)
         plan = self._plan_for(self.current, b)
         if self.current != AUTOREGRESSIVE:
-            self.standing = (batch_size, self.step + self.settings.replan_rows // batch_size)
+            self.standing = (batch_size, self.step + self.settings.replan_rows // batch_size, plan)
         else:
             # Nothing changes the choice before the next probe or exploration: plain steps run until then unasked.
             waits = [self.probe_wait(o, b) - self._since(o) for o in options[1:] if o not in unexplored]
@@ -425,10 +428,14 @@ class AdaptiveController:
         if option == AUTOREGRESSIVE:
             times = self.row_time.get((option, b))
             return times is None or times.count < s.explore_steps
-        steps, rows = self.measured.get(option, (0, 0))
+        return not self._measured_enough(option) or self.speedup(option, b) is None
+
+    def _measured_enough(self, drafter: str) -> bool:
+        """Whether `drafter` has run the steps and row steps that exploring asks for, anywhere."""
+        s = self.settings
+        steps, rows = self.measured.get(drafter, (0, 0))
         # At a large batch one step holds the row steps of several: it is enough on its own.
-        enough = rows >= s.explore_rows and (steps >= s.explore_steps or rows >= s.explore_steps * s.explore_rows)
-        return not enough or self.speedup(option, b) is None
+        return rows >= s.explore_rows and (steps >= s.explore_steps or rows >= s.explore_steps * s.explore_rows)
 
     def best_case(self, drafter: str, b: int) -> float | None:
         """The speed-up of `drafter` at bucket `b` if it drafted right every time, by the cost model: its
@@ -438,14 +445,21 @@ class AdaptiveController:
         known): it moves slowly with the times, and every drafter's is asked every step."""
         return self._kept(self.best_cases, drafter, b, lambda: self._best_case(drafter, b))
 
-    def _best_case(self, drafter: str, b: int) -> float | None:
+    def _best_case(self, drafter: str, b: int, with_host: bool = True) -> float | None:
+        """`best_case`, uncached; `with_host=False`: the forward's cost alone."""
         plain = self.row_time.get((AUTOREGRESSIVE, b))
         widths = self.forward.widths(b)
         if plain is None or not widths:
             return None
-        corners = set(widths) | set(self._host_points(drafter, b) or ())  # both costs are piecewise linear
+        host = self._host_points(drafter, b) if with_host else None
+        corners = set(widths) | set(host or ())  # both costs are piecewise linear
         depths = segment_ends(sorted(corners), self.limits[drafter].max_depth)
-        return best_case_speedup(depths, plain.value, lambda k: self._step_row_s(drafter, b, 1 + k))
+        step = (
+            (lambda k: self._step_row_s(drafter, b, 1 + k))
+            if with_host
+            else lambda k: self.forward.row_seconds(b, 1 + k)
+        )
+        return best_case_speedup(depths, plain.value, step)
 
     def _kept(self, cache: dict, drafter: str, b: int, compute: Callable[[], Any]) -> Any:
         """`compute()` for `drafter` at bucket `b`, kept in `cache` `BEST_CASE_STEPS` steps unless what the
@@ -463,8 +477,13 @@ class AdaptiveController:
     def _may_pay(self, drafter: str, b: int) -> bool:
         """Whether `drafter` may be planned at bucket `b`: not when even its best case would not switch
         speculation on (said once per bucket, in an event)."""
-        best = self.best_case(drafter, b)
-        if best is None or best > 1 + self.settings.hysteresis:
+        best, h = self.best_case(drafter, b), self.settings.hysteresis
+        if best is None or best > 1 + h:
+            return True
+        if not self._measured_enough(drafter) and (self._best_case(drafter, b, with_host=False) or 0) > 1 + h:
+            # Only its own host time rules it out, measured on a step or two, and a first one pays for
+            # one-time work (Lookahead counts a row's prompt at its first proposal: traced, 0.18x from one
+            # step at batch 1, which kept it out for passes): it is explored in full first.
             return True
         if (drafter, b) not in self.hopeless:
             self.hopeless.add((drafter, b))
@@ -619,7 +638,7 @@ class AdaptiveController:
         self.exploring = option if exploring else None
         if option == AUTOREGRESSIVE:
             return Plan(AUTOREGRESSIVE, 0, 0)
-        off = {b for b, row in enumerate(self.rows) if row.off_until > self.step + 1}
+        off = self._rows_off()
         depth, nodes = self.draft_size(option, b)
         self.planned_nodes[option] = nodes
         limits = self.limits[option]
@@ -627,6 +646,10 @@ class AdaptiveController:
             return Plan(option, depth, nodes, rows_off=off)
         # It sizes its drafts itself: it may go as deep as allowed, and is told what depths cost.
         return Plan(option, limits.max_depth, limits.max_nodes, rows_off=off, step_costs=self._step_costs(option, b))
+
+    def _rows_off(self) -> set[int]:
+        """Batch rows whose drafts were rejected `row_patience` times running, cooling down."""
+        return {b for b, row in enumerate(self.rows) if row.off_until > self.step + 1}
 
     def _step_costs(self, drafter: str, b: int) -> list[float] | None:
         """A step of `drafter` drafting k = 1..max_depth tokens over a plain step at bucket `b`, by the
