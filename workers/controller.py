@@ -476,7 +476,8 @@ class AdaptiveController:
 
     def _may_pay(self, drafter: str, b: int) -> bool:
         """Whether `drafter` may be planned at bucket `b`: not when even its best case would not switch
-        speculation on (said once per bucket, in an event)."""
+        speculation on (said once per bucket, in an event), by the forward's cost, or by its own host time
+        once that rests on a full exploration."""
         best, h = self.best_case(drafter, b), self.settings.hysteresis
         if best is None or best > 1 + h:
             return True
