@@ -95,41 +95,38 @@ def test_bench_times_eagle_with_each_tree_in_one_run(tmp_path, tiny_model_dir, c
     assert "eagle_trees: unknown ['bushy']; use dynamic, static, chain" in capsys.readouterr().err
 
 
-def test_bench_times_prompt_lookup_with_each_sizing_in_one_run(tmp_path, tiny_model_dir, capsys):
-    """`lookup_sizings` makes one contender of each draft sizing; both are lossless in float64."""
+@pytest.mark.parametrize(
+    ("strategy", "sweep", "values"),
+    [
+        ("prompt_lookup", "lookup_sizings", ["sizing=acceptance", "sizing=fixed"]),
+        ("lookahead", "lookahead_nodes", ["nodes=1", "nodes=4"]),
+    ],
+)
+def test_bench_times_a_swept_option_as_one_contender_per_value(tmp_path, tiny_model_dir, strategy, sweep, values):
+    """A sweep key (prompt lookup's draft sizings, Lookahead's tree budgets) makes one contender of each
+    value, each lossless in float64."""
+    listed = ",".join(value.split("=")[1] for value in values)
     args, report = _one_prompt_bench(
         tmp_path,
         tiny_model_dir,
         "a b a b a b a b",
-        "strategies=[autoregressive,prompt_lookup]",
-        "lookup_sizings=[acceptance,fixed]",
+        f"strategies=[autoregressive,{strategy}]",
+        f"{sweep}=[{listed}]",
         "transformers=[]",
     )
     assert cli(["bench", *args]) == 0
     rows = {r["contender"]: r for r in json.loads(report.read_text())}
-    sizings = ["prompt_lookup sizing=acceptance", "prompt_lookup sizing=fixed"]
-    assert list(rows) == ["autoregressive", *sizings]
-    assert all(rows[name]["agreement"]["exact_match"] == 1.0 for name in sizings)
-    assert cli(["bench", *args[:-1], "lookup_sizings=[guess]"]) == 2
+    labels = [f"{strategy} {value}" for value in values]
+    assert list(rows) == ["autoregressive", *labels]
+    assert all(rows[label]["agreement"]["exact_match"] == 1.0 for label in labels)
+    if strategy == "lookahead":
+        assert rows["lookahead nodes=1"]["tau"] <= 2.0  # one node: at most one draft token a step
+
+
+def test_bench_refuses_a_sweep_value_the_option_does_not_take(tmp_path, tiny_model_dir, capsys):
+    args, _ = _one_prompt_bench(tmp_path, tiny_model_dir, "a b", "strategies=[prompt_lookup]", "lookup_sizings=[guess]")
+    assert cli(["bench", *args]) == 2
     assert "lookup_sizings: unknown ['guess']; use acceptance, fixed" in capsys.readouterr().err
-
-
-def test_bench_times_lookahead_with_each_tree_budget(tmp_path, tiny_model_dir):
-    """`lookahead_nodes` makes one contender of each tree budget, each drafting within it, lossless in float64."""
-    args, report = _one_prompt_bench(
-        tmp_path,
-        tiny_model_dir,
-        "a b a b a b a b",
-        "strategies=[autoregressive,lookahead]",
-        "lookahead_nodes=[1,4]",
-        "transformers=[]",
-    )
-    assert cli(["bench", *args]) == 0
-    rows = {r["contender"]: r for r in json.loads(report.read_text())}
-    budgets = ["lookahead nodes=1", "lookahead nodes=4"]
-    assert list(rows) == ["autoregressive", *budgets]
-    assert all(rows[name]["agreement"]["exact_match"] == 1.0 for name in budgets)
-    assert rows["lookahead nodes=1"]["tau"] <= 2.0  # one node: at most one draft token a step
 
 
 def test_job_input_splits_cycled_prompts_into_shards(tmp_path):
