@@ -123,6 +123,28 @@ def test_bench_times_a_swept_option_as_one_contender_per_value(tmp_path, tiny_mo
         assert rows["lookahead nodes=1"]["tau"] <= 2.0  # one node: at most one draft token a step
 
 
+def test_bench_keeps_one_controller_per_contender_so_variants_of_a_strategy_learn_apart(tiny_model_dir, tmp_path):
+    """Lookahead under its controller at two tree budgets (a sweep's contenders) learns apart."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from jobs.bench.decoding import Bench, BenchConfig
+
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a b a b"}) + "\n")
+    keys = [f"model={tiny_model_dir}", f"prompts={tmp_path / 'prompts.jsonl'}", "strategies=[lookahead]"]
+    config = OmegaConf.merge(
+        OmegaConf.structured(BenchConfig), OmegaConf.from_dotlist([*keys, "strategy.adaptive=true"])
+    )
+    bench = Bench(OmegaConf.to_object(config))
+    wide = dataclasses.replace(bench.config.strategy, name="lookahead")
+    narrow = dataclasses.replace(wide, lookahead=dataclasses.replace(wide.lookahead, decoding_length=4))
+    first, again = bench.fresh(wide, 1), bench.fresh(wide, 1)
+    assert first.controller is again.controller  # one contender's passes share what it learned
+    assert bench.fresh(narrow, 1).controller is not first.controller
+    assert bench.fresh(wide, 8).controller is not first.controller
+
+
 def test_bench_refuses_a_sweep_value_the_option_does_not_take(tmp_path, tiny_model_dir, capsys):
     args, _ = _one_prompt_bench(tmp_path, tiny_model_dir, "a b", "strategies=[prompt_lookup]", "lookup_sizings=[guess]")
     assert cli(["bench", *args]) == 2

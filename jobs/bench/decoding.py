@@ -227,6 +227,8 @@ class Bench:
         n = config.max_new_tokens
         self.params = GenerationParams(n, SamplingParams(), eos_token_ids=frozenset(), ignore_eos=True)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # By contender (its options, whole) and batch size: two variants of one strategy (a sweep's, or
+        # `auto` with other candidates) learn apart, as two jobs' actors would.
         self.controllers: dict[tuple[str, int], AdaptiveController] = {}
 
     def batches(self, batch_size: int, fill: bool = True) -> list[list[list[int]]]:
@@ -272,7 +274,7 @@ class Bench:
         answers, lives on across passes as it lives on across batches in an actor."""
         controller = None
         if options.name == registry.AUTO or options.adaptive:
-            controller = self.controllers.setdefault((options.name, batch_size), AdaptiveController())
+            controller = self.controllers.setdefault((repr(options), batch_size), AdaptiveController())
         return registry.create(options, self.models, controller)
 
     def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
