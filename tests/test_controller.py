@@ -20,7 +20,7 @@ from strategies.runtime.sampling import SamplingParams
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 from workers.controller import AdaptiveController, ControllerSettings, Learned, bucket
-from workers.cost_model import ForwardCosts, RecentTime, best_chain_depth
+from workers.cost_model import FORWARD_SAMPLES, ForwardCosts, RecentTime, best_chain_depth
 
 LOOKUP = "lookup"
 CHAIN_OF_4 = DraftLimits(4, 4)
@@ -544,7 +544,8 @@ def _kept(forward_ms: dict[tuple[int, int], float]) -> dict[tuple[int, int], tup
     """Forward times in ms per batch by (batch size, width) as a controller keeps them (`Learned.forward_time`)."""
     costs = ForwardCosts()
     for (b, width), ms in sorted(forward_ms.items()):  # plain forwards first at each batch size
-        costs.observe(b, width, ms / 1000 / b)
+        for _ in range(FORWARD_SAMPLES):  # a width enters the cost model from its FORWARD_SAMPLES-th sample
+            costs.observe(b, width, ms / 1000 / b)
     return {key: (list(t.recent), t.count) for key, t in costs.times.items()}
 
 
@@ -601,9 +602,9 @@ def test_a_cold_controller_explores_within_its_budget_and_cheapest_first():
     # Exploring never took over 3% of the time so far (a first step's unknown host time aside: 1% of it).
     assert worst <= c.settings.explore_budget * 1.01
     at_32 = [d for d, b in planned if d != AUTOREGRESSIVE and b == 32]
-    # One step (the cheapest drafter's, after some 160 plain steps) teaches the model what a wider
-    # forward costs at 32; no drafter's best case wins there after it.
-    assert at_32 == ["lookup"]
+    # FORWARD_SAMPLES steps (the cheapest drafter's, each after some 160 plain steps) teach the model
+    # what a wider forward costs at 32; no drafter's best case wins there after them.
+    assert at_32 == ["lookup"] * FORWARD_SAMPLES
     assert {d for d, b in planned if b == 1} == {AUTOREGRESSIVE, *SCRIPTED}  # at batch 1, all explored
 
 
@@ -682,7 +683,8 @@ def test_a_drafter_measured_while_the_machine_was_loaded_keeps_its_best_case_onc
 
     for _ in range(9):
         c.observe(plain(0.006))  # loaded
-    c.observe(StepRecord(LOOKUP, 1, 0.009, [4], [4], 5, 0.0075))
+    for _ in range(FORWARD_SAMPLES):
+        c.observe(StepRecord(LOOKUP, 1, 0.009, [4], [4], 5, 0.0075))
     assert c.best_case(LOOKUP, 1) == pytest.approx(5 / 1.5)
     for _ in range(20):  # quiet: past the steps a best case is kept
         c.observe(plain(0.002))
@@ -745,10 +747,12 @@ def test_a_self_sizing_drafter_is_told_depths_beyond_the_widest_forward_measured
     """Batch 1: plain steps of 2 ms, forwards of 2.0 and 2.6 ms at widths 1 and 3 only. Extrapolated on
     that slope a 10-token draft would cost 4.4 ms (2.2 plain steps) and never be tried; told the
     widest measured forward's cost instead, 1.3, it may draft that deep once and have it measured.
-    Once width 11 is measured (4.0 ms), the costs are recomputed at once: 2.0 for k = 10."""
+    Once width 11 is measured (4.0 ms, `FORWARD_SAMPLES` times), the costs are recomputed at once: 2.0
+    for k = 10."""
     c = AdaptiveController(ControllerSettings(explore_budget=1.0))
     c.warm_start(Learned(row_time={(AUTOREGRESSIVE, 1): ([0.002], 9)}, forward_time=_kept({(1, 1): 2.0, (1, 3): 2.6})))
     c.start_batch({LOOKUP: DraftLimits(10, 10, sizes_own=True)}, batch_size=1)
     assert c.plan(1).step_costs == pytest.approx([1.15] + [1.3] * 9)
-    c.observe(StepRecord(LOOKUP, 1, 0.004, [10], [10], width=11, forward_s=0.004))
+    for _ in range(FORWARD_SAMPLES):
+        c.observe(StepRecord(LOOKUP, 1, 0.004, [10], [10], width=11, forward_s=0.004))
     assert c.plan(1).step_costs[-1] == pytest.approx(2.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from workers.cost_model import (
+    FORWARD_SAMPLES,
     ForwardCosts,
     best_case_speedup,
     best_chain_depth,
@@ -26,21 +27,44 @@ def _issue_costs() -> ForwardCosts:
     costs = ForwardCosts()
     for b, times in ((1, BATCH_1_MS), (8, BATCH_8_MS)):
         for width, ms in zip(WIDTHS, times, strict=True):
-            costs.observe(b, width, ms / 1000 / b)  # per row
+            for _ in range(FORWARD_SAMPLES):  # a width enters the fit from its FORWARD_SAMPLES-th sample
+                costs.observe(b, width, ms / 1000 / b)  # per row
     return costs
 
 
-def test_a_forward_costs_the_running_maximum_of_what_was_measured_interpolated_between_widths():
+def test_a_forward_costs_a_non_decreasing_fit_of_what_was_measured_interpolated_between_widths():
     costs = _issue_costs()
-    # Batch 1: 2.8 ms at 4 tokens after 3.5 at 2 is noise; a forward over more tokens costs no less.
+    # Batch 1: 2.8 ms at 4 tokens after 3.5 at 2 is noise; a forward over more tokens costs no less, so
+    # widths 2, 4 and 8, as many samples each, pool into their mean: (3.5 + 2.8 + 3.0) / 3 = 3.1.
     assert [costs.row_seconds(1, w) * 1000 for w in (1, 2, 4, 8, 12, 16)] == pytest.approx(
-        [3.1, 3.5, 3.5, 3.5, 3.75, 4]
+        [3.1, 3.1, 3.1, 3.1, 3.55, 4]
     )
     # Batch 8, per row: between 4 and 8 tokens a quarter of the way from 6.8 to 9.7 ms per batch.
     assert costs.row_seconds(8, 5) * 8000 == pytest.approx(6.8 + (9.7 - 6.8) / 4)
     # Beyond 16 tokens, the last segment's slope goes on.
     assert costs.row_seconds(8, 20) * 8000 == pytest.approx(13.9 + (13.9 - 9.7) / 8 * 4)
     assert costs.row_seconds(4, 1) is None and not costs.covers(4)
+
+
+def test_a_width_enters_the_fit_from_its_third_sample_and_one_dear_sample_moves_it_little():
+    """A plain forward of 2 ms; 5 and 8 tokens measured nine times each at 3.0 and 3.4 ms. Six tokens
+    run once at 5.0 ms (a pass's first deep draft) are not yet in the fit: interpolated, 3.133 ms. Two
+    more at 3.2 ms make it 3.2 (the median), where the mean (3.8) over a running maximum priced every
+    forward from 6 tokens up at 3.8. Three more at 3.8 ms, out of order with 8 tokens' 3.4, pool with
+    them by their samples: (6 × 3.8 + 9 × 3.4) / 15 = 3.56."""
+    costs = ForwardCosts()
+    for _ in range(9):
+        costs.observe(1, 1, 0.002)
+        costs.observe(1, 5, 0.003)
+        costs.observe(1, 8, 0.0034)
+    costs.observe(1, 6, 0.005)
+    assert costs.row_seconds(1, 6) * 1000 == pytest.approx(3.0 + 0.4 / 3)
+    for _ in range(2):
+        costs.observe(1, 6, 0.0032)
+    assert [costs.row_seconds(1, w) * 1000 for w in (5, 6, 7, 8)] == pytest.approx([3.0, 3.2, 3.3, 3.4])
+    for _ in range(3):
+        costs.observe(1, 6, 0.0038)
+    assert [costs.row_seconds(1, w) * 1000 for w in (5, 6, 7, 8)] == pytest.approx([3.0, 3.56, 3.56, 3.56])
 
 
 def test_a_bucket_with_one_width_extends_with_the_nearest_buckets_slope_per_width():
@@ -59,8 +83,8 @@ def test_chain_length_maximises_tokens_per_second_as_a_hand_computation_does():
 
     Batch 8 (ms): k=1 at width 2: 5.1; k=2 at width 3: 5.95; k=3: 6.8; k=4: 7.525 (a quarter of the
     way to 9.7). E/t = 0.314, 0.329, 0.320, 0.306: k = 2.
-    Batch 1: 3.5 ms from width 2 to 8 (the running maximum), 3.5625 at width 9. E/t rises up to k = 7
-    (2.458 / 3.5 = 0.702) and falls at k = 8 (2.475 / 3.5625 = 0.695): k = 7."""
+    Batch 1: 3.1 ms from width 1 to 8 (the fit), 3.2125 at width 9. E/t rises up to k = 7
+    (2.458 / 3.1 = 0.793) and falls at k = 8 (2.475 / 3.2125 = 0.770): k = 7."""
     costs = _issue_costs()
     for b, best in ((8, 2), (1, 7)):
         step_costs = [costs.row_seconds(b, 1 + k) for k in range(1, 9)]
@@ -75,7 +99,7 @@ def test_a_tree_budget_is_sized_on_a_lower_bound_of_tau_between_budgets_tried():
     costs = _issue_costs()
     # Batch 8: 4 nodes (width 5) cost 7.525 ms, 8 nodes (width 9) 10.225: 1.5/7.525 = 0.199 > 2.0/10.225 = 0.196.
     assert best_tree_budget({8: 2.0}, {n: costs.row_seconds(8, 1 + n) for n in (4, 8)}) == 4
-    # Batch 1: both widths cost 3.5 ms: the larger budget.
+    # Batch 1: both widths cost 3.1 ms: the larger budget.
     assert best_tree_budget({8: 2.0}, {n: costs.row_seconds(1, 1 + n) for n in (4, 8)}) == 8
 
 
@@ -109,7 +133,8 @@ def test_wide_forwards_follow_the_plain_forward_as_the_machine_speeds_up_or_slow
     costs = ForwardCosts()
     for _ in range(9):
         costs.observe(1, 1, 0.003)  # loaded: 3 ms a plain forward
-    costs.observe(1, 5, 0.0045)  # a 5-wide forward then: 1.5 plain forwards
+    for _ in range(FORWARD_SAMPLES):
+        costs.observe(1, 5, 0.0045)  # a 5-wide forward then: 1.5 plain forwards
     for _ in range(9):
         costs.observe(1, 1, 0.001)  # quiet again
     assert costs.row_seconds(1, 5) == pytest.approx(0.0015)
@@ -118,9 +143,9 @@ def test_wide_forwards_follow_the_plain_forward_as_the_machine_speeds_up_or_slow
 
 
 def test_a_drafters_host_time_by_width_is_interpolated_and_shrinks_with_depth_only_for_per_depth_drafters():
-    measured = {6: 0.9, 4: 0.7}  # (plain steps): a 5-token chain 0.9, a 3-token one 0.7: 0.1 per token
+    measured = {6: (0.9, 5), 4: (0.7, 5)}  # (plain steps, samples): a 5-token chain 0.9, a 3-token one 0.7
     assert host_cost(measured, 5, per_depth=False) == pytest.approx(0.8)
     assert host_cost(measured, 8, per_depth=False) == pytest.approx(1.1)  # the last segment's slope goes on
     assert host_cost(measured, 2, per_depth=False) == pytest.approx(0.7)  # a lookup's search: no cheaper
     assert host_cost(measured, 2, per_depth=True) == pytest.approx(0.7 / 3)  # a draft model's: per token
-    assert host_cost({6: 0.9}, 9, per_depth=True) == pytest.approx(0.9)  # one width: flat above it
+    assert host_cost({6: (0.9, 5)}, 9, per_depth=True) == pytest.approx(0.9)  # one width: flat above it

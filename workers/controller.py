@@ -503,7 +503,9 @@ class AdaptiveController:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
                 plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
                 points = {
-                    w: t.value * plain for (name, m, w), t in self.host_time.items() if (name, m) == (drafter, nearest)
+                    w: (t.value * plain, len(t.recent))
+                    for (name, m, w), t in self.host_time.items()
+                    if (name, m) == (drafter, nearest)
                 }
             self.memo[("host", drafter, b)] = points
         return self.memo[("host", drafter, b)]

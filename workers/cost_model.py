@@ -6,20 +6,27 @@ depends on B, the device and the dtype (on 2 CPU cores, float32: an 8-node tree 
 batch 1 and costs 2.4 plain steps at batch 8). The controller cannot size drafts by acceptance
 alone: it sizes them by tokens per second, τ(size) / cost(batch, size), with the cost from here.
 
-The model (`ForwardCosts`) keeps, per batch bucket, the recent plain forward time per row (width 1,
-`RecentTime`: 2-core outliers left out) and, per wider width n (new tokens per row, the pending token
-included), the recent ratio of such a forward to the plain one at its bucket when it ran: a 2-core
-machine's speed drifts with what else runs on it, and a wide forward measured while it was loaded,
-set against plain steps measured since it was quiet, would make every draft look hopeless, and keep
-it so, since a drafter judged hopeless is not run to measure it again. A wide forward at a bucket with
-no plain forward yet is not kept (the controller measures plain steps first at every bucket).
-Between measured widths the cost is interpolated linearly over the running maximum (a forward over
-more tokens never costs less: a lower measurement at a wider forward is noise); beyond the widest it
-extends the last segment's slope. Per-row time per width unit is the total time per batch token,
-which is about the same at every batch size once compute-bound, so a bucket with one measured width
-extends with the slope of the nearest bucket that has two; with none anywhere it is flat (the
-optimistic side: that only decides whether a drafter is worth a first step, under the exploration
-budget). Updating is one append per step; a query is a few comparisons: no fitting.
+The model (`ForwardCosts`) keeps, per batch bucket, the recent plain forward time per row (width 1)
+and, per wider width n (new tokens per row, the pending token included), the recent ratio of such a
+forward to the plain one at its bucket when it ran: a 2-core machine's speed drifts with what else
+runs on it, and a wide forward measured while it was loaded, set against plain steps measured since it
+was quiet, would make every draft look hopeless, and keep it so, since a drafter judged hopeless is
+not run to measure it again. A wide forward at a bucket with no plain forward yet is not kept (the
+controller measures plain steps first at every bucket). Each is the median of its recent samples
+(`RecentTime.median`: forwards of one width do the same work, and an interrupted one is an outlier).
+A wider width enters the fit from its `FORWARD_SAMPLES`-th sample: until then it is extrapolated,
+the optimistic side, so a drafter whose drafts would pay there runs it again. A forward over more
+tokens never costs less, so the widths are fitted non-decreasing (`monotone_fit`): where a wider one
+measured cheaper than a narrower, both take their mean weighted by their samples. A running maximum
+over the means of every width instead let one dear sample at a width seldom run (the first step of a
+pass drafting deeper than before) price every wider forward until that width ran again, and drafts
+stayed shorter than they paid to be. Between measured widths the cost is interpolated linearly;
+beyond the widest it extends the last segment's slope. Per-row time per width unit is the total time
+per batch token, which is about the same at every batch size once compute-bound, so a bucket with
+one measured width extends with the slope of the nearest bucket that has two; with none anywhere it
+is flat (the optimistic side: that only decides whether a drafter is worth a first step, under the
+exploration budget). Updating is one append per step; the fit, a pass over a bucket's widths, is
+made once per change and kept for the queries.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from strategies.proposers.draft_sizing import best_length
+
+FORWARD_SAMPLES = 3  # a width wider than the plain forward's enters the fit from this many samples
 
 
 @dataclass
@@ -59,26 +68,42 @@ class RecentTime:
     def value(self) -> float:
         if self.cached is None:  # asked every step, over windows of a few hundred: one sort, no generator
             ordered = sorted(self.recent)
-            mid = len(ordered) // 2
-            median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-            kept = ordered[: bisect.bisect_right(ordered, self.outlier * median)]
+            kept = ordered[: bisect.bisect_right(ordered, self.outlier * median_of_sorted(ordered))]
             self.cached = math.fsum(kept) / len(kept)
         return self.cached
 
+    @property
+    def median(self) -> float:
+        """For measurements of one kind of work, whose noise is one-sided (interruptions only slow a
+        step): a dear one among few moves it not at all, where it moves the mean."""
+        return median_of_sorted(sorted(self.recent))
 
-def running_max(points: dict[int, float]) -> tuple[list[int], list[float]]:
-    """Measured widths in order, and their costs as a running maximum: a forward over more tokens never
-    costs less, and a lower measurement at a wider forward is noise."""
+
+def median_of_sorted(ordered: list[float]) -> float:
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def monotone_fit(points: dict[int, tuple[float, int]]) -> tuple[list[int], list[float]]:
+    """Measured widths in order and their costs fitted non-decreasing, from `points` (width -> (cost, the
+    measurements behind it)): adjacent widths out of order pool into their weighted mean until none are
+    (pool adjacent violators: the least-squares non-decreasing fit), so a width measured once moves a
+    well-measured neighbour little."""
     widths = sorted(points)
-    costs, highest = [], 0.0
+    pools: list[list[float]] = []  # [weighted sum, weight, widths pooled]
     for w in widths:
-        highest = max(highest, points[w])
-        costs.append(highest)
-    return widths, costs
+        cost, weight = points[w]
+        pools.append([cost * weight, weight, 1])
+        while len(pools) > 1 and pools[-2][0] * pools[-1][1] > pools[-1][0] * pools[-2][1]:
+            total, weight, count = pools.pop()
+            pools[-1][0] += total
+            pools[-1][1] += weight
+            pools[-1][2] += count
+    return widths, [total / weight for total, weight, count in pools for _ in range(int(count))]
 
 
 def interpolate(widths: list[int], costs: list[float], width: int, slope_beyond: float | None) -> float:
-    """The cost at `width` from a `running_max` curve: linear between measured widths, the narrowest's
+    """The cost at `width` from a `monotone_fit` curve: linear between measured widths, the narrowest's
     cost below it, and beyond the widest the last segment's slope (or `slope_beyond` with one measured
     width; None: flat)."""
     if width <= widths[0]:
@@ -114,7 +139,7 @@ class ForwardCosts:
             plain = self.times.get((b, 1))
             if plain is None:
                 return
-            row_seconds /= plain.value
+            row_seconds /= plain.median
         self.times.setdefault((b, width), RecentTime(self.window)).update(row_seconds)
         self.curves.pop(b, None)
 
@@ -142,8 +167,12 @@ class ForwardCosts:
             plain = self.times.get((b, 1))
             points = {}
             if plain is not None:
-                points = {w: t.value * (plain.value if w > 1 else 1.0) for (bb, w), t in self.times.items() if bb == b}
-            self.curves[b] = running_max(points)
+                points = {
+                    w: (t.median * (plain.median if w > 1 else 1.0), len(t.recent))
+                    for (bb, w), t in self.times.items()
+                    if bb == b and (w == 1 or len(t.recent) >= FORWARD_SAMPLES)
+                }
+            self.curves[b] = monotone_fit(points)
         return self.curves[b]
 
     def _slope_near(self, b: int) -> float | None:
@@ -155,14 +184,15 @@ class ForwardCosts:
         return slopes[min(known, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))]
 
 
-def host_cost(points: dict[int, float], width: int, per_depth: bool) -> float:
+def host_cost(points: dict[int, tuple[float, int]], width: int, per_depth: bool) -> float:
     """A drafter's time besides the forward for a step `width` wide (1 + its widest draft), from the
-    times measured at other widths (`points`, any unit): over their running maximum, linear between
-    measured widths and beyond the widest along the last segment (flat with one). Below the narrowest
-    it is that width's time, or, for a drafter that runs a model once per draft depth (`per_depth`: a
-    draft model, EAGLE's head), that time in proportion to the depth: the optimistic side, which the
-    controller's sizing, one step at a time, then measures."""
-    widths, costs = running_max(points)
+    times measured at other widths (`points`: width -> (time in any unit, the measurements behind it)):
+    fitted non-decreasing (`monotone_fit`), linear between measured widths and beyond the widest along
+    the last segment (flat with one). Below the narrowest it is that width's time, or, for a drafter
+    that runs a model once per draft depth (`per_depth`: a draft model, EAGLE's head), that time in
+    proportion to the depth: the optimistic side, which the controller's sizing, one step at a time,
+    then measures."""
+    widths, costs = monotone_fit(points)
     if width < widths[0] and per_depth and widths[0] > 1:
         return costs[0] * (width - 1) / (widths[0] - 1)
     return interpolate(widths, costs, width, None)
