@@ -12,6 +12,7 @@ from workers.cost_model import (
     best_chain_depth,
     best_tree_budget,
     host_cost,
+    monotone_fit,
     segment_ends,
     tree_tokens_lower_bound,
 )
@@ -143,9 +144,9 @@ def test_wide_forwards_follow_the_plain_forward_as_the_machine_speeds_up_or_slow
 
 
 def test_a_drafters_host_time_by_width_is_interpolated_and_shrinks_with_depth_only_for_per_depth_drafters():
-    measured = {6: (0.9, 5), 4: (0.7, 5)}  # (plain steps, samples): a 5-token chain 0.9, a 3-token one 0.7
+    measured = monotone_fit({6: (0.9, 5), 4: (0.7, 5)})  # (plain steps, samples): 5 tokens 0.9, 3 tokens 0.7
     assert host_cost(measured, 5, per_depth=False) == pytest.approx(0.8)
     assert host_cost(measured, 8, per_depth=False) == pytest.approx(1.1)  # the last segment's slope goes on
     assert host_cost(measured, 2, per_depth=False) == pytest.approx(0.7)  # a lookup's search: no cheaper
     assert host_cost(measured, 2, per_depth=True) == pytest.approx(0.7 / 3)  # a draft model's: per token
-    assert host_cost({6: (0.9, 5)}, 9, per_depth=True) == pytest.approx(0.9)  # one width: flat above it
+    assert host_cost(monotone_fit({6: (0.9, 5)}), 9, per_depth=True) == pytest.approx(0.9)  # one width: flat above it

@@ -82,6 +82,7 @@ from workers.cost_model import (
     best_chain_depth,
     best_tree_budget,
     host_cost,
+    monotone_fit,
     segment_ends,
 )
 
@@ -385,7 +386,7 @@ class AdaptiveController:
         if ("ratio", option, b) not in self.memo:
             measured = [m for (name, m) in self.row_time if name == option and (AUTOREGRESSIVE, m) in self.row_time]
             ratio = None
-            modelled = self._host_points(option, b) is not None and (AUTOREGRESSIVE, b) in self.row_time
+            modelled = self._host_curve(option, b) is not None and (AUTOREGRESSIVE, b) in self.row_time
             if b not in measured and modelled and self.forward.covers(b):
                 # A new bucket where plain steps ran: the forward's cost at this width there, not another bucket's.
                 plain = self.row_time[(AUTOREGRESSIVE, b)].value
@@ -451,8 +452,8 @@ class AdaptiveController:
         widths = self.forward.widths(b)
         if plain is None or not widths:
             return None
-        host = self._host_points(drafter, b) if with_host else None
-        corners = set(widths) | set(host or ())  # both costs are piecewise linear
+        host = self._host_curve(drafter, b) if with_host else None
+        corners = set(widths) | set(host[0] if host else ())  # both costs are piecewise linear
         depths = segment_ends(sorted(corners), self.limits[drafter].max_depth)
         step = (
             (lambda k: self._step_row_s(drafter, b, 1 + k))
@@ -465,7 +466,7 @@ class AdaptiveController:
         """`compute()` for `drafter` at bucket `b`, kept in `cache` `BEST_CASE_STEPS` steps unless what the
         cost model rests on there changes in kind (a width measured for the first time, the drafter's host
         time known). None is not kept."""
-        basis = (tuple(self.forward.widths(b)), self._host_points(drafter, b) is None)
+        basis = (tuple(self.forward.widths(b)), self._host_curve(drafter, b) is None)
         kept = cache.get((drafter, b))
         if kept is not None and kept[1] == basis and self.step - kept[0] < BEST_CASE_STEPS:
             return kept[2]
@@ -492,29 +493,32 @@ class AdaptiveController:
             self._event("explore", drafter, AUTOREGRESSIVE, reason, batch_bucket=b)
         return False
 
-    def _host_points(self, drafter: str, b: int) -> dict[int, float] | None:
-        """Seconds per row a step of `drafter` spends besides the forward (drafting, acceptance, bookkeeping),
-        by the step's width, at `b` or the nearest bucket where it ran; None: it has not run with a
-        timed forward."""
+    def _host_curve(self, drafter: str, b: int) -> tuple[list[int], list[float]] | None:
+        """Seconds per row a step of `drafter` spends besides the forward (drafting, acceptance, bookkeeping)
+        by the step's width, at `b` or the nearest bucket where it ran, fitted (`cost_model.monotone_fit`,
+        once per step: it is asked for every width of every option); None: it has not run with a timed
+        forward."""
         if ("host", drafter, b) not in self.memo:
             measured = {m for (name, m, _) in self.host_time if name == drafter}
-            points = None
+            curve = None
             if measured:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
                 plain = self.row_time[(AUTOREGRESSIVE, nearest)].value
-                points = {
-                    w: (t.value * plain, len(t.recent))
-                    for (name, m, w), t in self.host_time.items()
-                    if (name, m) == (drafter, nearest)
-                }
-            self.memo[("host", drafter, b)] = points
+                curve = monotone_fit(
+                    {
+                        w: (t.value * plain, len(t.recent))
+                        for (name, m, w), t in self.host_time.items()
+                        if (name, m) == (drafter, nearest)
+                    }
+                )
+            self.memo[("host", drafter, b)] = curve
         return self.memo[("host", drafter, b)]
 
     def _host_row_s(self, drafter: str, b: int, width: int) -> float | None:
         """A step's seconds per row besides the forward for `drafter` at bucket `b`, `width` wide, from
-        `_host_points` (`cost_model.host_cost`); None: not measured yet."""
-        points = self._host_points(drafter, b)
-        return None if points is None else host_cost(points, width, self.limits[drafter].per_depth)
+        `_host_curve` (`cost_model.host_cost`); None: not measured yet."""
+        curve = self._host_curve(drafter, b)
+        return None if curve is None else host_cost(curve, width, self.limits[drafter].per_depth)
 
     def _step_row_s(self, drafter: str, b: int, width: int) -> float | None:
         """Seconds per row of a step of `drafter` at bucket `b` whose forward is `width` tokens wide, by the

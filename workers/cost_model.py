@@ -184,15 +184,14 @@ class ForwardCosts:
         return slopes[min(known, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))]
 
 
-def host_cost(points: dict[int, tuple[float, int]], width: int, per_depth: bool) -> float:
+def host_cost(curve: tuple[list[int], list[float]], width: int, per_depth: bool) -> float:
     """A drafter's time besides the forward for a step `width` wide (1 + its widest draft), from the
-    times measured at other widths (`points`: width -> (time in any unit, the measurements behind it)):
-    fitted non-decreasing (`monotone_fit`), linear between measured widths and beyond the widest along
-    the last segment (flat with one). Below the narrowest it is that width's time, or, for a drafter
-    that runs a model once per draft depth (`per_depth`: a draft model, EAGLE's head), that time in
-    proportion to the depth: the optimistic side, which the controller's sizing, one step at a time,
-    then measures."""
-    widths, costs = monotone_fit(points)
+    times measured at other widths fitted by `monotone_fit` (`curve`: widths and times, any unit):
+    linear between measured widths and beyond the widest along the last segment (flat with one). Below
+    the narrowest it is that width's time, or, for a drafter that runs a model once per draft depth
+    (`per_depth`: a draft model, EAGLE's head), that time in proportion to the depth: the optimistic
+    side, which the controller's sizing, one step at a time, then measures."""
+    widths, costs = curve
     if width < widths[0] and per_depth and widths[0] > 1:
         return costs[0] * (width - 1) / (widths[0] - 1)
     return interpolate(widths, costs, width, None)
