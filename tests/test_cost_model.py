@@ -68,6 +68,15 @@ def test_a_width_enters_the_fit_from_its_third_sample_and_one_dear_sample_moves_
     assert [costs.row_seconds(1, w) * 1000 for w in (5, 6, 7, 8)] == pytest.approx([3.0, 3.56, 3.56, 3.56])
 
 
+def test_widths_out_of_order_pool_into_their_mean_weighted_by_their_samples():
+    # 3.0 at width 2 (1 sample) above 2.0 at width 3 (3 samples): both (3.0 + 3 × 2.0) / 4 = 2.25; then
+    # 2.0 at width 4 below that pool pulls it in too: (3.0 + 6.0 + 2 × 2.0) / 6 = 2.1667.
+    assert monotone_fit({1: (1.0, 9), 2: (3.0, 1), 3: (2.0, 3)}) == ([1, 2, 3], [1.0, 2.25, 2.25])
+    widths, costs = monotone_fit({1: (1.0, 9), 2: (3.0, 1), 3: (2.0, 3), 4: (2.0, 2), 8: (5.0, 1)})
+    assert widths == [1, 2, 3, 4, 8] and costs == pytest.approx([1.0, 13 / 6, 13 / 6, 13 / 6, 5.0])
+    assert monotone_fit({}) == ([], [])
+
+
 def test_a_bucket_with_one_width_extends_with_the_nearest_buckets_slope_per_width():
     costs = _issue_costs()
     costs.observe(16, 1, 0.0005)

@@ -29,8 +29,10 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch;
   its cost at a batch size it has not run at modelled as above), cheapest first (its first step
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
-  never tried), and only while the steps exploring drafters take at most `explore_budget` (3%) of
-  the decode time so far, a step wider than any measured at its bucket counted as dear as forwards
+  never tried), and only while the steps exploring drafters lose at most `explore_budget` (3%) of
+  the decode time so far against plain steps over the tokens they emitted (a step about to run
+  counted at its worst: no draft token accepted), a step wider than any measured at its bucket
+  counted as dear as forwards
   of the widest measured width laid side by side (as many plain steps as its width, where only plain
   steps ran): a cold job pays for exploration as it decodes. Then it follows the best estimate,
   with hysteresis: speculation goes off when the best falls below 1 − h and comes back above
@@ -111,7 +113,7 @@ class ControllerSettings:
     # chain sized on them swung to a single token on a prompt that copied little.
     resize_rows: int = 64
     learn_above: float = 0.85  # a learning drafter sees batches while its estimate is above this
-    explore_budget: float = 0.03  # share of the decode time that steps exploring drafters may take
+    explore_budget: float = 0.03  # share of the decode time that steps exploring drafters may lose
     # A drafter that pays gives way to another only on that one's estimate shrunk toward 1 by the row
     # steps it was measured over, n / (n + evidence_rows): a few steps of one prompt are its luck.
     evidence_rows: int = 64
@@ -197,7 +199,7 @@ class AdaptiveController:
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
         self.exploring: str | None = None  # a drafter planned for a step that explores it
-        self.exploring_s = 0.0  # time of such steps
+        self.exploring_s = 0.0  # what such steps lost: their time beyond plain steps' for their tokens
         self.decode_s = 0.0  # time of all steps
         # (drafter, bucket) -> step, basis and value (`_kept`) of `best_case` and `_step_costs`
         self.best_cases: dict[tuple[str, int], tuple[int, tuple, float]] = {}
@@ -283,7 +285,10 @@ class AdaptiveController:
             self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
         self.decode_s += record.wall_s
         if record.drafter == self.exploring:
-            self.exploring_s += record.wall_s
+            # A step exploring a drafter that pays loses nothing: plain steps would have taken longer
+            # over its tokens (each row's accepted draft tokens and the target's own).
+            plain_s = plain.value * (len(record.accepted) + sum(record.accepted)) if plain is not None else 0.0
+            self.exploring_s += max(0.0, record.wall_s - plain_s)
         self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
@@ -531,9 +536,11 @@ class AdaptiveController:
         return self._step_row_s(drafter, b, 2) or 0.0
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
-        """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time
-        (steps that explored drafters against all steps); 0: it fits now, or its cost is unknown. Probes
-        are not counted here: `probe_budget` bounds what they lose."""
+        """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
+        what steps exploring drafters lost against plain steps (`exploring_s`), this one's loss taken at
+        its worst (no draft token accepted: its time less a plain step's), against all steps' time;
+        0: it fits now, or its cost is unknown. Probes are not counted here: `probe_budget` bounds what
+        they lose."""
         budget = self.settings.explore_budget
         width = 1 + self.draft_size(drafter, b)[1]
         step = self._step_row_s(drafter, b, width)
@@ -545,7 +552,8 @@ class AdaptiveController:
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
-        deficit = (self.exploring_s + step) / budget - step - self.decode_s
+        worst_loss = max(0.0, step - plain * batch_size)
+        deficit = (self.exploring_s + worst_loss) / budget - step - self.decode_s
         if deficit <= 0:
             return 0
         return math.ceil(deficit / (plain * batch_size))
