@@ -31,10 +31,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
   never tried), and only while the steps exploring drafters lose at most `explore_budget` (3%) of
   the decode time so far against plain steps over the tokens they emitted (a step about to run
-  counted at its worst: no draft token accepted), a step wider than any measured at its bucket
-  counted as dear as forwards
-  of the widest measured width laid side by side (as many plain steps as its width, where only plain
-  steps ran): a cold job pays for exploration as it decodes. Then it follows the best estimate,
+  counted at its worst: no draft token accepted; one wider than any measured at its bucket as dear
+  as forwards of the widest measured width laid side by side, as many plain steps as its width
+  where only plain steps ran): a cold job pays for exploration as it decodes. Then it follows the best estimate,
   with hysteresis: speculation goes off when the best falls below 1 − h and comes back above
   1 + h, on or over to another drafter only right after that drafter ran (fresh evidence: 2-core
   step times drift, and an old measurement of a drafter against a fresh one of plain steps would
