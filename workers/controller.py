@@ -29,11 +29,11 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch;
   its cost at a batch size it has not run at modelled as above), cheapest first (its first step
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
-  never tried), and only while the steps exploring drafters lose at most `explore_budget` (3%) of
-  the decode time so far against plain steps over the tokens they emitted (a step about to run
-  counted at its worst: no draft token accepted; one wider than any measured at its bucket as dear
-  as forwards of the widest measured width laid side by side, as many plain steps as its width
-  where only plain steps ran): a cold job pays for exploration as it decodes. Then it follows the best estimate,
+  never tried), and only while the exploring steps that lost against plain steps over the tokens
+  they emitted take at most `explore_budget` (3%) of the decode time so far (one that paid cost
+  nothing; the step about to run counts, as it may lose; one wider than any measured at its bucket
+  as dear as forwards of the widest measured width laid side by side, as many plain steps as its
+  width where only plain steps ran): a cold job pays for exploration as it decodes. Then it follows the best estimate,
   with hysteresis: speculation goes off when the best falls below 1 − h and comes back above
   1 + h, on or over to another drafter only right after that drafter ran (fresh evidence: 2-core
   step times drift, and an old measurement of a drafter against a fresh one of plain steps would
@@ -112,7 +112,7 @@ class ControllerSettings:
     # chain sized on them swung to a single token on a prompt that copied little.
     resize_rows: int = 64
     learn_above: float = 0.85  # a learning drafter sees batches while its estimate is above this
-    explore_budget: float = 0.03  # share of the decode time that steps exploring drafters may lose
+    explore_budget: float = 0.03  # share of the decode time that exploring steps which lose may take
     # A drafter that pays gives way to another only on that one's estimate shrunk toward 1 by the row
     # steps it was measured over, n / (n + evidence_rows): a few steps of one prompt are its luck.
     evidence_rows: int = 64
@@ -198,7 +198,7 @@ class AdaptiveController:
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
         self.exploring: str | None = None  # a drafter planned for a step that explores it
-        self.exploring_s = 0.0  # what such steps lost: their time beyond plain steps' for their tokens
+        self.exploring_s = 0.0  # time of such steps that lost against plain steps over their tokens
         self.decode_s = 0.0  # time of all steps
         # (drafter, bucket) -> step, basis and value (`_kept`) of `best_case` and `_step_costs`
         self.best_cases: dict[tuple[str, int], tuple[int, tuple, float]] = {}
@@ -284,10 +284,10 @@ class AdaptiveController:
             self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
         self.decode_s += record.wall_s
         if record.drafter == self.exploring:
-            # A step exploring a drafter that pays loses nothing: plain steps would have taken longer
-            # over its tokens (each row's accepted draft tokens and the target's own).
+            # A step exploring a drafter that paid, faster than plain steps over its tokens (each row's
+            # accepted draft tokens and the target's own), cost nothing: only those that lost count.
             plain_s = plain.value * (len(record.accepted) + sum(record.accepted)) if plain is not None else 0.0
-            self.exploring_s += max(0.0, record.wall_s - plain_s)
+            self.exploring_s += record.wall_s if record.wall_s > plain_s else 0.0
         self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
@@ -536,10 +536,9 @@ class AdaptiveController:
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
         """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
-        what steps exploring drafters lost against plain steps (`exploring_s`), this one's loss taken at
-        its worst (no draft token accepted: its time less a plain step's), against all steps' time;
-        0: it fits now, or its cost is unknown. Probes are not counted here: `probe_budget` bounds what
-        they lose."""
+        the time of the exploring steps that lost against plain steps (`exploring_s`) and this one's (it
+        may lose), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not
+        counted here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
         width = 1 + self.draft_size(drafter, b)[1]
         step = self._step_row_s(drafter, b, width)
@@ -551,8 +550,7 @@ class AdaptiveController:
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
-        worst_loss = max(0.0, step - plain * batch_size)
-        deficit = (self.exploring_s + worst_loss) / budget - step - self.decode_s
+        deficit = (self.exploring_s + step) / budget - step - self.decode_s
         if deficit <= 0:
             return 0
         return math.ceil(deficit / (plain * batch_size))
