@@ -33,9 +33,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   they emitted take at most `explore_budget` (3%) of the decode time so far (one that paid cost
   nothing; the step about to run counts, as it may lose; one wider than any measured at its bucket
   as dear as forwards of the widest measured width laid side by side, as many plain steps as its
-  width where only plain steps ran): a cold job pays for exploration as it decodes. Then it follows the best estimate,
-  with hysteresis: speculation goes off when the best falls below 1 − h and comes back above
-  1 + h, on or over to another drafter only right after that drafter ran (fresh evidence: 2-core
+  width where only plain steps ran): a cold job pays for exploration as it decodes. Then it follows
+  the best estimate, with hysteresis: speculation goes off when the best falls below 1 − h and comes
+  back above 1 + h, on or over to another drafter only right after that drafter ran (fresh evidence: 2-core
   step times drift, and an old measurement of a drafter against a fresh one of plain steps would
   switch on noise); a drafter that pays gives way to another only on that one's estimate shrunk
   toward 1 by the row steps it rests on (`evidence_rows`: at batch 1, a few steps are one prompt's
