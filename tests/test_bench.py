@@ -145,6 +145,37 @@ def test_bench_keeps_one_controller_per_contender_so_variants_of_a_strategy_lear
     assert bench.fresh(wide, 8).controller is not first.controller
 
 
+def test_bench_times_each_of_our_contenders_with_f_linear_too_when_asked(tmp_path, tiny_model_dir, monkeypatch):
+    """`compare_f_linear`: each of ours again as '<name> F.linear', run with packed weights off and on
+    again after it, its controller apart from the packed contender's."""
+    from jobs.bench.decoding import Bench
+    from strategies.runtime import linear
+
+    packing_in_runs = []
+    ours = Bench.ours
+
+    def spied(self, strategy, batches):
+        packing_in_runs.append((getattr(strategy, "controller", None) is not None, linear.packing()))
+        return ours(self, strategy, batches)
+
+    monkeypatch.setattr(Bench, "ours", spied)
+    args, report = _one_prompt_bench(
+        tmp_path,
+        tiny_model_dir,
+        "a b a b",
+        "dtype=float32",
+        "strategies=[prompt_lookup]",
+        "strategy.adaptive=true",
+        "compare_f_linear=true",
+    )
+    assert cli(["bench", *args, "transformers=[]"]) == 0
+    rows = {r["contender"]: r for r in json.loads(report.read_text())}
+    assert list(rows) == ["prompt_lookup", "prompt_lookup F.linear"]
+    # Warm-up and one round of each (alternated), then the greedy reference (no controller), packed.
+    assert packing_in_runs == [(True, True), (True, False), (True, True), (True, False), (False, True)]
+    assert linear.packing() and all(r["agreement"]["exact_match"] == 1.0 for r in rows.values())
+
+
 def test_bench_refuses_a_sweep_value_the_option_does_not_take(tmp_path, tiny_model_dir, capsys):
     args, _ = _one_prompt_bench(tmp_path, tiny_model_dir, "a b", "strategies=[prompt_lookup]", "lookup_sizings=[guess]")
     assert cli(["bench", *args]) == 2

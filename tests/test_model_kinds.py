@@ -30,7 +30,7 @@ from strategies.options import StrategyOptions
 from workers.model_kinds import BY_NAME, KINDS, needed_by
 from workers.model_loading import load_models, weights_sha256
 
-MODEL_SETTINGS = {"target", "dtype", "trust_remote_code", "compile", "cache_dir", "storage_options"}
+MODEL_SETTINGS = {"target", "dtype", "trust_remote_code", "compile", "pack_weights", "cache_dir", "storage_options"}
 
 
 def _draft_folder(folder: Path, target: Path) -> None:

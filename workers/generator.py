@@ -24,6 +24,7 @@ from transformers.utils import logging as transformers_logging
 
 from strategies import registry
 from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput, RowRequest, Strategy
+from strategies.runtime import linear
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from strategies.verification.metrics import tally_faults
 from workers import contract, faults
@@ -91,6 +92,7 @@ class Generator:
                 f"input.messages_column is set but the tokenizer of {spec.model.target} has no chat template"
             )
         self.runner = self.models.target
+        linear.set_packing(spec.model.pack_weights)
         if spec.model.compile:
             self.runner.compile()
         self.controller = AdaptiveController() if spec.strategy.adaptive else None

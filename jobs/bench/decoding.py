@@ -32,6 +32,7 @@ from strategies import registry
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import DRAFTERS, EAGLE_TREES, PROMPT_LOOKUP_SIZINGS, StrategyOptions
+from strategies.runtime import linear
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
 from workers.model_kinds import KINDS, needed_by
@@ -85,6 +86,14 @@ class _BenchSettings:
     repeats: int = option(3, "Interleaved repeats per configuration; the table shows medians.")
     torch_threads: int = option(
         0, "torch threads; 0: all cores (job=true: as many as a job's actor runs, `workers.torch_threads`)."
+    )
+    pack_weights: bool = option(
+        True, "Float32 on CPU: matmuls through weights packed for oneDNN (`model.pack_weights`); false: F.linear."
+    )
+    compare_f_linear: bool = option(
+        False,
+        "With pack_weights: also time each of our contenders with F.linear ('<name> F.linear'), interleaved with "
+        "the rest, so the table shows what packing gains in one run.",
     )
     # Fixed strategies are measured as themselves (adaptive=false); `auto` always runs its controller.
     strategy: StrategyOptions = field(default_factory=lambda: StrategyOptions(adaptive=False))
@@ -206,6 +215,7 @@ class Bench:
         self.config = config
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
+        linear.set_packing(config.pack_weights)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = resolve_dtype(config.dtype, self.device)
         uses = set(config.strategies)
@@ -274,8 +284,21 @@ class Bench:
         answers, lives on across passes as it lives on across batches in an actor."""
         controller = None
         if options.name == registry.AUTO or options.adaptive:
-            controller = self.controllers.setdefault((repr(options), batch_size), AdaptiveController())
+            key = (repr(options), batch_size, linear.packing())  # F.linear's steps cost otherwise
+            controller = self.controllers.setdefault(key, AdaptiveController())
         return registry.create(options, self.models, controller)
+
+    def with_f_linear(self, run: Callable[[list], Run]) -> Callable[[list], Run]:
+        """`run` with packed weights off for its duration (`compare_f_linear`)."""
+
+        def unpacked(batches: list) -> Run:
+            linear.set_packing(False)
+            try:
+                return run(batches)
+            finally:
+                linear.set_packing(self.config.pack_weights)
+
+        return unpacked
 
     def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
         config = self.config
@@ -290,6 +313,8 @@ class Bench:
         for name in config.strategies:
             for label, variant in self.variants(name).items():
                 found[label] = lambda b, o=variant: self.ours(self.fresh(o, batch_size), b)
+                if config.compare_f_linear and linear.packing():
+                    found[f"{label} F.linear"] = self.with_f_linear(found[label])
         return found
 
     def variants(self, name: str) -> dict[str, StrategyOptions]:

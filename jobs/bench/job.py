@@ -119,6 +119,7 @@ def run_job(overrides: list[str], output: Path, log: Path) -> Timed:
 def job_overrides(config: Any, input_folder: Path, strategy: str, batch_size: int) -> list[str]:
     """The job's keys: the bench's models, dtype and length, then `job_overrides` (which may change any of them)."""
     models = [f"model.target={config.model}", f"model.dtype={config.dtype}"]
+    models.append(f"model.pack_weights={str(config.pack_weights).lower()}")
     for kind in KINDS:
         models.append(f"{kind.key}={getattr(config, kind.name) or 'null'}")
     return [

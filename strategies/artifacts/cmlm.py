@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from strategies.artifacts.weights_folder import read_weights_config, write_weights_config
 from strategies.runtime.kv_cache import RaggedKV
+from strategies.runtime.linear import linear
 from strategies.runtime.runner import ModelRunner
 
 KIND = "cmlm"
@@ -135,13 +135,13 @@ class CMLM:
         out = runner.forward(kv, ids, positions, valid, attend, logits_to_keep=1, want_hidden=True)
         kv.truncate(kept)
         first = c.first_length_token_id
-        lengths = torch.log_softmax(F.linear(out.hidden[:, f], self.head[first : first + c.max_length]).float(), -1)
+        lengths = torch.log_softmax(linear(out.hidden[:, f], self.head[first : first + c.max_length]).float(), -1)
         return BlockRead(lengths, out.hidden[:, f + 2 :] if blocks is not None else None)
 
     @torch.inference_mode()
     def token_logprobs(self, states: torch.Tensor) -> torch.Tensor:
         """[..., H] final states -> [..., V] float32 log-probabilities over the content vocabulary."""
-        return torch.log_softmax(F.linear(states, self.head[: self.config.content_vocab_size]).float(), dim=-1)
+        return torch.log_softmax(linear(states, self.head[: self.config.content_vocab_size]).float(), dim=-1)
 
     @torch.inference_mode()
     def best_tokens(self, states: torch.Tensor, needed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

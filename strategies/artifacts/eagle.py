@@ -46,6 +46,7 @@ from safetensors.torch import load_file, save_file
 
 from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
 from strategies.runtime.kv_cache import SlotLayer
+from strategies.runtime.linear import linear
 from strategies.runtime.llama_forward import LayerMath, LayerWeights
 
 KIND = "eagle"
@@ -145,7 +146,7 @@ class EagleHead(torch.nn.Module):
         `to_target` turns an index among the N into the target's token id."""
         if self.draft_lm_head is None:
             raise ValueError("the EAGLE head reads the target's LM head: attach it with use_target()")
-        return F.linear(features, self.draft_lm_head)
+        return linear(features, self.draft_lm_head)
 
     def to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
         """Target ids of indices into the draft vocabulary (any shape); the ids themselves without one."""
@@ -155,7 +156,7 @@ class EagleHead(torch.nn.Module):
         """The target's LM head on (predicted) features: [..., H] -> [..., V]."""
         if self.lm_head is None:
             raise ValueError("the EAGLE head reads the target's LM head: attach it with use_target()")
-        return F.linear(features, self.lm_head)
+        return linear(features, self.lm_head)
 
     def layer_weights(self) -> LayerWeights:
         """The decoder layer's weights with Q/K/V and gate/up each in one matrix: concatenated from the
@@ -185,7 +186,7 @@ class EagleHead(torch.nn.Module):
             raise ValueError("the EAGLE head reads the target's embedding: attach it with use_target()")
         math, w = self.math, weights or self.layer_weights()
         inputs = torch.cat([features, F.embedding(tokens, self.embed)], dim=-1)  # [B, n, 2H]
-        x = F.linear(inputs, self.fc.weight, self.fc.bias)  # [B, n, H]
+        x = linear(inputs, self.fc.weight, self.fc.bias)  # [B, n, H]
         cos, sin = math.rope(positions, x.dtype) if isinstance(positions, torch.Tensor) else positions
         q, k, v = math.project(x, w.norm_attn, w.w_qkv, w.b_qkv, cos, sin)
         if cache is None:

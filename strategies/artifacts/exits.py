@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
+from strategies.runtime.linear import linear
 
 CONFIG_FILE = "exits.json"
 WEIGHTS_FILE = "exits.safetensors"
@@ -128,7 +129,7 @@ class ExitHeads(torch.nn.Module):
         """The exit's next-token logits: `hidden` [..., H] after `layer` layers -> [..., V]."""
         if self.lm_head is None:
             raise ValueError("exits read the target's LM head: attach it with use_lm_head()")
-        return F.linear(self.exit(layer).state(hidden), self.lm_head)
+        return linear(self.exit(layer).state(hidden), self.lm_head)
 
     def save(self, directory: Path) -> None:
         """Write `exits.json` and `exits.safetensors` (float32) to `directory`."""

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
+from strategies.runtime.linear import linear
 
 CONFIG_FILE = "heads.json"
 WEIGHTS_FILE = "heads.safetensors"
@@ -125,8 +126,8 @@ class DraftHeads(torch.nn.Module):
         if self.projections is None:
             if self.lm_head is None:
                 raise ValueError("shared-LM-head heads need the target's LM head: attach it with use_lm_head()")
-            return F.linear(states, self.lm_head)  # one matmul for all heads
-        return torch.stack([F.linear(s, w) for s, w in zip(states, self.projections, strict=True)])
+            return linear(states, self.lm_head)  # one matmul for all heads
+        return torch.stack([linear(s, w) for s, w in zip(states, self.projections, strict=True)])
 
     def start_projections(self, lm_head: torch.Tensor) -> None:
         """Heads with their own projections start from the target's LM head [V, H] (as Medusa's do)."""

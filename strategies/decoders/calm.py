@@ -43,6 +43,7 @@ from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, OutputColumns, RowOutput, RowRequest, Segment, decode_to_end
 from strategies.options import CalmOptions
 from strategies.runtime.batch import Batch, Row, start_batch
+from strategies.runtime.linear import linear
 from strategies.runtime.runner import LayerPass, ModelRunner
 from strategies.runtime.sampling import choose_tokens
 
@@ -145,7 +146,7 @@ class CalmStrategy:
             waiting.append(going)
         if waiting:
             rows = torch.cat(waiting)
-            logits = F.linear(states[rows], self.exits.lm_head)  # [W, V]
+            logits = linear(states[rows], self.exits.lm_head)  # [W, V]
             chosen[rows] = choose_tokens(logits, params.sampling, batch.keys[rows.cpu()], index[rows.cpu()])
         step.finish()
         return chosen.tolist(), depth.tolist()
@@ -167,7 +168,7 @@ class CalmStrategy:
         state = module.state(after)  # [G, D]
         if measure == "classifier":
             return module.confidence(state), None, state
-        logits = F.linear(state, self.exits.lm_head)  # [G, V]
+        logits = linear(state, self.exits.lm_head)  # [G, V]
         top = logits.double().softmax(dim=-1).topk(2, dim=-1).values  # [G, 2]
         return (top[:, 0] if measure == "softmax" else top[:, 0] - top[:, 1]), logits, None
 

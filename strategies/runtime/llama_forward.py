@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from strategies.runtime.kv_cache import SlotLayer
+from strategies.runtime.linear import linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -119,7 +120,7 @@ class LayerMath:
         """A layer's rotated queries [B, Hq, n, hd], keys and values [B, Hkv, n, hd] of `x`."""
         b, n, _ = x.shape
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qkv = F.linear(self.norm(x, norm), w_qkv, b_qkv)  # [B, n, (Hq+2Hkv) hd]
+        qkv = linear(self.norm(x, norm), w_qkv, b_qkv)  # [B, n, (Hq+2Hkv) hd]
         qk, v = qkv.split_with_sizes([q_width + kv_width, kv_width], dim=-1)  # not `split`: its Python wrapper costs
         # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
         qk = self.rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
@@ -148,9 +149,9 @@ class LayerMath:
     ) -> torch.Tensor:
         """The rest of a layer after attention: output projection and MLP, each added to the stream."""
         r, n, _ = x.shape
-        x = x + F.linear(attn.transpose(1, 2).reshape(r, n, self.num_heads * self.head_dim), w_o)
-        gate, up = F.linear(self.norm(x, norm_mlp), w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, w_down)
+        x = x + linear(attn.transpose(1, 2).reshape(r, n, self.num_heads * self.head_dim), w_o)
+        gate, up = linear(self.norm(x, norm_mlp), w_gate_up).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, w_down)
 
 
 class LlamaForward(LayerMath):
@@ -258,7 +259,7 @@ class LlamaForward(LayerMath):
         last hidden states [B, n, D])."""
         hidden = self.final_state(x)
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-        return F.linear(kept, self.lm_head), hidden
+        return linear(kept, self.lm_head), hidden
 
     def __call__(
         self,

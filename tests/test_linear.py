@@ -1,0 +1,112 @@
+"""`linear`: float32 CPU inference through packed weights computes F.linear; everything else is F.linear."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from strategies.runtime import linear as packed
+from strategies.runtime.linear import linear
+from strategies.runtime.runner import ModelRunner
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch is built without oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def packing_on():
+    before = packed.packing()
+    packed.set_packing(True)
+    yield
+    packed.set_packing(before)
+
+
+def _weights(dtype=torch.float32):
+    torch.manual_seed(0)
+    return torch.randn(48, 32, dtype=dtype), torch.randn(48, dtype=dtype)
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [0, 1, 3, 9, 40])
+def test_packed_rows_of_any_count_equal_f_linear(rows):
+    weight, bias = _weights()
+    x = torch.randn(2, rows, 32)
+    with torch.inference_mode():
+        out = linear(x, weight, bias)
+    assert out.shape == (2, rows, 48)
+    assert torch.allclose(out, F.linear(x, weight, bias), atol=1e-5)
+    assert (weight.data_ptr(), (48, 32), (32, 1)) in packed._packed
+
+
+@needs_onednn
+def test_a_weight_changed_in_place_is_packed_again():
+    weight, _ = _weights()
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        first = linear(x, weight)
+        weight.mul_(2.0)
+        second = linear(x, weight)
+    assert torch.allclose(second, 2.0 * first, atol=1e-5)
+
+
+@needs_onednn
+def test_a_view_shares_its_weights_packed_copy_and_a_dead_weight_takes_its_copy_along():
+    weight, _ = _weights()
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        linear(x, weight)
+        copy = packed._packed[(weight.data_ptr(), (48, 32), (32, 1))][2]
+        linear(x, weight.detach())  # a view sharing the storage and its version: the same packed copy
+        assert packed._packed[(weight.data_ptr(), (48, 32), (32, 1))][2] is copy
+        key = (weight.data_ptr(), (48, 32), (32, 1))
+        del weight
+        gc.collect()
+    assert key not in packed._packed
+
+
+def test_float64_gradients_and_packing_off_are_f_linear_bit_for_bit():
+    weight, bias = _weights(torch.float64)
+    x = torch.randn(3, 32, dtype=torch.float64)
+    assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+    weight32 = weight.float().requires_grad_()
+    x32 = x.float()
+    out = linear(x32, weight32)  # needs gradients: F.linear's autograd
+    out.sum().backward()
+    assert torch.equal(weight32.grad, x32.sum(0).expand(48, 32))
+    packed.set_packing(False)
+    with torch.no_grad():
+        assert torch.equal(linear(x32, weight32), F.linear(x32, weight32))
+    assert not packed._packed
+
+
+@needs_onednn
+def test_the_lean_forward_in_float32_packed_gives_the_logits_and_greedy_tokens_of_f_linear():
+    """The packed path through a whole model: prefill and a 4-token step agree with F.linear's."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    runner = ModelRunner(LlamaForCausalLM(config).eval())
+    prompts = [[3, 4, 5, 6, 7], [8, 9]]
+    nodes = torch.tensor([[10, 11, 12, 13], [14, 15, 16, 17]])
+    results = []
+    for enabled in (True, False):
+        packed.set_packing(enabled)
+        with torch.inference_mode():
+            kv = runner.new_kv(2)
+            first = runner.prefill(kv, prompts).logits
+            positions = kv.next_pos[:, None] + torch.arange(4)
+            out = runner.forward(kv, nodes, positions, torch.ones_like(nodes, dtype=torch.bool))
+        results.append((first, out.logits))
+    (first, step), (first_ref, step_ref) = results
+    assert torch.allclose(first, first_ref, atol=1e-4) and torch.allclose(step, step_ref, atol=1e-4)
+    assert torch.equal(step.argmax(-1), step_ref.argmax(-1))
