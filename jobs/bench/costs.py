@@ -32,6 +32,7 @@ from jobs.bench.decoding import Bench
 from strategies.base import RowRequest, decode_to_end
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.runtime import kv_cache
+from strategies.runtime.linear import linear
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import row_key
 from strategies.verification import speculative
@@ -41,14 +42,15 @@ PHASES = ("propose", "verify_inputs", "forward", "accept", "rollback", "bookkeep
 
 
 def peak_matmul_gflops(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
-    """The best rate of a `size`³ matmul in `dtype`: the ceiling a forward's arithmetic could reach."""
+    """The best rate of a `size`³ matmul in `dtype` through the forward's own `linear` (packed weights
+    where those run): the ceiling a forward's arithmetic could reach."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     best = float("inf")
     for _ in range(repeats + 1):  # the first call picks kernels
         _sync(device)
         started = time.perf_counter()
-        torch.mm(a, b)
+        linear(a, b)
         _sync(device)
         best = min(best, time.perf_counter() - started)
     return 2 * size**3 / best / 1e9
@@ -57,10 +59,10 @@ def peak_matmul_gflops(device: torch.device, dtype: torch.dtype, size: int = 102
 def forward_flops(model: torch.nn.Module, batch: int, new_tokens: int, context: int) -> float:
     """Matmul FLOPs of one forward of `new_tokens` per row over `context` cached tokens: every linear
     layer (the LM head included) once per token, and attention's two products over the context."""
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     config = model.config
     attention = 4 * config.num_hidden_layers * config.hidden_size * (context + new_tokens)
-    return batch * new_tokens * (2 * linear + attention)
+    return batch * new_tokens * (2 * weights + attention)
 
 
 def forward_ms(runner: ModelRunner, prompts: list[list[int]], new_tokens: int, repeats: int) -> float:
