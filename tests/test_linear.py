@@ -110,3 +110,13 @@ def test_the_lean_forward_in_float32_packed_gives_the_logits_and_greedy_tokens_o
     (first, step), (first_ref, step_ref) = results
     assert torch.allclose(first, first_ref, atol=1e-4) and torch.allclose(step, step_ref, atol=1e-4)
     assert torch.equal(step.argmax(-1), step_ref.argmax(-1))
+
+
+def test_code_being_compiled_runs_f_linear(monkeypatch):
+    """Under `torch.compile` (`model.compile`) inductor chooses the kernels: nothing is packed there."""
+    weight, bias = _weights()
+    x = torch.randn(3, 32)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with torch.no_grad():
+        assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+    assert (weight.data_ptr(), (48, 32), (32, 1)) not in packed._packed

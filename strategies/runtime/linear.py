@@ -12,9 +12,10 @@ prefills) keeps one copy of each weight in the caches.
 
 The packed copy is kept beside the weight, made at the weight's first use and again when it changes
 in place (its version counter, which views and `detach` share); a weight whose tensor dies takes its
-copy with it. Anything else (float64, bfloat16, GPU, a weight or input that needs gradients) is
-`F.linear` itself: the float64 equivalence tests run the same arithmetic as before. Packing costs a
-second copy of each weight in memory; `set_packing(False)` (`model.pack_weights=false`) turns it off.
+copy with it. Anything else (float64, bfloat16, GPU, a weight or input that needs gradients, code
+being compiled by `torch.compile`) is `F.linear` itself: the float64 equivalence tests run the same
+arithmetic as before. Packing costs a second copy of each weight in memory; `set_packing(False)`
+(`model.pack_weights=false`) turns it off.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _packs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    if torch.compiler.is_compiling():  # `model.compile`: inductor picks the compiled graph's own kernels
+        return False
     if not _enabled or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
         return False
     if weight.dim() != 2 or (bias is not None and bias.dtype != torch.float32):
