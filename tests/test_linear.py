@@ -85,17 +85,10 @@ def test_float64_gradients_and_packing_off_are_f_linear_bit_for_bit():
 @needs_onednn
 def test_the_lean_forward_in_float32_packed_gives_the_logits_and_greedy_tokens_of_f_linear():
     """The packed path through a whole model: prefill and a 4-token step agree with F.linear's."""
+    from test_llama_forward import SMALL
+
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    runner = ModelRunner(LlamaForCausalLM(config).eval())
+    runner = ModelRunner(LlamaForCausalLM(LlamaConfig(**SMALL)).eval())
     prompts = [[3, 4, 5, 6, 7], [8, 9]]
     nodes = torch.tensor([[10, 11, 12, 13], [14, 15, 16, 17]])
     results = []
