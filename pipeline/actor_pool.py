@@ -169,7 +169,12 @@ class ActorPool:
                 info = ray.get(ref)
             except (RayActorError, RayTaskError) as exc:
                 raise JobError(f"generator actor {refs[ref]} failed to start: {_cause(exc)}") from None
-            print(f"actor {info['actor']} ready on {info['device']} ({info['dtype']}, {info['torch_threads']} threads)")
+            mb = info["packed_bytes"] / 1e6
+            packed = f", weights packed for oneDNN: {mb:.1f} MB more" if mb else ""
+            print(
+                f"actor {info['actor']} ready on {info['device']} "
+                f"({info['dtype']}, {info['torch_threads']} threads{packed})"
+            )
             started[refs[ref]] = info
         if pending:
             raise JobError(

@@ -47,6 +47,11 @@ def packing() -> bool:
     return _enabled
 
 
+def packs_on(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model on `device` in `dtype` runs its inference matmuls through packed weights here."""
+    return _enabled and device.type == "cpu" and dtype == torch.float32
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b: `x` [..., K], `weight` [N, K], `bias` [N] -> [..., N]."""
     if not _packs(x, weight, bias):
