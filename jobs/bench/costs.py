@@ -5,8 +5,9 @@ run, on the bench's prompts and models:
 
 - the target's forward in ms by batch size × new tokens per row (1, 2, 4, 8, 16 by default) over a
   cache of `cost_cache_tokens` per row, beside its arithmetic bound: the forward's matmul FLOPs
-  (weights and attention over the cache) at the peak rate a large matmul reaches here. A forward far
-  above its bound is paying for launches, memory traffic or host work, not arithmetic;
+  (weights and attention over the cache) at the peak rate a large matmul reaches here through the
+  forward's own `linear` (`strategies/runtime/linear.py`). A forward far above its bound is paying
+  for launches, memory traffic or host work, not arithmetic;
 - the plain step: what an autoregressive step costs, host work included;
 - for each drafting strategy, one drafting step split into where its time goes: propose, building
   the verify inputs, the target forward, acceptance, rollback of the rejected slots, and the rest
