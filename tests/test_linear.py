@@ -113,3 +113,20 @@ def test_code_being_compiled_runs_f_linear(monkeypatch):
     with torch.no_grad():
         assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
     assert (weight.data_ptr(), (48, 32), (32, 1)) not in packed._packed
+
+
+@needs_onednn
+def test_a_slice_taken_at_each_call_keeps_its_packed_copy_while_the_sliced_weight_lives():
+    """A CMLM head's rows are sliced anew at every call: the slice dies, the copy stays with the weight."""
+    weight, _ = _weights()
+    x = torch.randn(2, 32)
+    with torch.inference_mode():
+        out = linear(x, weight[8:40])
+        key = (weight[8:40].data_ptr(), (32, 32), (32, 1))
+        copy = packed._packed[key][2]
+        linear(x, weight[8:40])
+    assert packed._packed[key][2] is copy
+    assert torch.allclose(out, F.linear(x, weight[8:40]), atol=1e-5)
+    del weight
+    gc.collect()
+    assert key not in packed._packed

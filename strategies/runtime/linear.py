@@ -11,11 +11,11 @@ packed copy serves every row count, so a decode that mixes widths (plain steps, 
 prefills) keeps one copy of each weight in the caches.
 
 The packed copy is kept beside the weight, made at the weight's first use and again when it changes
-in place (its version counter, which views and `detach` share); a weight whose tensor dies takes its
-copy with it. Anything else (float64, bfloat16, GPU, a weight or input that needs gradients, code
-being compiled by `torch.compile`) is `F.linear` itself: the float64 equivalence tests run the same
-arithmetic as before. Packing costs a second copy of each weight in memory; `set_packing(False)`
-(`model.pack_weights=false`) turns it off.
+in place (its version counter, which views and `detach` share); a weight whose tensor dies (for a
+slice, the tensor it views) takes its copy with it. Anything else (float64, bfloat16, GPU, a weight
+or input that needs gradients, code being compiled by `torch.compile`) is `F.linear` itself: the
+float64 equivalence tests run the same arithmetic as before. Packing costs a second copy of each
+weight in memory; `set_packing(False)` (`model.pack_weights=false`) turns it off.
 """
 
 from __future__ import annotations
@@ -81,5 +81,7 @@ def _packed_copy(weight: torch.Tensor) -> torch.Tensor:
         if _packed.get(key, (None,))[0] is ref:  # not a newer weight's entry at the same address
             del _packed[key]
 
-    _packed[key] = (weakref.ref(weight, forget), version, packed)
+    # A slice taken at each call (a CMLM head's rows) dies with the call; the tensor it views does not.
+    owner = weight if weight._base is None else weight._base
+    _packed[key] = (weakref.ref(owner, forget), version, packed)
     return packed
