@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from strategies.runtime import linear as packed
 from strategies.runtime.linear import linear
@@ -130,3 +130,17 @@ def test_a_slice_taken_at_each_call_keeps_its_packed_copy_while_the_sliced_weigh
     del weight
     gc.collect()
     assert key not in packed._packed
+
+
+@needs_onednn
+def test_a_runner_counts_the_weights_packed_for_it_only_where_its_forward_packs():
+    """The actor's ready line reads this: the lean forward's model in float32, not another kind of model
+    (its own `nn.Linear`s run `F.linear`), nor float64."""
+    from test_llama_forward import SMALL
+
+    llama = LlamaForCausalLM(LlamaConfig(**SMALL)).eval()
+    size = sum(p.numel() * p.element_size() for p in llama.parameters())
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64)).eval()
+    assert ModelRunner(llama).packed_weight_bytes == size
+    assert ModelRunner(gpt2).packed_weight_bytes == 0
+    assert ModelRunner(llama.double()).packed_weight_bytes == 0

@@ -150,16 +150,10 @@ class Generator:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
-            # The bytes of the target's weights packed for oneDNN beside its own (0: not packed).
-            "packed_bytes": self._packed_bytes(),
+            "packed_bytes": self.runner.packed_weight_bytes,
             "init_began": self.init_began,
             "load_s": {"target": self.target_load_s, **self.models.load_s},
         }
-
-    def _packed_bytes(self) -> int:
-        if not linear.packs_on(self.device, self.dtype):
-            return 0
-        return sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
 
     def controller_statistics(self) -> tuple[StatsKey, Learned] | None:
         """What the controller learned, under the key the next job's actors look it up by (None: no

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strategies.runtime import llama_forward
+from strategies.runtime import linear, llama_forward
 from strategies.runtime.kv_cache import Provisional, RaggedKV
 
 
@@ -129,6 +129,15 @@ class ModelRunner:
             raise
         kv.append(new_valid)
         return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
+
+    @property
+    def packed_weight_bytes(self) -> int:
+        """Bytes of the weights that `linear` keeps packed for this model beside its own: the lean forward's
+        (the whole model's size); 0 where none are (another kind of model runs its own `nn.Linear`s,
+        another device or dtype, packing off)."""
+        if self._fast is None or not linear.packs_on(self.device, self.dtype):
+            return 0
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def compile(self) -> None:
         """`torch.compile` of the lean forward's layers (`model.compile`); a ValueError naming the model otherwise."""
