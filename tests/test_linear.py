@@ -144,3 +144,39 @@ def test_a_runner_counts_the_weights_packed_for_it_only_where_its_forward_packs(
     assert ModelRunner(llama).packed_weight_bytes == size
     assert ModelRunner(gpt2).packed_weight_bytes == 0
     assert ModelRunner(llama.double()).packed_weight_bytes == 0
+
+
+@needs_onednn
+def test_warm_up_runs_one_weight_of_each_shape_at_each_row_count_and_nothing_where_packing_is_off(monkeypatch):
+    """oneDNN builds a kernel per shape and row count: one weight of each shape runs at each count asked for."""
+    calls = []
+    real = packed._packed_copy
+    monkeypatch.setattr(packed, "_packed_copy", lambda w: calls.append(tuple(w.shape)) or real(w))
+    square, wide, another_square = torch.randn(8, 8), torch.randn(24, 8), torch.randn(8, 8)
+    packed.warm_up([square, wide, another_square], rows=[3, 1, 3])
+    assert sorted(calls) == [(8, 8), (8, 8), (24, 8), (24, 8)]  # two shapes x row counts 1 and 3
+    calls.clear()
+    packed.warm_up([square.double()], rows=[1, 2])  # float64 is F.linear: nothing to build
+    packed.set_packing(False)
+    packed.warm_up([square], rows=[1, 2])
+    assert calls == []
+
+
+@needs_onednn
+def test_a_runner_warms_its_lean_forwards_weights_at_the_row_counts_of_its_batch_size(monkeypatch):
+    from test_llama_forward import SMALL
+
+    from strategies.runtime.runner import WARM_WIDTHS, decode_row_counts
+
+    assert WARM_WIDTHS == 17  # EAGLE's 16 nodes and the pending token, the widest default draft
+    assert decode_row_counts(1) == list(range(1, 18))
+    assert decode_row_counts(4) == sorted(set(range(1, 18)) | {4 * w for w in range(1, 18)})
+    warmed = []
+    monkeypatch.setattr(packed, "warm_up", lambda weights, rows: warmed.append((list(weights), list(rows))))
+    llama = LlamaForCausalLM(LlamaConfig(**SMALL)).eval()
+    ModelRunner(llama).warm_up(4)
+    ((weights, rows),) = warmed
+    assert rows == decode_row_counts(4)
+    assert len(weights) == 1 + 4 * SMALL["num_hidden_layers"] and weights[0] is llama.lm_head.weight
+    ModelRunner(llama.double()).warm_up(4)  # float64 does not pack: nothing to warm
+    assert len(warmed) == 1

@@ -95,6 +95,8 @@ class Generator:
         linear.set_packing(spec.model.pack_weights)
         if spec.model.compile:
             self.runner.compile()
+        else:
+            self.runner.warm_up(spec.workers.batch_size)
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         self.stats_key = StatsKey(
             spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")

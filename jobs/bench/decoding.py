@@ -302,6 +302,7 @@ class Bench:
 
     def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
         config = self.config
+        self.models.target.warm_up(batch_size)  # as a job's actor does before its first batch
         found: dict[str, Callable[[list], Run]] = {}
         if "generate" in config.transformers:
             found[HF_GENERATE] = self.hf

@@ -24,6 +24,15 @@ from strategies.runtime import linear, llama_forward
 from strategies.runtime.kv_cache import Provisional, RaggedKV
 
 
+# Widths of the verify forwards warmed up: one plus the largest draft of any strategy's defaults (EAGLE's 16 nodes).
+WARM_WIDTHS = 17
+
+
+def decode_row_counts(batch_size: int) -> list[int]:
+    """Row counts of the matmuls of steps `WARM_WIDTHS` tokens wide or less, over one row or `batch_size` rows."""
+    return sorted({rows * width for rows in (1, batch_size) for width in range(1, WARM_WIDTHS + 1)})
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [B, n_kept, V]
@@ -138,6 +147,17 @@ class ModelRunner:
         if self._fast is None or not linear.packs_on(self.device, self.dtype):
             return 0
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def warm_up(self, batch_size: int) -> None:
+        """Build oneDNN's kernels for the row counts decoding at `batch_size` meets most (`linear.warm_up`):
+        a step of one row and of the whole batch, each `WARM_WIDTHS` tokens wide or less. Nothing for a
+        model whose forward does not pack."""
+        if self._fast is None or not linear.packs_on(self.device, self.dtype):
+            return
+        weights = [self._fast.lm_head]
+        for layer in self._fast.layers:
+            weights += [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down]
+        linear.warm_up(weights, decode_row_counts(batch_size))
 
     def compile(self) -> None:
         """`torch.compile` of the lean forward's layers (`model.compile`); a ValueError naming the model otherwise."""
