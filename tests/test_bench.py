@@ -226,9 +226,17 @@ def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the
     assert vllm["decode_tokens_per_s"] == 500.0 and vllm["engine_start_s"] == 60.0
     lines = aims([*rows.values(), vllm], num_prompts=8)
     assert lines[0].endswith("(aim >= 1): not met")  # 66.7 against vLLM's 500 tok/s
-    assert lines[1].startswith("auto, whole cold job at batch 8: 1.25x") and lines[1].endswith(": met")
-    assert lines[2].endswith("not measured") and lines[3].endswith("not measured")
-    assert lines[4].endswith("at most 15.0 s (aim <= 10 s): not met")
+    assert lines[1].startswith("auto, cold job at batch 1: decodes -x") and lines[1].endswith("not measured")
+    assert lines[2] == (
+        "auto, cold job at batch 8: decodes 1.67x the autoregressive job's rate (whole job 1.25x) (aim >= 1.0): met"
+    )
+    assert lines[3].endswith("not measured")  # batch 32
+    assert (
+        lines[4]
+        == "cold job decode over the same decoding in-process: at least 0.50x (auto at batch 8) (aim >= 0.9): not met"
+    )
+    assert lines[5].endswith("not measured")  # no transformers prompt lookup
+    assert lines[6].endswith("at most 15.0 s (aim <= 10 s): not met")
 
 
 def test_job_vllm_without_its_python_is_a_row_that_says_how_to_measure_it():

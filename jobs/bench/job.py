@@ -56,6 +56,10 @@ AUTOREGRESSIVE = "autoregressive"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "vllm_offline.py"
 VLLM_PLAIN, VLLM_NGRAM = "vllm.generate", "vllm.ngram"
 VLLM_PEERS = {"plain": VLLM_PLAIN, "ngram": VLLM_NGRAM}  # `vllm=[...]` -> contender
+# The `auto` job's decode rate over the autoregressive job's, by batch size, and a job's decode rate over
+# the same decoding in-process: what a cold job aims at (printed, never asserted).
+AUTO_JOB_AIMS = ((1, 1.5), (8, 1.0), (32, 1.0))
+JOB_OVER_IN_PROCESS = 0.9
 
 
 @dataclass
@@ -242,13 +246,22 @@ def aims(rows: list[dict[str, Any]], num_prompts: int) -> list[str]:
         f"job autoregressive decode at batch {num_prompts} {_num(ours)} tok/s vs vLLM generate {_num(peer)} tok/s: "
         f"{_num(ratio, '.2f')}x (aim >= 1): {verdict(ratio, 1.0)}"
     )
-    for batch_size, goal in ((8, 0.97), (1, 1.4)):
+    for batch_size, goal in AUTO_JOB_AIMS:
         row = found.get((batch_size, "auto", "cold"))
-        x = row.get("x_autoregressive_wall") if row else None
+        x = row.get("x_autoregressive_decode") if row else None
+        wall = row.get("x_autoregressive_wall") if row else None
         lines.append(
-            f"auto, whole cold job at batch {batch_size}: {_num(x, '.2f')}x autoregressive (aim >= {goal}): "
-            f"{verdict(x, goal)}"
+            f"auto, cold job at batch {batch_size}: decodes {_num(x, '.2f')}x the autoregressive job's rate "
+            f"(whole job {_num(wall, '.2f')}x) (aim >= {goal}): {verdict(x, goal)}"
         )
+    cold = [r for r in rows if r["mode"] == "cold" and r.get("x_in_process") is not None]
+    lowest = min(cold, key=lambda r: r["x_in_process"], default=None)
+    x = lowest["x_in_process"] if lowest else None
+    where = f" ({lowest['contender']} at batch {lowest['batch_size']})" if lowest else ""
+    lines.append(
+        f"cold job decode over the same decoding in-process: at least {_num(x, '.2f')}x{where} "
+        f"(aim >= {JOB_OVER_IN_PROCESS}): {verdict(x, JOB_OVER_IN_PROCESS)}"
+    )
     ours, peer = rate(1, "prompt_lookup", "cold"), rate(1, "transformers.prompt_lookup", "in-process")
     ratio = ours / peer if ours and peer else None
     lines.append(
