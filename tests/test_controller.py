@@ -115,10 +115,48 @@ def test_a_paying_drafter_gives_way_only_to_an_estimate_resting_on_enough_rows()
     for _ in range(8):
         c.observe(StepRecord(other, 1, 0.010, [4], [1]))  # 2 tokens in one plain step's time: 2.0x
     assert c.speedup(other, 1) == pytest.approx(2.0) and c.speedup(LOOKUP, 1) == pytest.approx(1.5)
-    assert c.plan(1).drafter == LOOKUP  # 2.0 on 8 rows weighs 1 + 1.0 · 8 / (8 + 64) = 1.11
+    plan = c.plan(1)  # 2.0 on 8 rows weighs 1 + 1.0 · 8 / (8 + 64) = 1.11: no switch,
+    assert c.current == LOOKUP and plan.drafter == other  # but a trial of the drafter expected to win
     for _ in range(600):
         c.observe(StepRecord(other, 1, 0.010, [4], [1]))
-    assert c.plan(1).drafter == other  # on 608 rows: 1.90 > 1.5 · 1.05
+    assert c.plan(1).drafter == other and c.current == other  # on 608 rows: 1.90 > 1.5 · 1.05
+
+
+def test_a_drafter_expected_to_win_on_thin_evidence_runs_on_trial_until_it_wins_or_falls_back():
+    """Probes one step apart would give a challenger at batch 1 one row step each: a trial runs it
+    step after step, while its estimate beats the current choice's by more than the hysteresis."""
+    other = "other"
+    settings = ControllerSettings(
+        explore_steps=1, explore_rows=1, probe_every=10**6, max_probe_wait=10**6, smoothing=1.0, time_window=1
+    )
+    c = AdaptiveController(settings)
+    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
+    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
+    for _ in range(500):
+        c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 1.5x
+    assert c.plan(1).drafter == LOOKUP
+    c.start_batch({LOOKUP: CHAIN_OF_4, other: CHAIN_OF_4}, batch_size=1)
+    c.observe(StepRecord(other, 1, 0.010, [4], [1]))  # 2.0x on one row step: weighs 1.02, no switch
+    trial = []
+    for _ in range(400):
+        plan = c.plan(1)
+        trial.append(plan.drafter)
+        c.observe(StepRecord(plan.drafter, 1, 0.010, [4], [1]))  # it keeps drafting 2 tokens a plain step
+    assert set(trial) == {other}  # every step: its probes need no wait
+    assert c.current == other  # 2.0 on 401 rows weighs 1.86 > 1.5 · 1.05
+    # Measured lower on its next step, it is probed as before: rarely.
+    c = AdaptiveController(settings)
+    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
+    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
+    for _ in range(500):
+        c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 1.5x
+    assert c.plan(1).drafter == LOOKUP
+    c.start_batch({LOOKUP: CHAIN_OF_4, other: CHAIN_OF_4}, batch_size=1)
+    c.observe(StepRecord(other, 1, 0.010, [4], [1]))  # 2.0x
+    assert c.plan(1).drafter == other
+    c.observe(StepRecord(other, 1, 0.020, [4], [1]))  # 2 tokens in two plain steps' time: 1.0x
+    assert c.speedup(other, 1) == pytest.approx(1.0) and c.probe_wait(other, 1) == 10**6
+    assert c.plan(1).drafter == LOOKUP
 
 
 def test_drafters_are_ranked_on_their_estimates_weighed_by_the_rows_behind_them():

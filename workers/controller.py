@@ -44,7 +44,10 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   `probe_budget` of the time in all (each option an equal share; a probe costs the option's step
   time times the share of speed it would lose against the current choice), never sooner than
   `probe_every` steps nor later than `max_probe_wait`: no choice is permanent, and a hopeless one
-  costs little;
+  costs little. A drafter whose estimate beats the current choice's by more than the hysteresis, on
+  too few row steps to switch to it, is on trial instead: it runs step after step until its evidence
+  switches to it or its estimate falls back (a Lookahead first explored with a cold trie, then
+  probed at 2.0x beside prompt lookup's 1.8x, gathered one row step per probe and was never chosen);
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
   `row_cooldown` steps, when the batch has other rows;
 - sizes drafts per batch for the most tokens per second: where the cost model covers the plan's
@@ -415,9 +418,21 @@ class AdaptiveController:
         estimate, current_estimate = self.speedup(option, b), self.speedup(self.current, b)
         if own is None or not current or estimate is None or not current_estimate:
             return s.probe_every
+        if self._on_trial(option, estimate, current_estimate):
+            return 1
         lost = own * max(0.0, 1 - estimate / current_estimate)  # in plain steps
         share = s.probe_budget / max(1, len(self.limits) - len(self.failed))  # options besides the current
         return int(min(s.max_probe_wait, max(s.probe_every, lost / (share * current))))
+
+    def _on_trial(self, option: str, estimate: float, current_estimate: float) -> bool:
+        """Whether drafter `option` beats the current drafter's estimate by more than the hysteresis on
+        too few row steps to switch to it (`_weighed`, as `_choose` weighs it): probed one step at a
+        time it would gather a row step per probe at batch 1, never the hundreds a switch needs, so it
+        runs at once instead, until its evidence switches to it or its estimate falls back."""
+        if AUTOREGRESSIVE in (option, self.current):  # plain steps turn speculation on unweighed
+            return False
+        bar = current_estimate * (1 + self.settings.hysteresis)
+        return estimate > bar >= self._weighed(option, estimate)
 
     def _probe_due(self, option: str, b: int) -> bool:
         return self._since(option) >= self.probe_wait(option, b)
