@@ -352,3 +352,23 @@ def test_job_mode_times_in_process_the_jobs_rows_never_a_batch_filled_beyond_the
     assert [len(b) for b in bench.batches(4, fill=False)] == [3] and [len(b) for b in bench.batches(2, False)] == [2, 1]
     # A job of 3 rows at batch size 4 decodes 3 rows of 4 tokens: so does its in-process contender.
     assert in_process_contenders(bench)(4)["autoregressive"]().tokens == 3 * 4
+
+
+def test_job_mode_hands_an_in_process_pass_s_freed_heap_back_before_the_next_job(monkeypatch):
+    """A bench process keeping the heap its passes freed slowed the jobs it ran next: each pass trims it."""
+    from jobs.bench import job
+
+    trimmed = []
+
+    class Libc:
+        def malloc_trim(self, pad: int) -> int:
+            trimmed.append(pad)
+            return 1
+
+    monkeypatch.setattr(job.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.setattr(job.sys, "platform", "linux")
+    timed = job.Timed(2.0, 1.0, 10)
+    assert job._released(timed) is timed and trimmed == [0]
+    monkeypatch.setattr(job.sys, "platform", "darwin")
+    job._released(timed)
+    assert trimmed == [0]
