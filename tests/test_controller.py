@@ -662,6 +662,18 @@ def test_exploring_steps_that_pay_for_themselves_leave_the_budget_to_the_next_dr
     assert c.exploring_s == 0.0
 
 
+def test_starting_a_drafter_to_explore_it_counts_against_the_budget_but_not_in_its_step_time():
+    """A draft model's prefill of the batch, when a step starts it, is paid by the exploring step:
+    the decode time and the exploring budget count it, the drafter's estimate does not."""
+    c = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1, time_window=1))
+    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=2)
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    assert c.plan(2).drafter == LOOKUP  # the budget allows the first exploring step at once
+    c.observe(StepRecord(LOOKUP, 2, 0.010, [4, 4], [4, 4], setup_s=0.1))  # paid: 5 tokens a plain step
+    assert c.decode_s == pytest.approx(0.12) and c.exploring_s == pytest.approx(0.1)
+    assert c.speedup(LOOKUP, 2) == pytest.approx(5.0)
+
+
 def test_a_first_step_that_pays_for_one_time_work_does_not_rule_a_drafter_out_before_it_is_explored():
     """Batch 1, plain steps and 1-wide forwards of 2 ms, a 5-wide forward of 2.5 ms. A chain drafter's
     first step spends 20 ms besides its forward (Lookahead counting a prompt): on that step alone its

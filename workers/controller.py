@@ -285,12 +285,13 @@ class AdaptiveController:
             self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time)
         elif plain is not None:  # plain steps run first at every bucket: a drafter's has one to relate to
             self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
-        self.decode_s += record.wall_s
+        self.decode_s += record.wall_s + record.setup_s
         if record.drafter == self.exploring:
             # A step exploring a drafter that paid, faster than plain steps over its tokens (each row's
-            # accepted draft tokens and the target's own), cost nothing: only those that lost count.
+            # accepted draft tokens and the target's own), cost nothing: only those that lost count, and
+            # starting the drafter for it (a draft model's prefill of the batch: ten plain steps at batch 8).
             plain_s = plain.value * (len(record.accepted) + sum(record.accepted)) if plain is not None else 0.0
-            self.exploring_s += record.wall_s if record.wall_s > plain_s else 0.0
+            self.exploring_s += record.setup_s + (record.wall_s if record.wall_s > plain_s else 0.0)
         self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)

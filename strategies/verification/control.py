@@ -50,6 +50,9 @@ class StepRecord:
     accepted: list[int]  # per row: draft tokens accepted
     width: int = 1  # new tokens per row in the step's target forward (padded): 1 + the widest draft
     forward_s: float | None = None  # the forward's time until its tokens were on the host; None: not timed
+    # Starting the drafter for this batch and its rows' one-time setup (a draft model's prefill, a trie's
+    # prompts): not in `wall_s`, which is what its steps cost from then on, but paid all the same.
+    setup_s: float = 0.0
 
 
 class Controller(Protocol):

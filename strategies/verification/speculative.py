@@ -157,8 +157,12 @@ class SpeculativeStrategy:
         batch = run.batch
         plan = self._plan(run.live, len(batch.active))
         drafter = run.live.get(plan.drafter)
-        if drafter is not None and drafter.name not in run.started and not self._start(run, drafter):
-            drafter = None
+        setup_s = 0.0
+        if drafter is not None and drafter.name not in run.started:
+            began = time.perf_counter()
+            if not self._start(run, drafter):
+                drafter = None
+            setup_s = time.perf_counter() - began
         if drafter is None:
             # Plain runs end within PLAIN_RUN_STEPS, so that waiting rows can join a batch with room.
             self._plain(run, min(plan.steps or PLAIN_RUN_STEPS, PLAIN_RUN_STEPS))
@@ -179,14 +183,15 @@ class SpeculativeStrategy:
             return
         drafts = self._drafts(run, drafter, context)
         began += drafter.proposer.setup_s  # once per row, as a start is
+        setup_s += drafter.proposer.setup_s
         if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
-            self._plain(run, 1, billed_to=drafter.name, overhead_s=time.perf_counter() - began)
+            self._plain(run, 1, billed_to=drafter.name, overhead_s=time.perf_counter() - began, setup_s=setup_s)
             return
         checked = self._speculate(run, drafter, drafts, context)
         if checked is None:  # the verify forward raised; the cache is as before the step
             self._plain(run, 1)
             return
-        self._drafted(run, drafter.name, drafts, checked, began)
+        self._drafted(run, drafter.name, drafts, checked, began, setup_s)
 
     def _admit(self, run: _Decoding, requests: list[RowRequest]) -> None:
         """Rows join the batch (`Decoding.admit`): prefilled together, then known to the controller and to
@@ -253,7 +258,9 @@ class SpeculativeStrategy:
             batch.states = checked.states
         return checked
 
-    def _drafted(self, run: _Decoding, drafter: str, drafts: list[Draft], checked: Verification, began: float) -> None:
+    def _drafted(
+        self, run: _Decoding, drafter: str, drafts: list[Draft], checked: Verification, began: float, setup_s: float
+    ) -> None:
         """Emit a drafted step's tokens through the finish checks, one at a time, and report the step.
         Their scores come from the verify forward's logits at the slots that chose them."""
         batch, stats, verdicts = run.batch, run.stats, checked.verdicts
@@ -272,16 +279,21 @@ class SpeculativeStrategy:
                 still.append(b)
         drafted, accepted = [len(d) for d in drafts], [len(v.accepted_slots) for v in verdicts]
         wall_s, width = time.perf_counter() - began, 1 + max(drafted)
-        record = StepRecord(drafter, len(batch.active), wall_s, drafted, accepted, width, checked.forward_s)
+        record = StepRecord(drafter, len(batch.active), wall_s, drafted, accepted, width, checked.forward_s, setup_s)
         self._after_step(run, [v.tokens for v in verdicts], still, [record], checked.states)
 
     def _plain(
-        self, run: _Decoding, max_steps: int | None, billed_to: str | None = None, overhead_s: float = 0.0
+        self,
+        run: _Decoding,
+        max_steps: int | None,
+        billed_to: str | None = None,
+        overhead_s: float = 0.0,
+        setup_s: float = 0.0,
     ) -> None:
         """Plain steps, the autoregressive strategy's own (`batch.decode_plainly`). The controller sees
         each as a plain step, or, after a drafter that found nothing to draft (`billed_to`), as that
         drafter's step, its drafting time (`overhead_s`) included: steps where it finds nothing are
-        part of what the drafter is worth."""
+        part of what the drafter is worth; `setup_s`: what starting it for this step took."""
         active = run.batch.active
         steps = decode_plainly(self.runner, run.batch, max_steps)
         run.stats.count_forwards(AUTOREGRESSIVE, steps.steps)
@@ -294,6 +306,7 @@ class SpeculativeStrategy:
         ]
         if billed_to is not None:
             records[0].drafter, records[0].wall_s = billed_to, records[0].wall_s + overhead_s
+            records[0].setup_s = setup_s
         self._after_step(run, steps.emitted, steps.still, records, run.batch.states)
 
     def _after_step(
