@@ -31,7 +31,8 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
   never tried), and only while the exploring steps that lost against plain steps over the tokens
   they emitted take at most `explore_budget` (3%) of the decode time so far (one that paid cost
-  nothing; the step about to run counts, as it may lose; one wider than any measured at its bucket
+  nothing but the drafter's start, when it started it: a draft model's prefill of the batch; the
+  step about to run counts, as it may lose; one wider than any measured at its bucket
   as dear as forwards of the widest measured width laid side by side, as many plain steps as its
   width where only plain steps ran): a cold job pays for exploration as it decodes. Then it follows
   the best estimate, with hysteresis: speculation goes off when the best falls below 1 − h and comes
