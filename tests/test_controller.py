@@ -98,10 +98,9 @@ def test_a_drafters_estimate_averages_its_time_over_the_steps_its_tau_averages()
     assert c.speedup(LOOKUP, 1) == pytest.approx(2 / 1.5)
 
 
-def test_a_paying_drafter_gives_way_only_to_an_estimate_resting_on_enough_rows():
-    """At batch 1 a few steps are one prompt's luck: a drafter measured over 8 row steps at 2.0x does not
-    displace one measured over 500 at 1.5x; measured over 600 more, it does."""
-    other = "other"
+def _lookup_chosen_at_1_5x_over_500_rows_then(other: str) -> AdaptiveController:
+    """A controller at batch 1 (no smoothing, probes only on trial) that chose LOOKUP on 500 row steps at
+    1.5x, in a batch where `other` is available too, unmeasured."""
     settings = ControllerSettings(
         explore_steps=1, explore_rows=1, probe_every=10**6, max_probe_wait=10**6, smoothing=1.0, time_window=1
     )
@@ -112,6 +111,14 @@ def test_a_paying_drafter_gives_way_only_to_an_estimate_resting_on_enough_rows()
         c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 3 tokens in two plain steps' time: 1.5x
     assert c.plan(1).drafter == LOOKUP
     c.start_batch({LOOKUP: CHAIN_OF_4, other: CHAIN_OF_4}, batch_size=1)
+    return c
+
+
+def test_a_paying_drafter_gives_way_only_to_an_estimate_resting_on_enough_rows():
+    """At batch 1 a few steps are one prompt's luck: a drafter measured over 8 row steps at 2.0x does not
+    displace one measured over 500 at 1.5x; measured over 600 more, it does."""
+    other = "other"
+    c = _lookup_chosen_at_1_5x_over_500_rows_then(other)
     for _ in range(8):
         c.observe(StepRecord(other, 1, 0.010, [4], [1]))  # 2 tokens in one plain step's time: 2.0x
     assert c.speedup(other, 1) == pytest.approx(2.0) and c.speedup(LOOKUP, 1) == pytest.approx(1.5)
@@ -126,16 +133,7 @@ def test_a_drafter_expected_to_win_on_thin_evidence_runs_on_trial_until_it_wins_
     """Probes one step apart would give a challenger at batch 1 one row step each: a trial runs it
     step after step, while its estimate beats the current choice's by more than the hysteresis."""
     other = "other"
-    settings = ControllerSettings(
-        explore_steps=1, explore_rows=1, probe_every=10**6, max_probe_wait=10**6, smoothing=1.0, time_window=1
-    )
-    c = AdaptiveController(settings)
-    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
-    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
-    for _ in range(500):
-        c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 1.5x
-    assert c.plan(1).drafter == LOOKUP
-    c.start_batch({LOOKUP: CHAIN_OF_4, other: CHAIN_OF_4}, batch_size=1)
+    c = _lookup_chosen_at_1_5x_over_500_rows_then(other)
     c.observe(StepRecord(other, 1, 0.010, [4], [1]))  # 2.0x on one row step: weighs 1.02, no switch
     trial = []
     for _ in range(400):
@@ -145,13 +143,7 @@ def test_a_drafter_expected_to_win_on_thin_evidence_runs_on_trial_until_it_wins_
     assert set(trial) == {other}  # every step: its probes need no wait
     assert c.current == other  # 2.0 on 401 rows weighs 1.86 > 1.5 · 1.05
     # Measured lower on its next step, it is probed as before: rarely.
-    c = AdaptiveController(settings)
-    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
-    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
-    for _ in range(500):
-        c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 1.5x
-    assert c.plan(1).drafter == LOOKUP
-    c.start_batch({LOOKUP: CHAIN_OF_4, other: CHAIN_OF_4}, batch_size=1)
+    c = _lookup_chosen_at_1_5x_over_500_rows_then(other)
     c.observe(StepRecord(other, 1, 0.010, [4], [1]))  # 2.0x
     assert c.plan(1).drafter == other
     c.observe(StepRecord(other, 1, 0.020, [4], [1]))  # 2 tokens in two plain steps' time: 1.0x
