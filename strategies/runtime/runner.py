@@ -139,11 +139,16 @@ class ModelRunner:
         return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
 
     @property
+    def _forward_packs(self) -> bool:
+        """Whether this model's matmuls go through `linear`'s packed weights: the lean forward's only."""
+        return self._fast is not None and linear.packs_on(self.device, self.dtype)
+
+    @property
     def packed_weight_bytes(self) -> int:
         """Bytes of the weights that `linear` keeps packed for this model beside its own: the lean forward's
         (the whole model's size); 0 where none are (another kind of model runs its own `nn.Linear`s,
         another device or dtype, packing off)."""
-        if self._fast is None or not linear.packs_on(self.device, self.dtype):
+        if not self._forward_packs:
             return 0
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
@@ -151,7 +156,7 @@ class ModelRunner:
         """Build oneDNN's kernels for the row counts decoding at `batch_size` meets most (`linear.warm_up`):
         a step of one row and of the whole batch, each `WARM_WIDTHS` tokens wide or less. Nothing for a
         model whose forward does not pack."""
-        if self._fast is None or not linear.packs_on(self.device, self.dtype):
+        if not self._forward_packs:
             return
         weights = [self._fast.lm_head]
         for layer in self._fast.layers:

@@ -159,10 +159,10 @@ class SpeculativeStrategy:
         drafter = run.live.get(plan.drafter)
         setup_s = 0.0
         if drafter is not None and drafter.name not in run.started:
-            began = time.perf_counter()
+            starting = time.perf_counter()
             if not self._start(run, drafter):
                 drafter = None
-            setup_s = time.perf_counter() - began
+            setup_s = time.perf_counter() - starting
         if drafter is None:
             # Plain runs end within PLAIN_RUN_STEPS, so that waiting rows can join a batch with room.
             self._plain(run, min(plan.steps or PLAIN_RUN_STEPS, PLAIN_RUN_STEPS))
