@@ -695,6 +695,27 @@ def test_a_first_step_that_pays_for_one_time_work_does_not_rule_a_drafter_out_be
     assert run(ControllerSettings(explore_budget=1.0, explore_rows=1, explore_steps=1)).count(LOOKUP) == 1
 
 
+def test_a_drafter_whose_exploration_has_begun_is_explored_before_a_narrower_one_cuts_in():
+    """Cold at batch 1, plain steps of 2 ms. A 10-token chain's exploring steps lose (3 ms, nothing
+    accepted) and each waits for the budget to refill; a 2-token chain would fit the budget sooner. It
+    waits all the same until the first is explored (`explore_steps` steps and `explore_rows` row
+    steps): one drafter at a time, so that the first can be chosen as soon as its exploration ends."""
+    c = AdaptiveController()
+    c.start_batch({"wide": DraftLimits(10, 10), "narrow": DraftLimits(2, 2)}, batch_size=1)
+    planned = []
+    for _ in range(3000):
+        plan = c.plan(1)
+        planned.append(plan.drafter)
+        if plan.drafter == AUTOREGRESSIVE:
+            c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.002, [0], [0], 1, 0.002))
+        else:
+            wall = 0.003 if plan.drafter == "wide" else 0.0022
+            c.observe(StepRecord(plan.drafter, 1, wall, [plan.depth], [0], 1 + plan.depth, wall))
+    wide = [i for i, d in enumerate(planned) if d == "wide"]
+    assert len(wide) >= c.settings.explore_rows and "narrow" in planned
+    assert planned.index("narrow") > wide[c.settings.explore_rows - 1]
+
+
 def test_a_step_wider_than_any_run_counts_against_the_budget_as_forwards_of_the_widest_side_by_side():
     """Batch 1, plain steps of 2.5 ms and a 5-wide forward of 3.25 ms known; a tree of 16 nodes, never
     run, asks for a 17-wide step. It counts as four 5-wide forwards, 13 ms (the model's extrapolation
