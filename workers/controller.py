@@ -202,7 +202,7 @@ class AdaptiveController:
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
         self.exploring: str | None = None  # a drafter planned for a step that explores it
-        self.exploring_s = 0.0  # what such steps took beyond plain steps over their tokens, and their starts
+        self.exploring_s = 0.0  # time of such steps that lost against plain steps over their tokens
         self.decode_s = 0.0  # time of all steps
         # (drafter, bucket) -> step, basis and value (`_kept`) of `best_case` and `_step_costs`
         self.best_cases: dict[tuple[str, int], tuple[int, tuple, float]] = {}
@@ -290,11 +290,11 @@ class AdaptiveController:
             self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
         self.decode_s += record.wall_s + record.setup_s
         if record.drafter == self.exploring:
-            # What exploring cost the decode: the step's time beyond what plain steps would have taken
-            # over its tokens (each row's accepted draft tokens and the target's own; none where it paid),
-            # and starting the drafter for it (a draft model's prefill of the batch: ten plain steps at batch 8).
+            # A step exploring a drafter that paid, faster than plain steps over its tokens (each row's
+            # accepted draft tokens and the target's own), cost nothing: only those that lost count, and
+            # starting the drafter for it (a draft model's prefill of the batch: ten plain steps at batch 8).
             plain_s = plain.value * (len(record.accepted) + sum(record.accepted)) if plain is not None else 0.0
-            self.exploring_s += record.setup_s + max(0.0, record.wall_s - plain_s)
+            self.exploring_s += record.setup_s + (record.wall_s if record.wall_s > plain_s else 0.0)
         self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
@@ -555,10 +555,9 @@ class AdaptiveController:
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
         """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
-        what exploring steps took beyond plain steps (`exploring_s`) and what this one may (all of its
-        modelled time but a plain step's: it emits at least the target's own token in every row),
-        against all steps' time; 0: it fits now, or its cost is unknown. Probes are not counted here:
-        `probe_budget` bounds what they lose."""
+        the time of the exploring steps that lost against plain steps (`exploring_s`) and this one's (it
+        may lose), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not
+        counted here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
         width = 1 + self.draft_size(drafter, b)[1]
         step = self._step_row_s(drafter, b, width)
@@ -570,8 +569,7 @@ class AdaptiveController:
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
-        loss = max(0.0, step - plain * batch_size)
-        deficit = (self.exploring_s + loss) / budget - step - self.decode_s
+        deficit = (self.exploring_s + step) / budget - step - self.decode_s
         if deficit <= 0:
             return 0
         return math.ceil(deficit / (plain * batch_size))
