@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 from pathlib import Path
 
@@ -44,6 +45,14 @@ def build_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 3
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _collector_unfrozen():
+    """A test that builds an actor or a bench in this process freezes its heap
+    (`strategies/runtime/heap.py`); the tests after it find the collector as they would have."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 # Run in a fresh interpreter: this test session has long since loaded every module.
 FIRST_UNIT = """
+import gc
 import sys
 from pathlib import Path
 
@@ -30,6 +31,7 @@ model, tmp = sys.argv[1], sys.argv[2]
 shard = f"{tmp}/in/shard.parquet"
 spec = worker_spec(job_config(Path(tmp), model, "generation.max_new_tokens=3"), "job")
 generator = Generator(spec)
+assert gc.get_freeze_count() > 100_000, gc.get_freeze_count()  # what it loaded, out of the collector's scans
 unit = WorkUnit("u", shard, "shard.parquet", (0,), 0, 2)
 generator._read_unit(unit)  # reading the input loads its filesystem's module, before any row decodes
 loaded = set(sys.modules)
@@ -39,7 +41,7 @@ print(sorted(set(sys.modules) - loaded))
 """
 
 
-def test_decoding_and_staging_the_first_unit_loads_no_module(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_the_first_unit_loads_no_module_and_the_loaded_heap_is_frozen(tmp_path: Path, tiny_model_dir: Path) -> None:
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"prompt": ["def add(a, b):", "import os"]}), tmp_path / "in" / "shard.parquet")
     tests = Path(__file__).resolve().parent

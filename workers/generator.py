@@ -25,6 +25,7 @@ from transformers.utils import logging as transformers_logging
 from strategies import registry
 from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput, RowRequest, Strategy
 from strategies.runtime import linear
+from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from strategies.verification.metrics import tally_faults
 from workers import contract, faults
@@ -130,6 +131,7 @@ class Generator:
             self._before_join,
             self._row_done,
         )
+        freeze_loaded()  # last: the modules, models and the strategy loaded above are never scanned again
 
     def _strategy(self, name: str) -> Strategy:
         """The actor's instance of a strategy (it keeps state across batches, e.g. a Lookahead trie)."""

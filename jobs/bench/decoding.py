@@ -33,6 +33,7 @@ from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import DRAFTERS, EAGLE_TREES, PROMPT_LOOKUP_SIZINGS, StrategyOptions
 from strategies.runtime import linear
+from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
 from workers.model_kinds import KINDS, needed_by
@@ -240,6 +241,7 @@ class Bench:
         # By contender (its options, whole) and batch size: two variants of one strategy (a sweep's, or
         # `auto` with other candidates) learn apart, as two jobs' actors would.
         self.controllers: dict[tuple[str, int], AdaptiveController] = {}
+        freeze_loaded()  # as a job's actor does once it has loaded its models
 
     def batches(self, batch_size: int, fill: bool = True) -> list[list[list[int]]]:
         """The first `num_prompts` prompts (cycled) in batches of `batch_size`. `fill`: cycled on to fill
