@@ -666,6 +666,20 @@ def test_starting_a_drafter_to_explore_it_counts_against_the_budget_but_not_in_i
     assert c.speedup(LOOKUP, 2) == pytest.approx(5.0)
 
 
+def _planned_at_batch_1(
+    c: AdaptiveController, steps: int, drafted: Callable[[Plan, list[str]], StepRecord]
+) -> list[str]:
+    """`steps` plans at batch 1: a plain one observed as a 2 ms step, a drafter's as `drafted(plan, the
+    drafters planned so far)` records it; the drafters planned, in order."""
+    planned = []
+    for _ in range(steps):
+        plan = c.plan(1)
+        planned.append(plan.drafter)
+        plain = StepRecord(AUTOREGRESSIVE, 1, 0.002, [0], [0], 1, 0.002)
+        c.observe(plain if plan.drafter == AUTOREGRESSIVE else drafted(plan, planned))
+    return planned
+
+
 def test_a_first_step_that_pays_for_one_time_work_does_not_rule_a_drafter_out_before_it_is_explored():
     """Batch 1, plain steps and 1-wide forwards of 2 ms, a 5-wide forward of 2.5 ms. A chain drafter's
     first step spends 20 ms besides its forward (Lookahead counting a prompt): on that step alone its
@@ -679,16 +693,12 @@ def test_a_first_step_that_pays_for_one_time_work_does_not_rule_a_drafter_out_be
             Learned(row_time={(AUTOREGRESSIVE, 1): ([0.002], 9)}, forward_time=_kept({(1, 1): 2.0, (1, 5): 2.5}))
         )
         c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=1)
-        planned = []
-        for _ in range(60):
-            plan = c.plan(1)
-            planned.append(plan.drafter)
-            if plan.drafter == AUTOREGRESSIVE:
-                c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.002, [0], [0], 1, 0.002))
-            else:
-                host = 0.020 if planned.count(LOOKUP) == 1 else 0.0002
-                c.observe(StepRecord(LOOKUP, 1, 0.0025 + host, [4], [4], 5, 0.0025))
-        return planned
+
+        def step(plan: Plan, planned: list[str]) -> StepRecord:
+            host = 0.020 if planned.count(LOOKUP) == 1 else 0.0002
+            return StepRecord(LOOKUP, 1, 0.0025 + host, [4], [4], 5, 0.0025)
+
+        return _planned_at_batch_1(c, 60, step)
 
     explored = run(ControllerSettings(explore_budget=1.0))
     assert explored[:8] == [LOOKUP] * 8 and explored[-10:] == [LOOKUP] * 10
@@ -702,15 +712,12 @@ def test_a_drafter_whose_exploration_has_begun_is_explored_before_a_narrower_one
     steps): one drafter at a time, so that the first can be chosen as soon as its exploration ends."""
     c = AdaptiveController()
     c.start_batch({"wide": DraftLimits(10, 10), "narrow": DraftLimits(2, 2)}, batch_size=1)
-    planned = []
-    for _ in range(3000):
-        plan = c.plan(1)
-        planned.append(plan.drafter)
-        if plan.drafter == AUTOREGRESSIVE:
-            c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.002, [0], [0], 1, 0.002))
-        else:
-            wall = 0.003 if plan.drafter == "wide" else 0.0022
-            c.observe(StepRecord(plan.drafter, 1, wall, [plan.depth], [0], 1 + plan.depth, wall))
+
+    def step(plan: Plan, planned: list[str]) -> StepRecord:
+        wall = 0.003 if plan.drafter == "wide" else 0.0022
+        return StepRecord(plan.drafter, 1, wall, [plan.depth], [0], 1 + plan.depth, wall)
+
+    planned = _planned_at_batch_1(c, 3000, step)
     wide = [i for i, d in enumerate(planned) if d == "wide"]
     assert len(wide) >= c.settings.explore_rows and "narrow" in planned
     assert planned.index("narrow") > wide[c.settings.explore_rows - 1]
