@@ -30,8 +30,8 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   its cost at a batch size it has not run at modelled as above), cheapest first (its first step
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
   never tried; one at a time: a narrower drafter does not cut in while the budget refills for one
-  whose exploration has begun), and only while the exploring steps that lost against plain steps over the tokens
-  they emitted take at most `explore_budget` (3%) of the decode time so far (one that paid cost
+  whose exploration has begun), and only while the exploring steps that lost against plain steps
+  over the tokens they emitted take at most `explore_budget` (3%) of the decode time so far (one that paid cost
   nothing but the drafter's start, when it started it: a draft model's prefill of the batch; the
   step about to run counts, as it may lose; one wider than any measured at its bucket
   as dear as forwards of the widest measured width laid side by side, as many plain steps as its
