@@ -168,15 +168,6 @@ class RowDrafting:
     off_until: int = 0
 
 
-def _recent(times: dict[Any, RecentTime], key: Any, window: Callable[[Any], int]) -> RecentTime:
-    """`times[key]`, made with `window(key)` measurements the first time: not `setdefault`, which would
-    build a default every step (the controller observes every step; at batch 1 a step is 2 ms)."""
-    found = times.get(key)
-    if found is None:
-        found = times[key] = RecentTime(window(key))
-    return found
-
-
 def bucket(batch_size: int) -> int:
     """Batch sizes share statistics within powers of two."""
     return 1 << max(0, batch_size - 1).bit_length()
@@ -295,9 +286,9 @@ class AdaptiveController:
         plain = self.row_time.get((AUTOREGRESSIVE, b))
         key = (record.drafter, b)
         if record.drafter == AUTOREGRESSIVE:
-            _recent(self.row_time, key, self._row_window).update(row_time)
+            self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time)
         elif plain is not None:  # plain steps run first at every bucket: a drafter's has one to relate to
-            _recent(self.row_time, key, self._row_window).update(row_time / plain.value)
+            self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
         self.decode_s += record.wall_s + record.setup_s
         if record.drafter == self.exploring:
             # A step exploring a drafter that paid, faster than plain steps over its tokens (each row's
@@ -311,7 +302,7 @@ class AdaptiveController:
             if record.drafter != AUTOREGRESSIVE and plain is not None:
                 host = max(0.0, record.wall_s - record.forward_s) / record.batch_size
                 key = (record.drafter, b, record.width)
-                _recent(self.host_time, key, lambda _: s.time_window).update(host / plain.value)
+                self.host_time.setdefault(key, RecentTime(s.time_window)).update(host / plain.value)
         steps, rows = self.measured.get(record.drafter, (0, 0))
         self.measured[record.drafter] = (steps + 1, rows + record.batch_size)
         self.memo.clear()
