@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from jobs.bench.bookkeeping import BookkeepingBench, _write_input, run_driver, run_verify
-from jobs.bench.decoding import HF_GENERATE, paired_speedup
+from jobs.bench.decoding import HF_GENERATE, paired_speedup, paired_speedups
 from jobs.bench.planning import PlanningBench
 from jobs.bench.scale import bench_main
 from jobs.cli import main as cli
@@ -25,6 +25,8 @@ def test_paired_speedup_follows_each_round_and_drops_an_outlier():
     reference = [1.0, 1.0, 2.0, 2.0, 1.0]
     contender = [0.8, 0.8, 1.6, 1.6, 3.0]  # round 5: a pause hit the contender
     assert paired_speedup(reference, contender) == pytest.approx(1.25)
+    # The table's range shows the outlier round the median dropped.
+    assert paired_speedups(reference, contender) == pytest.approx([1.25, 1.25, 1.25, 1.25, 1 / 3])
 
 
 def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, tiny_draft_dir, capsys):
@@ -59,8 +61,13 @@ def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, t
         else:
             assert 1.0 <= row["tau"] <= 4.0 and 1 <= len(row["acceptance_by_position"]) <= 3
     assert rows[(1, "autoregressive")]["x_autoregressive"] == 1.0 and rows[(2, HF_GENERATE)]["x_generate"] == 1.0
+    assert rows[(1, "autoregressive")]["x_autoregressive_range"] == [1.0, 1.0]
+    low, high = rows[(2, "speculative")]["x_autoregressive_range"]  # one round: its ratio is the median too
+    assert low == high == rows[(2, "speculative")]["x_autoregressive"]
+    assert rows[(1, HF_GENERATE)]["x_autoregressive_range"] is not None
     table = capsys.readouterr().out
     assert all(f"{b:>5}  {c:<28}" in table for b, c in rows)
+    assert "AR range" in table and f"{low:.2f}-{high:.2f}" in table
 
 
 def _one_prompt_bench(tmp_path, model_dir, prompt: str, *keys: str) -> tuple[list[str], Path]:
@@ -205,6 +212,20 @@ def test_job_decoding_sums_every_batch_record(tmp_path):
     assert decoding_of(tmp_path) == (pytest.approx(1.75), 36)
 
 
+def test_job_rows_give_the_rounds_lowest_and_highest_decode_ratio(capsys):
+    from jobs.bench.job import Timed, print_rows, summarize
+
+    runs = {
+        ("autoregressive", "cold"): [Timed(20.0, 10.0, 1000), Timed(20.0, 10.0, 1000), Timed(20.0, 10.0, 1000)],
+        ("auto", "cold"): [Timed(16.0, 8.0, 1000), Timed(16.0, 5.0, 1000), Timed(16.0, 10.0, 1000)],
+    }
+    auto = next(r for r in summarize(1, runs) if r["contender"] == "auto")
+    assert auto["x_autoregressive_decode"] == pytest.approx(1.25)  # the rounds read 1.25, 2.0 and 1.0
+    assert auto["x_autoregressive_decode_range"] == pytest.approx([1.0, 2.0])
+    print_rows([auto])
+    assert "1.00-2.00" in capsys.readouterr().out
+
+
 def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the_aims():
     from jobs.bench.job import VLLM_PLAIN, Timed, aims, summarize, vllm_row
 
@@ -218,6 +239,7 @@ def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the
     auto = rows[("auto", "cold")]
     assert auto["x_autoregressive_wall"] == pytest.approx(1.25)  # 20/16 and 40/32 in each round
     assert auto["x_autoregressive_decode"] == pytest.approx(10 / 6, rel=1e-3)
+    assert auto["x_autoregressive_decode_range"] == pytest.approx([10 / 6, 10 / 6], rel=1e-3)
     assert auto["outside_decoding_s"] == pytest.approx(15.0)  # median of 10 and 20
     assert auto["x_in_process"] == pytest.approx(0.5)  # the job decodes at half the in-process rate
     assert rows[("transformers.generate", "in-process")]["x_autoregressive_decode"] == pytest.approx(2.0)

@@ -168,9 +168,14 @@ def vllm_runs(config: Any, texts: list[str], work: Path, method: str) -> dict[st
     return json.loads(result.read_text())
 
 
+def paired_ratios(reference: list[float], contender: list[float]) -> list[float]:
+    """Per round, contender / reference in that round (rates: > 1 is faster)."""
+    return [c / r for r, c in zip(reference, contender, strict=True) if r > 0]
+
+
 def paired_ratio(reference: list[float], contender: list[float]) -> float:
     """The median over rounds of contender / reference in the same round (rates: > 1 is faster)."""
-    return statistics.median(c / r for r, c in zip(reference, contender, strict=True) if r > 0)
+    return statistics.median(paired_ratios(reference, contender))
 
 
 def summarize(batch_size: int, runs: dict[tuple[str, str], list[Timed]]) -> list[dict[str, Any]]:
@@ -181,11 +186,13 @@ def summarize(batch_size: int, runs: dict[tuple[str, str], list[Timed]]) -> list
     for (name, mode), timed in runs.items():
         reference = runs.get((AUTOREGRESSIVE, mode)) or runs.get((AUTOREGRESSIVE, "cold"))
         bench = runs.get((name, "in-process"))
-        x_wall = x_decode = x_bench = None
+        x_wall = x_decode = x_bench = decode_range = None
         if bench is not None and mode in ("cold", "warm"):
             x_bench = round(paired_ratio([t.decode_rate for t in bench], [t.decode_rate for t in timed]), 3)
         if reference is not None:
-            x_decode = round(paired_ratio([t.decode_rate for t in reference], [t.decode_rate for t in timed]), 3)
+            rounds = paired_ratios([t.decode_rate for t in reference], [t.decode_rate for t in timed])
+            x_decode = round(statistics.median(rounds), 3)
+            decode_range = [round(min(rounds), 3), round(max(rounds), 3)]
             if mode in ("cold", "warm"):
                 # Whole-job speed: the reference's time over ours.
                 x_wall = round(paired_ratio([t.wall_s for t in timed], [t.wall_s for t in reference]), 3)
@@ -201,6 +208,7 @@ def summarize(batch_size: int, runs: dict[tuple[str, str], list[Timed]]) -> list
                 "tokens": timed[-1].tokens,
                 "x_autoregressive_wall": x_wall,
                 "x_autoregressive_decode": x_decode,
+                "x_autoregressive_decode_range": decode_range,
                 "x_in_process": x_bench,
                 "passes": len(timed),
             }
@@ -224,6 +232,7 @@ def vllm_row(batch_size: int, name: str, result: dict[str, Any]) -> dict[str, An
         "tokens": result["tokens"],
         "x_autoregressive_wall": None,
         "x_autoregressive_decode": None,
+        "x_autoregressive_decode_range": None,
         "x_in_process": None,
         "engine_start_s": round(result["load_s"], 1),
         "passes": len(result["generate_s"]),
@@ -283,10 +292,14 @@ def _num(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _range(bounds: list[float] | None) -> str:
+    return "-" if bounds is None else f"{bounds[0]:.2f}-{bounds[1]:.2f}"
+
+
 def print_header() -> None:
     print(
         f"{'batch':>5}  {'contender':<28} {'mode':<10} {'wall_s':>8} {'outside':>8} {'decode/s':>9} "
-        f"{'x AR job':>8} {'x AR dec':>8} {'x bench':>7}",
+        f"{'x AR job':>8} {'x AR dec':>8} {'dec range':>9} {'x bench':>7}",
         flush=True,
     )
 
@@ -301,7 +314,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         print(
             f"{head} {r['wall_s']:>8.2f} {_num(r['outside_decoding_s'], '.2f'):>8} {r['decode_tokens_per_s']:>9.1f} "
             f"{_num(r['x_autoregressive_wall'], '.2f'):>8} {_num(r['x_autoregressive_decode'], '.2f'):>8} "
-            f"{_num(r['x_in_process'], '.2f'):>7}{start}",
+            f"{_range(r['x_autoregressive_decode_range']):>9} {_num(r['x_in_process'], '.2f'):>7}{start}",
             flush=True,
         )
 
@@ -312,6 +325,7 @@ LEGEND = """mode: cold = a fresh process and output folder, the first job of a r
 wall_s: the job's process start to exit (peers: decoding); outside: wall_s minus the batches' wall_s;
 decode/s: generated tokens over the batches' wall_s; x AR job / x AR dec: per-round ratios to the
   autoregressive of the same batch size and mode (whole-job speed / decode rate), medians;
+dec range: the lowest and highest of the per-round ratios behind x AR dec (a difference inside it is noise);
 x bench: a job's decode rate over the same contender's in-process rate (`accelgen bench`), per round"""
 
 
