@@ -25,8 +25,9 @@ from pipeline.phases import Phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
 from strategies.verification.metrics import tally_faults
 from workers import controller_stats
+from workers.controller import ControllerSettings
 from workers.model_loading import has_chat_template
-from workers.spec import UnitResult, WorkerSpec, WorkUnit
+from workers.spec import UnitResult, WorkerSpec, WorkUnit, add_up
 
 
 @dataclass
@@ -205,13 +206,8 @@ def _summary(results: list[UnitResult], committed: dict[str, Any], phases: Phase
     that add up to it (`pipeline/phases.py`)."""
     generated, wall_s = sum(r.generated_tokens for r in results), phases.wall_s
     decoding_s = phases.seconds.get("first_batch", 0.0) + phases.seconds.get("decoding", 0.0)
-    by_strategy: dict[str, int] = {}
-    by_option: dict[str, int] = {}
-    for r in results:
-        for name, n in r.tokens_by_strategy.items():
-            by_strategy[name] = by_strategy.get(name, 0) + n
-        for name, n in r.tokens_by_option.items():
-            by_option[name] = by_option.get(name, 0) + n
+    by_strategy = add_up(r.tokens_by_strategy for r in results)
+    by_option = add_up(r.tokens_by_option for r in results)
     return {
         "rows": total_rows,
         "rows_committed": sum(c["rows"] for c in committed.values()),
@@ -224,6 +220,7 @@ def _summary(results: list[UnitResult], committed: dict[str, Any], phases: Phase
         "phases_s": phases.rounded(),
         "generated_tokens_by_strategy": by_strategy,
         "generated_tokens_by_drafter": by_option,
+        "controller_s": {name: round(s, 3) for name, s in add_up(r.exploring for r in results).items()},
         "drafter_faults": {
             drafter: {"faults": count, "first": first}
             for drafter, (count, first) in tally_faults(r.drafter_faults for r in results).items()
@@ -244,6 +241,14 @@ def _print_summary(summary: dict[str, Any]) -> None:
         total = sum(by_drafter.values())
         shares = ", ".join(f"{n} {t / total:.0%}" for n, t in sorted(by_drafter.items(), key=lambda kv: -kv[1]))
         print(f"  drafting rows' tokens by what emitted them: {shares}")
+    controlled = summary.get("controller_s", {})
+    if controlled.get("decoding_s"):
+        decoding, explored, lost = (controlled[k] for k in ("decoding_s", "exploring_s", "exploring_lost_s"))
+        print(
+            f"  controller: exploring steps {explored:.2f}s of its {decoding:.2f}s of decoding "
+            f"({explored / decoding:.1%}); those that lost to plain steps {lost:.2f}s ({lost / decoding:.1%}; "
+            f"budget {ControllerSettings.explore_budget:.0%})"
+        )
     for drafter, fault in sorted(summary.get("drafter_faults", {}).items()):
         print(
             f"warning: drafter {drafter} faulted {fault['faults']} times (first: {fault['first']}); each time "

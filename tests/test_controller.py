@@ -666,6 +666,19 @@ def test_starting_a_drafter_to_explore_it_counts_against_the_budget_but_not_in_i
     assert c.speedup(LOOKUP, 2) == pytest.approx(5.0)
 
 
+def test_drain_exploring_gives_the_seconds_since_the_last_drain_of_exploring_losing_and_all_steps():
+    """A job's records add these up: every exploring step's time, those that lost, and all steps'."""
+    c = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1, time_window=1))
+    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=2)
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
+    assert c.plan(2).drafter == LOOKUP
+    c.observe(StepRecord(LOOKUP, 2, 0.030, [4, 4], [0, 0], setup_s=0.1))  # lost: 1 token a row in 3 plain steps
+    assert c.drain_exploring() == pytest.approx({"exploring_s": 0.13, "exploring_lost_s": 0.13, "decoding_s": 0.14})
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))  # not exploring
+    assert c.drain_exploring() == pytest.approx({"exploring_s": 0.0, "exploring_lost_s": 0.0, "decoding_s": 0.01})
+    assert c.drain_exploring() == {"exploring_s": 0.0, "exploring_lost_s": 0.0, "decoding_s": 0.0}
+
+
 def _planned_at_batch_1(
     c: AdaptiveController, steps: int, drafted: Callable[[Plan, list[str]], StepRecord]
 ) -> list[str]:

@@ -341,6 +341,28 @@ def test_the_job_summary_warns_of_drafter_faults(capsys):
     assert "warning" not in capsys.readouterr().err
 
 
+def test_the_job_summary_adds_up_the_controllers_exploring(capsys):
+    """Units of two actors: their records' controller seconds add up, and the summary gives the shares
+    of the decoding under the controller that exploring took and that it lost (what its budget limits)."""
+
+    def unit(name: str, exploring: dict[str, float]) -> UnitResult:
+        return UnitResult(name, 1, "", 1, 0, "", 0, 1, 1, 0.1, "a", "cpu", exploring=exploring)
+
+    results = [
+        unit("00000-00000", {"exploring_s": 0.15, "exploring_lost_s": 0.1, "decoding_s": 2.5}),
+        unit("00001-00000", {"exploring_s": 0.05, "exploring_lost_s": 0.0, "decoding_s": 1.5}),
+    ]
+    summary = _summary(results, {}, Phases(), 2)
+    assert summary["controller_s"] == pytest.approx({"exploring_s": 0.2, "exploring_lost_s": 0.1, "decoding_s": 4.0})
+    _print_summary(summary)
+    assert (
+        "controller: exploring steps 0.20s of its 4.00s of decoding (5.0%); those that lost to plain steps "
+        "0.10s (2.5%; budget 3%)"
+    ) in capsys.readouterr().out
+    _print_summary(_summary([unit("00002-00000", {})], {}, Phases(), 1))  # no controller: no line
+    assert "controller:" not in capsys.readouterr().out
+
+
 def _completion_probabilities(model_dir: Path, prompt: str, sampling: SamplingParams, length: int) -> dict[str, float]:
     """The target's exact probability of each completion text of `length` tokens (texts of several
     token sequences add up), enumerating every sequence of tokens the sampling filter leaves."""
@@ -448,6 +470,12 @@ def test_rows_pick_their_strategy_and_auto_equals_greedy(tmp_path, tiny_model_di
     ]
     assert sum(by_drafter.values()) == sum(r["num_generated_tokens"] for r in rows)
     assert set(by_drafter) - {"autoregressive"} <= candidates
+    # The controller's seconds: its records' added up, exploring within its steps, losing within exploring.
+    controlled = json.loads((tmp_path / "auto" / "_manifest.json").read_text())["summary"]["controller_s"]
+    for kind in ("decoding_s", "exploring_s", "exploring_lost_s"):
+        assert controlled[kind] == pytest.approx(sum(r["exploring"][kind] for r in logs), abs=2e-3)
+    assert 0 <= controlled["exploring_lost_s"] <= controlled["exploring_s"] <= controlled["decoding_s"]
+    assert 0 < controlled["decoding_s"] <= sum(r["wall_s"] for r in logs)
 
 
 @pytest.mark.slow  # two jobs; tests/test_controller_stats.py checks the same in-process

@@ -204,7 +204,9 @@ class AdaptiveController:
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
         self.exploring: str | None = None  # a drafter planned for a step that explores it
         self.exploring_s = 0.0  # time of such steps that lost against plain steps over their tokens
+        self.explored_s = 0.0  # time of every such step
         self.decode_s = 0.0  # time of all steps
+        self._drained = (0.0, 0.0, 0.0)  # (explored_s, exploring_s, decode_s) at the last `drain_exploring`
         # (drafter, bucket) -> step, basis and value (`_kept`) of `best_case` and `_step_costs`
         self.best_cases: dict[tuple[str, int], tuple[int, tuple, float]] = {}
         self.step_costs: dict[tuple[str, int], tuple[int, tuple, list[float]]] = {}
@@ -296,6 +298,7 @@ class AdaptiveController:
             # starting the drafter for it (a draft model's prefill of the batch: ten plain steps at batch 8).
             plain_s = plain.value * (len(record.accepted) + sum(record.accepted)) if plain is not None else 0.0
             self.exploring_s += record.setup_s + (record.wall_s if record.wall_s > plain_s else 0.0)
+            self.explored_s += record.setup_s + record.wall_s
         self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
@@ -413,6 +416,15 @@ class AdaptiveController:
     def drain_events(self) -> list[dict]:
         events, self.events = self.events, []
         return events
+
+    def drain_exploring(self) -> dict[str, float]:
+        """Seconds since the last call of exploring steps (`exploring_s`), of those among them that lost
+        against plain steps (`exploring_lost_s`: what `explore_budget` limits) and of every step
+        (`decoding_s`), each with the starts of drafters it paid for: the job adds up its actors' records."""
+        now = (self.explored_s, self.exploring_s, self.decode_s)
+        explored, lost, decoded = (a - b for a, b in zip(now, self._drained, strict=True))
+        self._drained = now
+        return {"exploring_s": round(explored, 6), "exploring_lost_s": round(lost, 6), "decoding_s": round(decoded, 6)}
 
     def probe_wait(self, option: str, b: int) -> int:
         """Steps between probes of `option` at bucket `b`: a probe loses the option's step time times

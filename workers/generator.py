@@ -50,7 +50,7 @@ from workers.rows import (
     repetition_rate,
     too_long_message,
 )
-from workers.spec import UnitResult, WorkerSpec, WorkUnit
+from workers.spec import UnitResult, WorkerSpec, WorkUnit, add_up
 from workers.storage import filesystem, write_bytes
 
 
@@ -184,10 +184,11 @@ class Generator:
         _write(staged_url, data, self.spec.output.storage_options)
         _write(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output.storage_options)
         faults.after_upload(self.faults, unit.unit_id, attempt)
-        by_strategy: dict[str, int] = {}
-        for name, n in zip(columns["strategy"], columns["num_generated_tokens"], strict=True):
-            if name is not None:
-                by_strategy[name] = by_strategy.get(name, 0) + n
+        by_strategy = add_up(
+            {name: n}
+            for name, n in zip(columns["strategy"], columns["num_generated_tokens"], strict=True)
+            if name is not None
+        )
         return UnitResult(
             unit_id=unit.unit_id,
             attempt=attempt,
@@ -205,6 +206,7 @@ class Generator:
             tokens_by_option=by_option,
             drafter_faults=tally_faults({d: (len(m), m[0]) for d, m in r.get("faults", {}).items()} for r in records),
             first_record_end=min((r["time"] for r in records), default=None),
+            exploring=add_up(r["exploring"] for r in records),
         )
 
     def probe_rows(self, unit: WorkUnit, rows: list[int]) -> bool:
@@ -279,11 +281,10 @@ class Generator:
             for (group, _), request in zip(items, requests, strict=True)
         ]
         ticket = self.engine.submit(unit.unit_id, attempt, rows, (unit, [item for _, item in items], row_ids))
-        by_option: dict[str, int] = {}
-        for ((name, _), (i, sample)), row in zip(items, ticket.wait(), strict=True):
+        outputs = ticket.wait()
+        for ((name, _), (i, sample)), row in zip(items, outputs, strict=True):
             self._fill(columns, i * samples + sample, row, name, settings[i].stop)
-            for option, n in (row.tokens_by_option or {}).items():
-                by_option[option] = by_option.get(option, 0) + n
+        by_option = add_up(row.tokens_by_option or {} for row in outputs)
         return Decoded(columns, [self._record(r) for r in ticket.records], by_option)
 
     def _row_ids(self, table: pa.Table, unit: WorkUnit) -> list[str]:
@@ -371,6 +372,7 @@ class Generator:
             "time": record.time,
             **segment.stats,
             "switches": self.controller.drain_events() if self.controller is not None else [],
+            "exploring": self.controller.drain_exploring() if self.controller is not None else {},
         }
 
     def _row_settings(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from strategies.options import StrategyOptions
@@ -50,6 +51,15 @@ class WorkerSpec:
         return out.top_logprobs if out.logprobs or out.top_logprobs else None
 
 
+def add_up(counts: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Named counts (tokens by strategy, seconds by kind, …) summed name by name, in first-seen order."""
+    total: dict[str, float] = {}
+    for named in counts:
+        for name, n in named.items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
 @dataclass
 class UnitResult:
     """What an attempt of a unit staged, for the driver to commit."""
@@ -73,3 +83,5 @@ class UnitResult:
     # When the earliest throughput record it logged closed (epoch seconds; None: it logged none). The
     # job's first batch ends at the earliest over all units, whichever unit's log took that record.
     first_record_end: float | None = None
+    # The adaptive controller's seconds in its batch records (`AdaptiveController.drain_exploring`), summed.
+    exploring: dict[str, float] = field(default_factory=dict)
