@@ -385,7 +385,7 @@ class Bench:
             row = {
                 "batch_size": batch_size,
                 "contender": name,
-                "median_wall_s": round(walls[name], 4),
+                "median_wall_s": round(walls[name], 6),
                 "tokens_per_s": round(total / walls[name], 1),
                 "x_generate": ratio(HF_GENERATE, name),
                 "x_autoregressive": ratio("autoregressive", name),
