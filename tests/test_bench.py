@@ -11,8 +11,9 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from jobs.bench.bookkeeping import BookkeepingBench, _write_input, run_driver, run_verify
-from jobs.bench.decoding import HF_GENERATE, paired_speedup, paired_speedups
+from jobs.bench.decoding import HF_GENERATE
 from jobs.bench.planning import PlanningBench
+from jobs.bench.rounds import paired, per_round
 from jobs.bench.scale import bench_main
 from jobs.cli import main as cli
 from strategies.artifacts.eagle import EagleConfig, EagleHead
@@ -24,9 +25,9 @@ def test_paired_speedup_follows_each_round_and_drops_an_outlier():
     # The machine slows down by half in rounds 3-4; the contender is 1.25x faster in every round.
     reference = [1.0, 1.0, 2.0, 2.0, 1.0]
     contender = [0.8, 0.8, 1.6, 1.6, 3.0]  # round 5: a pause hit the contender
-    assert paired_speedup(reference, contender) == pytest.approx(1.25)
+    assert paired(reference, contender) == pytest.approx(1.25)
     # The table's range shows the outlier round the median dropped.
-    assert paired_speedups(reference, contender) == pytest.approx([1.25, 1.25, 1.25, 1.25, 1 / 3])
+    assert per_round(reference, contender) == pytest.approx([1.25, 1.25, 1.25, 1.25, 1 / 3])
 
 
 def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, tiny_draft_dir, capsys):

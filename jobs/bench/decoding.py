@@ -25,6 +25,7 @@ import torch
 
 from jobs.args import config_or_usage
 from jobs.bench.agreement import agreement
+from jobs.bench.rounds import format_range, paired, per_round, spread
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
 from pipeline.config import option
 from pipeline.errors import JobError
@@ -367,14 +368,11 @@ class Bench:
         walls = {name: statistics.median(r.wall_s for r in rs) for name, rs in runs.items()}
         times = {name: [r.wall_s for r in rs] for name, rs in runs.items()}
 
-        def ratio(reference: str, name: str) -> float | None:
-            return round(paired_speedup(times[reference], times[name]), 3) if reference in times else None
+        def ratio(reference: str, name: str) -> float | None:  # the reference's time over the contender's
+            return round(paired(times[reference], times[name]), 3) if reference in times else None
 
-        def spread(reference: str, name: str) -> list[float] | None:
-            if reference not in times:
-                return None
-            speedups = paired_speedups(times[reference], times[name])
-            return [round(min(speedups), 3), round(max(speedups), 3)]
+        def ratio_range(reference: str, name: str) -> list[float] | None:
+            return spread(per_round(times[reference], times[name])) if reference in times else None
 
         reference = runs[HF_GENERATE][-1].tokens if HF_GENERATE in runs else None
         greedy_texts = self.tokenizer.batch_decode(greedy)
@@ -389,7 +387,7 @@ class Bench:
                 "tokens_per_s": round(total / walls[name], 1),
                 "x_generate": ratio(HF_GENERATE, name),
                 "x_autoregressive": ratio("autoregressive", name),
-                "x_autoregressive_range": spread("autoregressive", name),
+                "x_autoregressive_range": ratio_range("autoregressive", name),
                 # Per pass, then the median, as the times: under `auto` a pass's τ depends on its choices.
                 "tau": _median_or_none([r.tau() for r in rs]),
                 "acceptance_by_position": last.acceptance_by_position(),
@@ -412,22 +410,6 @@ def _median_or_none(values: list[float | None]) -> float | None:
     return round(statistics.median(known), 3) if known else None
 
 
-def paired_speedups(reference: list[float], contender: list[float]) -> list[float]:
-    """Per round, the reference's time over the contender's in that round."""
-    return [r / c for r, c in zip(reference, contender, strict=True)]
-
-
-def paired_speedup(reference: list[float], contender: list[float]) -> float:
-    """The median over rounds of the reference's time over the contender's in the same round.
-
-    Why not a ratio of medians: a shared 2-core machine drifts by 10-20% over minutes, and passes of
-    one round run back to back, so each round's ratio sees the same machine; the median then drops
-    a round where a pause hit one side. The table prints the rounds' lowest and highest beside it
-    (`x_autoregressive_range`): on a quiet 2-core machine one round of 16 prompts at batch 1 read
-    Lookahead anywhere from 1.15x to 1.77x, so a difference inside that range is not evidence."""
-    return statistics.median(paired_speedups(reference, contender))
-
-
 def print_header() -> None:
     print(
         f"{'batch':>5}  {'contender':<28} {'wall_s':>8} {'tokens/s':>9} {'x gen':>6} {'x AR':>6} {'AR range':>9} "
@@ -444,17 +426,13 @@ def print_rows(rows: list[dict]) -> None:
         print(
             f"{r['batch_size']:>5}  {r['contender']:<28} {r['median_wall_s']:>8.3f} {r['tokens_per_s']:>9.1f} "
             f"{fmt(r['x_generate'], '.2f'):>6} {fmt(r['x_autoregressive'], '.2f'):>6} "
-            f"{_range(r['x_autoregressive_range']):>9} "
+            f"{format_range(r['x_autoregressive_range']):>9} "
             f"{fmt(r['tau'], '.2f'):>5} {fmt(r['rows_equal_to_generate'], '.0%'):>5} "
             f"{r['repetition_rate']:>5.2f} {r['agreement']['token_accuracy']:>6.3f} {r['agreement']['chrf']:>5.1f}  "
             f"{' '.join(f'{a:.2f}' for a in r.get('acceptance_by_position') or [])}"
             f"{'' if not r.get('jacobi') else '  jacobi ' + json.dumps(r['jacobi'])}",
             flush=True,
         )
-
-
-def _range(bounds: list[float] | None) -> str:
-    return "-" if bounds is None else f"{bounds[0]:.2f}-{bounds[1]:.2f}"
 
 
 # What the columns of `print_rows` mean, printed under the table.

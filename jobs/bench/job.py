@@ -48,6 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.bench.rounds import format_range, paired, per_round, spread
 from jobs.shipped import default_job_config
 from pipeline.config import load_config
 from pipeline.errors import JobError
@@ -168,16 +169,6 @@ def vllm_runs(config: Any, texts: list[str], work: Path, method: str) -> dict[st
     return json.loads(result.read_text())
 
 
-def paired_ratios(reference: list[float], contender: list[float]) -> list[float]:
-    """Per round, contender / reference in that round (rates: > 1 is faster)."""
-    return [c / r for r, c in zip(reference, contender, strict=True) if r > 0]
-
-
-def paired_ratio(reference: list[float], contender: list[float]) -> float:
-    """The median over rounds of contender / reference in the same round (rates: > 1 is faster)."""
-    return statistics.median(paired_ratios(reference, contender))
-
-
 def summarize(batch_size: int, runs: dict[tuple[str, str], list[Timed]]) -> list[dict[str, Any]]:
     """Table rows of one batch size from each (contender, mode)'s passes: medians, per-round ratios to
     `autoregressive` in the same mode (or its cold job), and a job's decode rate over the same
@@ -188,14 +179,13 @@ def summarize(batch_size: int, runs: dict[tuple[str, str], list[Timed]]) -> list
         bench = runs.get((name, "in-process"))
         x_wall = x_decode = x_bench = decode_range = None
         if bench is not None and mode in ("cold", "warm"):
-            x_bench = round(paired_ratio([t.decode_rate for t in bench], [t.decode_rate for t in timed]), 3)
+            x_bench = round(paired([t.decode_rate for t in timed], [t.decode_rate for t in bench]), 3)
         if reference is not None:
-            rounds = paired_ratios([t.decode_rate for t in reference], [t.decode_rate for t in timed])
-            x_decode = round(statistics.median(rounds), 3)
-            decode_range = [round(min(rounds), 3), round(max(rounds), 3)]
+            rounds = per_round([t.decode_rate for t in timed], [t.decode_rate for t in reference])
+            x_decode, decode_range = round(statistics.median(rounds), 3), spread(rounds)
             if mode in ("cold", "warm"):
                 # Whole-job speed: the reference's time over ours.
-                x_wall = round(paired_ratio([t.wall_s for t in timed], [t.wall_s for t in reference]), 3)
+                x_wall = round(paired([t.wall_s for t in reference], [t.wall_s for t in timed]), 3)
         rows.append(
             {
                 "batch_size": batch_size,
@@ -292,10 +282,6 @@ def _num(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _range(bounds: list[float] | None) -> str:
-    return "-" if bounds is None else f"{bounds[0]:.2f}-{bounds[1]:.2f}"
-
-
 def print_header() -> None:
     print(
         f"{'batch':>5}  {'contender':<28} {'mode':<10} {'wall_s':>8} {'outside':>8} {'decode/s':>9} "
@@ -314,7 +300,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         print(
             f"{head} {r['wall_s']:>8.2f} {_num(r['outside_decoding_s'], '.2f'):>8} {r['decode_tokens_per_s']:>9.1f} "
             f"{_num(r['x_autoregressive_wall'], '.2f'):>8} {_num(r['x_autoregressive_decode'], '.2f'):>8} "
-            f"{_range(r['x_autoregressive_decode_range']):>9} {_num(r['x_in_process'], '.2f'):>7}{start}",
+            f"{format_range(r['x_autoregressive_decode_range']):>9} {_num(r['x_in_process'], '.2f'):>7}{start}",
             flush=True,
         )
 
