@@ -628,7 +628,7 @@ def test_a_cold_controller_explores_within_its_budget_and_cheapest_first():
     planned, worst = [], 0.0
     for batch_size in [32] * 300 + [1] * 400:
         planned += _run_scripted(c, [batch_size])
-        worst = max(worst, c.exploring_s / c.decode_s)
+        worst = max(worst, c.exploring_lost_s / c.decode_s)
     # Exploring never took over 3% of the time so far (a first step's unknown host time aside: 1% of it).
     assert worst <= c.settings.explore_budget * 1.01
     at_32 = [d for d, b in planned if d != AUTOREGRESSIVE and b == 32]
@@ -651,7 +651,7 @@ def test_exploring_steps_that_pay_for_themselves_leave_the_budget_to_the_next_dr
     planned = [d for d, _ in _run_scripted(c, [1] * 250)]
     assert planned[:162] == [AUTOREGRESSIVE] * 162
     assert planned[162:178] == ["lookup"] * 8 + ["heads"] * 8 and "tree" in planned[178:]
-    assert c.exploring_s == 0.0
+    assert c.exploring_lost_s == 0.0
 
 
 def test_starting_a_drafter_to_explore_it_counts_against_the_budget_but_not_in_its_step_time():
@@ -662,7 +662,7 @@ def test_starting_a_drafter_to_explore_it_counts_against_the_budget_but_not_in_i
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
     assert c.plan(2).drafter == LOOKUP  # the budget allows the first exploring step at once
     c.observe(StepRecord(LOOKUP, 2, 0.010, [4, 4], [4, 4], setup_s=0.1))  # paid: 5 tokens a plain step
-    assert c.decode_s == pytest.approx(0.12) and c.exploring_s == pytest.approx(0.1)
+    assert c.decode_s == pytest.approx(0.12) and c.exploring_lost_s == pytest.approx(0.1)
     assert c.speedup(LOOKUP, 2) == pytest.approx(5.0)
 
 

@@ -203,10 +203,10 @@ class AdaptiveController:
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
         self.exploring: str | None = None  # a drafter planned for a step that explores it
-        self.exploring_s = 0.0  # time of such steps that lost against plain steps over their tokens
-        self.explored_s = 0.0  # time of every such step
+        self.exploring_s = 0.0  # time of every such step
+        self.exploring_lost_s = 0.0  # time of those that lost against plain steps over their tokens
         self.decode_s = 0.0  # time of all steps
-        self._drained = (0.0, 0.0, 0.0)  # (explored_s, exploring_s, decode_s) at the last `drain_exploring`
+        self._drained = (0.0, 0.0, 0.0)  # (exploring_s, exploring_lost_s, decode_s) at the last `drain_exploring`
         # (drafter, bucket) -> step, basis and value (`_kept`) of `best_case` and `_step_costs`
         self.best_cases: dict[tuple[str, int], tuple[int, tuple, float]] = {}
         self.step_costs: dict[tuple[str, int], tuple[int, tuple, list[float]]] = {}
@@ -297,8 +297,8 @@ class AdaptiveController:
             # accepted draft tokens and the target's own), cost nothing: only those that lost count, and
             # starting the drafter for it (a draft model's prefill of the batch: ten plain steps at batch 8).
             plain_s = plain.value * (len(record.accepted) + sum(record.accepted)) if plain is not None else 0.0
-            self.exploring_s += record.setup_s + (record.wall_s if record.wall_s > plain_s else 0.0)
-            self.explored_s += record.setup_s + record.wall_s
+            self.exploring_lost_s += record.setup_s + (record.wall_s if record.wall_s > plain_s else 0.0)
+            self.exploring_s += record.setup_s + record.wall_s
         self.exploring = None
         if record.forward_s is not None:
             self.forward.observe(b, record.width, record.forward_s / record.batch_size)
@@ -421,7 +421,7 @@ class AdaptiveController:
         """Seconds since the last call of exploring steps (`exploring_s`), of those among them that lost
         against plain steps (`exploring_lost_s`: what `explore_budget` limits) and of every step
         (`decoding_s`), each with the starts of drafters it paid for: the job adds up its actors' records."""
-        now = (self.explored_s, self.exploring_s, self.decode_s)
+        now = (self.exploring_s, self.exploring_lost_s, self.decode_s)
         explored, lost, decoded = (a - b for a, b in zip(now, self._drained, strict=True))
         self._drained = now
         return {"exploring_s": round(explored, 6), "exploring_lost_s": round(lost, 6), "decoding_s": round(decoded, 6)}
@@ -568,7 +568,7 @@ class AdaptiveController:
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
         """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
-        the time of the exploring steps that lost against plain steps (`exploring_s`) and this one's (it
+        the time of the exploring steps that lost against plain steps (`exploring_lost_s`) and this one's (it
         may lose), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not
         counted here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
@@ -582,7 +582,7 @@ class AdaptiveController:
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
-        deficit = (self.exploring_s + step) / budget - step - self.decode_s
+        deficit = (self.exploring_lost_s + step) / budget - step - self.decode_s
         if deficit <= 0:
             return 0
         return math.ceil(deficit / (plain * batch_size))
