@@ -29,10 +29,10 @@ from pipeline.errors import JobError
 from pipeline.phases import Phases, actor_start_phases
 from pipeline.threads import default_torch_threads
 from workers import faults
+from workers.actor import GeneratorActor
 from workers.controller import Learned
 from workers.controller_stats import StatsKey
-from workers.generator import Generator, UnitInputError
-from workers.spec import UnitResult, WorkerSpec, WorkUnit
+from workers.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
 RESERVED_CPUS = 1.0
@@ -134,7 +134,7 @@ class ActorPool:
         self.faults = faults.plan()
         if self.faults:
             options["runtime_env"] = {"env_vars": {faults.FAULTS_ENV: os.environ[faults.FAULTS_ENV]}}
-        remote = ray.remote(Generator).options(**options)
+        remote = ray.remote(GeneratorActor).options(**options)
         self.created_at = time.time()
         self.actors = [remote.remote(spec, f"actor-{i}") for i in range(n)]
         self.resources_per_actor = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}

@@ -13,11 +13,9 @@ from pathlib import Path
 
 from pipeline.config import JobConfig
 from strategies import registry
-from strategies.artifacts.exits import ExitsConfig
-from strategies.artifacts.heads import HeadsConfig
-from strategies.artifacts.weights_folder import read_weights_config
-from strategies.proposers.medusa import check_choices
-from workers.model_loading import is_local, resolve_model_dir
+from strategies.artifacts.configs import read_exits_config, read_heads_config
+from strategies.proposers.medusa_choices import check_choices
+from workers.model_files import is_local, resolve_model_dir
 
 
 def strategies_of(config: JobConfig) -> set[str]:
@@ -35,13 +33,13 @@ def artifact_problems(config: JobConfig) -> list[str]:
     used, options, found = strategies_of(config), config.strategy, []
     heads_dir = _local(config.model.heads, "heads.json")
     if heads_dir is not None and "medusa" in used:
-        heads = read_weights_config(heads_dir, "heads", HeadsConfig)
+        heads = read_heads_config(heads_dir)
         problem = check_choices(options.medusa.choices, heads.num_heads, heads.vocab_size)
         if problem is not None:
             found.append(f"strategy.medusa.choices: {problem} of model.heads={config.model.heads}")
     exits_dir = _local(config.model.exits, "exits.json")
     if exits_dir is not None:
-        exits = read_weights_config(exits_dir, "exits", ExitsConfig)
+        exits = read_exits_config(exits_dir)
         layer = options.self_speculative.exit_layer
         if "self_speculative" in used and layer not in exits.layers:
             found.append(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from strategies.runtime.logprobs import TokenLogprob
-from strategies.runtime.sampling import SamplingParams
+if TYPE_CHECKING:  # the registry reads this module in the driver, which imports no torch
+    from strategies.runtime.logprobs import TokenLogprob
+    from strategies.runtime.sampling import SamplingParams
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -33,7 +34,7 @@ class RowRequest:
 
 
 # An output column a strategy fills for its rows: its name and the Python type of its values (float,
-# int, list[int]). A strategy class declares its columns as `output_columns: ClassVar[OutputColumns]`;
+# int, list[int]). The registry declares each strategy's columns (`strategies.declared`);
 # the output contract (`workers/contract.py`) makes them nullable columns of every part.
 OutputColumns = dict[str, object]
 

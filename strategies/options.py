@@ -86,6 +86,9 @@ class PromptLookupOptions:
     )
 
 
+LOOKAHEAD_MODES = ("hier", "one")
+
+
 @dataclass
 class LookaheadOptions:
     decoding_length: int = field(
@@ -175,6 +178,10 @@ class BlockwiseOptions:
             ">1: lossy, greedy only."
         },
     )
+
+
+JACOBI_MODES = ("pj", "pgj", "hgj")
+JACOBI_INITS = ("pad", "repeat", "retrieval")
 
 
 @dataclass

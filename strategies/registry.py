@@ -3,11 +3,17 @@ lossless and the output columns it fills (`StrategySpec`, one entry of `_SPECS`)
 loudly with the list of known ones.
 
 Every drafting strategy is the speculative loop (`speculative.py`) with one drafter: a proposer,
-its limits and the acceptance rule it is verified with (`acceptance.py`, through `verify.py`). Such a
-strategy is lossless exactly when its rule under the options is (`AcceptanceRule.lossless`), so no
-table of names can disagree with the rule that runs. `auto` is the loop with several drafters under
-the controller, which also chooses plain autoregressive steps. A new method of the field is one
-proposer file and one `_drafting(...)` entry in `_SPECS`.
+its limits and the acceptance rule it is verified with (`rules.py`, applied by `acceptance.py` through
+`verify.py`). Such a strategy is lossless exactly when its rule under the options is
+(`AcceptanceRule.lossless`), so no table of names can disagree with the rule that runs. `auto` is the
+loop with several drafters under the controller, which also chooses plain autoregressive steps. A new
+method of the field is one proposer file and one `_drafting(...)` entry in `_SPECS`.
+
+A job's driver reads the declarations (checks, needs, refusals, lossiness, columns) before Ray's
+actors load anything, and imports no torch: a cold job's Ray start shares the machine's cores with
+the driver's imports, and torch and transformers were most of them. So what a declaration needs of a
+strategy's code is torch-free (`declared.py`, `options.py`, `rules.py`, `medusa_choices.py`), and each
+builder imports the strategy's own code where it builds it, in the actor.
 """
 
 from __future__ import annotations
@@ -15,36 +21,38 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strategies.base import OutputColumns, Strategy
-from strategies.decoders.autoregressive import AutoregressiveStrategy
-from strategies.decoders.calm import LOGPROBS_REFUSAL, CalmStrategy
-from strategies.decoders.mask_predict import LOGPROBS_REFUSAL as MASK_PREDICT_LOGPROBS_REFUSAL
-from strategies.decoders.mask_predict import MaskPredictStrategy
+from strategies.declared import (
+    CALM_LOGPROBS_REFUSAL,
+    CALM_OUTPUT_COLUMNS,
+    CMLM_DRAFTER,
+    DRAFT_MODEL,
+    MASK_PREDICT_LOGPROBS_REFUSAL,
+    MASK_PREDICT_OUTPUT_COLUMNS,
+    ChainDrafter,
+)
 from strategies.options import (
     CALM_BATCH_EXITS,
     CALM_MEASURES,
     EAGLE_TREES,
+    JACOBI_INITS,
+    JACOBI_MODES,
+    LOOKAHEAD_MODES,
     MEDUSA_ACCEPTANCE,
     PROMPT_LOOKUP_SIZINGS,
     StrategyOptions,
     out_of_bounds,
 )
-from strategies.proposers.cmlm_proposer import CMLMProposer
-from strategies.proposers.draft_model import DraftModelProposer
 from strategies.proposers.draft_sizing import AcceptanceRecord, linear_step_costs
-from strategies.proposers.eagle import EagleProposer
-from strategies.proposers.jacobi import INITS, JacobiProposer
-from strategies.proposers.jacobi import MODES as JACOBI_MODES
-from strategies.proposers.lookahead import MODES, LookaheadProposer
-from strategies.proposers.medusa import HeadsProposer, chain_choices, check_choices
-from strategies.proposers.prompt_lookup import PromptLookupProposer
-from strategies.proposers.self_speculative import SelfSpeculativeProposer
-from strategies.runtime.runner import ModelRunner
-from strategies.verification.acceptance import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
-from strategies.verification.control import Controller
-from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.proposers.medusa_choices import chain_choices, check_choices
+from strategies.verification.control import AUTOREGRESSIVE, Controller
+from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
+
+if TYPE_CHECKING:
+    from strategies.runtime.runner import ModelRunner
+    from strategies.verification.speculative import DraftingMethod
 
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
@@ -141,47 +149,54 @@ def _drafting(
         check,
         refusal,
         lossy,
-        lambda options, models, controller: SpeculativeStrategy(
-            name, models.target, [built(options, models)], controller
-        ),
+        lambda options, models, controller: _speculative(name, models.target, [built(options, models)], controller),
         drafter=built,
     )
 
 
+def _speculative(
+    name: str, target: ModelRunner, drafters: list[DraftingMethod], controller: Controller | None
+) -> Strategy:
+    from strategies.verification.speculative import SpeculativeStrategy
+
+    return SpeculativeStrategy(name, target, drafters, controller)
+
+
 def _decoder(
-    strategy: type,
+    name: str,
+    output_columns: OutputColumns,
     needs: tuple[str, ...],
     lossy: Callable[[StrategyOptions], str | None],
     build: Callable[[StrategyOptions, Models], Strategy],
     check: Callable[[StrategyOptions], list[str]] = lambda options: [],
     refusal: Callable[[StrategyOptions, bool, bool], str | None] = lambda options, greedy, logprobs: None,
 ) -> StrategySpec:
-    """A strategy with a loop of its own (`strategy`, a class that declares its `output_columns` if any)."""
+    """A strategy with a loop of its own, and the columns it fills (`output_columns`)."""
     return StrategySpec(
-        strategy.name,
+        name,
         lambda options: needs,
         check,
         refusal,
         lossy,
         lambda options, models, controller: build(options, models),
-        output_columns=dict(getattr(strategy, "output_columns", {})),
+        output_columns=dict(output_columns),
     )
 
 
-_CHAIN_PROPOSERS = {p.name: p for p in (DraftModelProposer, CMLMProposer)}  # `strategy.<name>.drafter` values
+_CHAIN_DRAFTERS = {d.name: d for d in (DRAFT_MODEL, CMLM_DRAFTER)}  # `strategy.<name>.drafter` values
 
 
-def _chain_proposer(name: str, options: StrategyOptions) -> type[DraftModelProposer] | type[CMLMProposer]:
-    """The proposer class `strategy.<name>.drafter` names (speculative or specdec); an unknown one is the
+def _chain_proposer(name: str, options: StrategyOptions) -> ChainDrafter:
+    """The drafter `strategy.<name>.drafter` names (speculative or specdec); an unknown one is the
     default's, after `check` has reported it."""
-    return _CHAIN_PROPOSERS.get(getattr(options, name).drafter, DraftModelProposer)
+    return _CHAIN_DRAFTERS.get(getattr(options, name).drafter, DRAFT_MODEL)
 
 
 def _check_drafter(name: str) -> Callable[[StrategyOptions], list[str]]:
     def check(options: StrategyOptions) -> list[str]:
         drafter = getattr(options, name).drafter
-        if drafter not in _CHAIN_PROPOSERS:
-            return [f"strategy.{name}.drafter={drafter!r}: use one of {', '.join(_CHAIN_PROPOSERS)}"]
+        if drafter not in _CHAIN_DRAFTERS:
+            return [f"strategy.{name}.drafter={drafter!r}: use one of {', '.join(_CHAIN_DRAFTERS)}"]
         return []
 
     return check
@@ -189,9 +204,14 @@ def _check_drafter(name: str) -> Callable[[StrategyOptions], list[str]]:
 
 def _chain_drafter(name: str) -> Callable[[StrategyOptions, Models, AcceptanceRule], DraftingMethod]:
     def drafter(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+        from strategies.proposers.cmlm_proposer import CMLMProposer
+        from strategies.proposers.draft_model import DraftModelProposer
+        from strategies.verification.speculative import DraftingMethod
+
         k = options.num_speculative_tokens
-        proposer = _chain_proposer(name, options)
-        return DraftingMethod(name, proposer(_need(models, proposer.model, name), models.target.vocab_size), k, k, rule)
+        declared = _chain_proposer(name, options)
+        proposer = {DRAFT_MODEL: DraftModelProposer, CMLM_DRAFTER: CMLMProposer}[declared]
+        return DraftingMethod(name, proposer(_need(models, declared.model, name), models.target.vocab_size), k, k, rule)
 
     return drafter
 
@@ -216,6 +236,9 @@ def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRul
     up to `max_speculative_tokens` long and the proposer cuts it to what its kind of match pays for (k
     is then only the controller's first guess at its usual length); fixed, drafts start at k tokens and
     the controller may lengthen them where they keep being accepted."""
+    from strategies.proposers.prompt_lookup import PromptLookupProposer
+    from strategies.verification.speculative import DraftingMethod
+
     k, o = options.num_speculative_tokens, options.prompt_lookup
     cap = max(k, o.max_speculative_tokens)
     by_acceptance = o.sizing == "acceptance"
@@ -252,6 +275,9 @@ def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
 
 
 def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+    from strategies.proposers.lookahead import LookaheadProposer
+    from strategies.verification.speculative import DraftingMethod
+
     o = options.lookahead
     proposer = LookaheadProposer(
         o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
@@ -263,7 +289,7 @@ def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -
 
 def _check_lookahead(options: StrategyOptions) -> list[str]:
     la = options.lookahead
-    return _one_of("strategy.lookahead.mode", la.mode, MODES) + out_of_bounds(
+    return _one_of("strategy.lookahead.mode", la.mode, LOOKAHEAD_MODES) + out_of_bounds(
         [
             ("strategy.lookahead.decoding_length", la.decoding_length, la.decoding_length >= 1, ">= 1"),
             ("strategy.lookahead.branch_length", la.branch_length, la.branch_length >= 1, ">= 1"),
@@ -280,6 +306,9 @@ def _medusa_rule(options: StrategyOptions) -> AcceptanceRule:
 
 
 def _medusa(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+    from strategies.proposers.medusa import HeadsProposer
+    from strategies.verification.speculative import DraftingMethod
+
     o, heads = options.medusa, _need(models, "heads", "medusa")
     problem = check_choices(o.choices, heads.num_heads, models.target.vocab_size)
     if problem is not None:
@@ -314,6 +343,9 @@ def _blockwise_rule(options: StrategyOptions) -> AcceptanceRule:
 
 
 def _blockwise(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+    from strategies.proposers.medusa import HeadsProposer
+    from strategies.verification.speculative import DraftingMethod
+
     heads = _need(models, "heads", "blockwise")
     k = min(options.num_speculative_tokens, heads.num_heads)
     return DraftingMethod("blockwise", HeadsProposer("blockwise", heads, chain_choices(k)), k, k, rule)
@@ -325,6 +357,9 @@ def _check_blockwise(options: StrategyOptions) -> list[str]:
 
 
 def _eagle(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+    from strategies.proposers.eagle import EagleProposer
+    from strategies.verification.speculative import DraftingMethod
+
     o, head = options.eagle, _need(models, "eagle", "eagle")
     if o.tree == "chain":
         return DraftingMethod("eagle", EagleProposer(head, top_k=1), o.depth, o.depth, rule)
@@ -344,6 +379,9 @@ def _check_eagle(options: StrategyOptions) -> list[str]:
 
 
 def _jacobi(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+    from strategies.proposers.jacobi import JacobiProposer
+    from strategies.verification.speculative import DraftingMethod
+
     o = options.jacobi
     depth = models.target.max_context if o.mode == "pj" else o.block_size
     return DraftingMethod("jacobi", JacobiProposer(o.mode, o.block_size, o.init), depth, depth, rule, greedy_only=True)
@@ -353,12 +391,15 @@ def _check_jacobi(options: StrategyOptions) -> list[str]:
     jc = options.jacobi
     return (
         _one_of("strategy.jacobi.mode", jc.mode, JACOBI_MODES)
-        + _one_of("strategy.jacobi.init", jc.init, INITS)
+        + _one_of("strategy.jacobi.init", jc.init, JACOBI_INITS)
         + out_of_bounds([("strategy.jacobi.block_size", jc.block_size, jc.block_size >= 1, ">= 1")])
     )
 
 
 def _self_speculative(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+    from strategies.proposers.self_speculative import SelfSpeculativeProposer
+    from strategies.verification.speculative import DraftingMethod
+
     k, o = options.num_speculative_tokens, options.self_speculative
     exits = _need(models, "exits", "self_speculative")
     proposer = SelfSpeculativeProposer(models.target, exits, o.exit_layer, o.min_confidence)
@@ -373,6 +414,24 @@ def _check_self_speculative(options: StrategyOptions) -> list[str]:
             ("strategy.self_speculative.min_confidence", ss.min_confidence, 0 <= ss.min_confidence <= 1, "in [0, 1]"),
         ]
     )
+
+
+def _autoregressive(options: StrategyOptions, models: Models) -> Strategy:
+    from strategies.decoders.autoregressive import AutoregressiveStrategy
+
+    return AutoregressiveStrategy(models.target)
+
+
+def _calm(options: StrategyOptions, models: Models) -> Strategy:
+    from strategies.decoders.calm import CalmStrategy
+
+    return CalmStrategy(models.target, _need(models, "exits", CALM), options.calm)
+
+
+def _mask_predict(options: StrategyOptions, models: Models) -> Strategy:
+    from strategies.decoders.mask_predict import MaskPredictStrategy
+
+    return MaskPredictStrategy(_need(models, "cmlm", MASK_PREDICT), options.mask_predict)
 
 
 def _calm_lossy(options: StrategyOptions) -> str:
@@ -428,7 +487,7 @@ def _mask_predict_refusal(options: StrategyOptions, greedy: bool, logprobs: bool
 _SPECS: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
-        _decoder(AutoregressiveStrategy, (), lambda o: None, lambda o, models: AutoregressiveStrategy(models.target)),
+        _decoder(AUTOREGRESSIVE, {}, (), lambda o: None, _autoregressive),
         _drafting("prompt_lookup", lambda o: (), lambda o: ExactMatch(), _prompt_lookup, _check_prompt_lookup),
         _drafting("lookahead", lambda o: (), lambda o: ExactMatch(), _lookahead, _check_lookahead),
         _drafting("medusa", lambda o: ("heads",), _medusa_rule, _medusa, _check_medusa),
@@ -457,21 +516,23 @@ _SPECS: dict[str, StrategySpec] = {
             _check_self_speculative,
         ),
         _decoder(
-            CalmStrategy,
+            CALM,
+            CALM_OUTPUT_COLUMNS,
             ("exits",),
             _calm_lossy,
-            lambda o, models: CalmStrategy(models.target, _need(models, "exits", CALM), o.calm),
+            _calm,
             _check_calm,
-            lambda o, greedy, logprobs: LOGPROBS_REFUSAL if logprobs else None,
+            lambda o, greedy, logprobs: CALM_LOGPROBS_REFUSAL if logprobs else None,
         ),
         _decoder(
-            MaskPredictStrategy,
+            MASK_PREDICT,
+            MASK_PREDICT_OUTPUT_COLUMNS,
             ("cmlm",),
             lambda o: (
                 "Mask-Predict (strategy.mask_predict): the conditional masked LM's parallel guesses, never checked "
                 "against the target"
             ),
-            lambda o, models: MaskPredictStrategy(_need(models, "cmlm", MASK_PREDICT), o.mask_predict),
+            _mask_predict,
             _check_mask_predict,
             _mask_predict_refusal,
         ),
@@ -579,7 +640,7 @@ def create(options: StrategyOptions, models: Models, controller: Controller | No
         if unknown:
             raise KeyError(f"strategy.candidates {unknown} are unknown; available: {', '.join(drafting())}")
         drafters = [_checked(_SPECS[n], options).drafter(options, models) for n in names]
-        return SpeculativeStrategy(AUTO, models.target, drafters, controller)
+        return _speculative(AUTO, models.target, drafters, controller)
     if name not in _SPECS:
         raise KeyError(f"unknown strategy {name!r}; available: {', '.join(available())}")
     return _checked(_SPECS[name], options).build(options, models, controller)

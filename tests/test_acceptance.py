@@ -10,11 +10,9 @@ import torch
 from strategies.runtime.sampling import STREAM_ACCEPT, STREAM_TARGET, SamplingParams, keyed_uniform
 from strategies.verification.acceptance import (
     DraftTable,
-    ExactMatch,
-    RejectionSampling,
-    Relaxed,
     Slots,
-    Typical,
+    accept,
+    decide_rejection_sampling,
     rejection_chains,
     relaxed_walk,
     target_choices,
@@ -30,6 +28,7 @@ from strategies.verification.drafts import (
     tree_attention,
     tree_depths,
 )
+from strategies.verification.rules import ExactMatch, RejectionSampling, Relaxed, Typical
 
 
 def test_tree_helpers_on_a_literal_tree():
@@ -125,7 +124,7 @@ def test_walk_rows_equals_walk_on_literal_trees_and_batches(stop_early):
 def test_exact_match_takes_the_argmax_only_where_the_walk_goes():
     drafts, chosen = [d for d, _ in WALK_BATCH], torch.tensor([c for _, c in WALK_BATCH]).clamp(min=0)
     logits = torch.nn.functional.one_hot(chosen, 100).double()  # [B, 7, 100]: the argmax is `chosen`
-    verdicts = ExactMatch().accept(logits, drafts, None, SamplingParams())
+    verdicts = accept(ExactMatch(), logits, drafts, None, SamplingParams())
     assert verdicts == [walk(d, c[: len(d) + 1]) for d, c in zip(drafts, chosen.tolist(), strict=True)]
 
 
@@ -196,7 +195,7 @@ def test_a_deterministic_draft_of_the_targets_certain_token_is_always_accepted()
     logits = torch.zeros(16, 2, 4, dtype=torch.float64)
     logits[:, 0, 1] = 100.0  # p(1) = 1 at slot 0, for every row's own uniforms
     slots = Slots(seed=0, keys=torch.arange(16), positions=torch.zeros(16, 2, dtype=torch.long))
-    verdicts = RejectionSampling().accept(logits, [Draft.chain([1])] * 16, slots, SamplingParams(temperature=1.0))
+    verdicts = accept(RejectionSampling(), logits, [Draft.chain([1])] * 16, slots, SamplingParams(temperature=1.0))
     assert all(v.accepted_slots == [1] for v in verdicts)
 
 
@@ -210,10 +209,10 @@ def test_rejection_sampling_keeps_the_target_on_its_device_and_brings_the_drafts
     logits = torch.randn(2, 3, 5, device="meta")
     on_device = Draft.chain([1, 2], torch.full((2, 5), 0.2, device="meta"))
     on_cpu = Draft.chain([3], torch.full((1, 5), 0.2))  # a draft model on another device than the target
-    decided = RejectionSampling().decide(logits, [on_device, on_cpu], slots, sampling)
+    decided = decide_rejection_sampling(logits, [on_device, on_cpu], slots, sampling)
     assert decided.device.type == "meta" and decided.shape == (2, 2)
     deterministic = Draft.chain([4])  # no probabilities: one-hot q, built on the target's device
-    assert RejectionSampling().decide(logits, [deterministic, on_device], slots, sampling).device.type == "meta"
+    assert decide_rejection_sampling(logits, [deterministic, on_device], slots, sampling).device.type == "meta"
 
 
 def test_rejection_sampling_verdicts_on_a_batch_of_mixed_chains():
@@ -223,7 +222,7 @@ def test_rejection_sampling_verdicts_on_a_batch_of_mixed_chains():
     q = torch.tensor([[0.25, 0.75, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
     drafts = [Draft.chain([1, 2], q), Draft.chain([1])]  # the second: one-hot q, accepted with p(1) = 0.5
     slots = Slots(seed=11, keys=torch.tensor([5, 6]), positions=torch.tensor([[0, 1, 2], [0, 1, 1]]))
-    verdicts = RejectionSampling().accept(logits, drafts, slots, sampling)
+    verdicts = accept(RejectionSampling(), logits, drafts, slots, sampling)
     one_hot = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]], dtype=torch.float64)
     expected = rejection_chains(
         logits.exp(),
@@ -336,12 +335,12 @@ def test_typical_acceptance_matches_medusas_reference():
     logits = torch.log(torch.tensor([[[0.6, 0.4, 0.0], [0.1, 0.1, 0.8]]], dtype=torch.float64))
     chain = Draft.chain([1])
     slots = Slots(seed=5, keys=torch.tensor([3]), positions=torch.tensor([[0, 1]]))
-    assert rule.accept(logits, [chain], slots, SamplingParams()) == ExactMatch().accept(
-        logits, [chain], slots, SamplingParams()
+    assert accept(rule, logits, [chain], slots, SamplingParams()) == accept(
+        ExactMatch(), logits, [chain], slots, SamplingParams()
     )
-    assert rule.accept(logits, [chain], slots, SamplingParams())[0].tokens == [0]
+    assert accept(rule, logits, [chain], slots, SamplingParams())[0].tokens == [0]
     sampled = SamplingParams(temperature=1.0, seed=5)
-    verdict = rule.accept(logits, [chain], slots, sampled)[0]
+    verdict = accept(rule, logits, [chain], slots, sampled)[0]
     assert verdict.accepted_slots == [1]
     assert verdict.tokens == [1, target_choices(logits, slots, sampled)[0][1]]
     # The reference's entropy: nearly flat p puts δ·exp(−H) at 0.25001, above p(0) = 0.250005 (the
@@ -354,9 +353,9 @@ def test_typical_acceptance_matches_medusas_reference():
 def test_top_k_relaxed_acceptance_takes_any_token_among_the_targets_top_k():
     chain = Draft.chain([1, 3])
     logits = torch.tensor([[5.0, 4.0, 3.0, 0.0], [0.0, 1.0, 2.0, 3.0 - 1e-3], [0.0, 9.0, 0.0, 0.0]])
-    top2 = Relaxed(top_beta=2).accept(logits[None], [chain], None, SamplingParams())[0]
+    top2 = accept(Relaxed(top_beta=2), logits[None], [chain], None, SamplingParams())[0]
     assert top2.tokens == [1, 3, 1]  # 1 is 2nd at slot 0, 3 is 1st at slot 1, then the argmax 1
-    top1 = Relaxed(top_beta=1).accept(logits[None], [chain], None, SamplingParams())[0]
+    top1 = accept(Relaxed(top_beta=1), logits[None], [chain], None, SamplingParams())[0]
     assert top1.tokens == [0]  # top-1 is exact greedy: the first draft token fails
     assert Relaxed(top_beta=2).refusal(greedy=False, trees=False).endswith("use generation.temperature=0")
     assert Relaxed(top_beta=2).refusal(greedy=True, trees=True) is None
@@ -371,7 +370,7 @@ def test_rejection_sampling_refuses_trees_and_exact_matching_takes_them():
     tree = Draft([1, 2], [-1, -1], probs=torch.full((2, 4), 0.25, dtype=torch.float64))
     slots = Slots(seed=0, keys=torch.tensor([7]), positions=torch.tensor([[0, 1, 1]]))
     with pytest.raises(ValueError, match="chains"):
-        RejectionSampling().accept(torch.zeros(1, 3, 4), [tree], slots, SamplingParams(temperature=1.0))
+        accept(RejectionSampling(), torch.zeros(1, 3, 4), [tree], slots, SamplingParams(temperature=1.0))
 
 
 @pytest.mark.parametrize("rule", [RejectionSampling(), Typical(epsilon=0.3, delta=0.09)])
@@ -382,5 +381,5 @@ def test_greedy_rules_take_trees_by_exact_matching(rule):
     logits[0, 0, 2] = logits[0, 2, 3] = logits[0, 3, 0] = 1.0  # row 0: the target agrees with 2, then 3
     logits[1, 0, 3] = 1.0  # row 1: it wants 3 at once
     slots = Slots(seed=0, keys=torch.tensor([1, 2]), positions=torch.zeros(2, 4, dtype=torch.long))
-    verdicts = rule.accept(logits, [tree, tree], slots, SamplingParams())
+    verdicts = accept(rule, logits, [tree, tree], slots, SamplingParams())
     assert [(v.accepted_slots, v.tokens) for v in verdicts] == [([2, 3], [2, 3, 0]), ([], [3])]

@@ -16,9 +16,10 @@ from jobs.bench.planning import PlanningBench
 from jobs.bench.rounds import paired, per_round
 from jobs.bench.scale import bench_main
 from jobs.cli import main as cli
-from strategies.artifacts.eagle import EagleConfig, EagleHead
+from strategies.artifacts.configs import EagleConfig
+from strategies.artifacts.eagle import EagleHead
 from workers.contract import OUTPUT_SCHEMA
-from workers.model_loading import weights_sha256
+from workers.model_files import weights_sha256
 
 
 def test_paired_speedup_follows_each_round_and_drops_an_outlier():

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from jobs.shipped import SHIPPED_TARGET, shipped
 from strategies import registry
-from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, EagleConfig, EagleHead, load_eagle, save_draft_vocab
+from strategies.artifacts.configs import EagleConfig
+from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, EagleHead, load_eagle, save_draft_vocab
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
@@ -26,7 +27,8 @@ from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
-from workers.model_loading import load_models, weights_sha256
+from workers.model_files import weights_sha256
+from workers.model_loading import load_models
 
 DEPTH = 4
 

@@ -20,7 +20,7 @@ from jobs.cli import main as cli
 from strategies import registry
 from strategies.artifacts.exits import untrained_exits
 from strategies.base import GenerationParams, RowRequest
-from strategies.decoders.calm import LOGPROBS_REFUSAL
+from strategies.declared import CALM_LOGPROBS_REFUSAL
 from strategies.options import StrategyOptions
 from strategies.runtime.logprobs import score_tokens
 from strategies.runtime.runner import ModelRunner
@@ -134,7 +134,7 @@ def test_sampled_rows_report_raw_target_logprobs(model, models, name):
 def test_without_logprobs_rows_carry_none_and_calm_refuses_them(models):
     params = GenerationParams(4, SamplingParams(), frozenset(), ignore_eos=True)
     assert all(r.logprobs is None for r in _generate("speculative", models, params).rows)
-    assert registry.problems(StrategyOptions(name="calm"), greedy=True, logprobs=True) == [LOGPROBS_REFUSAL]
+    assert registry.problems(StrategyOptions(name="calm"), greedy=True, logprobs=True) == [CALM_LOGPROBS_REFUSAL]
     assert registry.problems(StrategyOptions(name="calm"), greedy=True) == []
     calm = registry.create(StrategyOptions(name="calm"), models)
     with pytest.raises(ValueError, match="no target log-probabilities"):

@@ -19,18 +19,21 @@ from transformers import AutoModelForCausalLM
 from pipeline.driver import run_job
 from pipeline.errors import JobError
 from strategies import registry
-from strategies.artifacts.heads import DraftHeads, HeadsConfig
+from strategies.artifacts.configs import HeadsConfig
+from strategies.artifacts.heads import DraftHeads
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import MEDUSA_TREE, StrategyOptions
-from strategies.proposers.medusa import HeadsProposer, chain_choices, check_choices
+from strategies.proposers.medusa import HeadsProposer
+from strategies.proposers.medusa_choices import chain_choices, check_choices
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import Proposer
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 from strategies.verification.verify import verify_inputs
-from workers.model_loading import load_models, weights_sha256
+from workers.model_files import weights_sha256
+from workers.model_loading import load_models
 
 K = 4
 # A tree as deep as the heads (the default is shallower), with branches at every level.

@@ -22,13 +22,11 @@ from pipeline.errors import JobError
 from pipeline.job_record import job_record
 from pipeline.shards import list_shards
 from strategies import registry
-from strategies.artifacts.eagle import EagleConfig
-from strategies.artifacts.exits import ExitsConfig
-from strategies.artifacts.heads import HeadsConfig
-from strategies.artifacts.weights_folder import write_weights_config
+from strategies.artifacts.configs import EagleConfig, ExitsConfig, HeadsConfig, write_weights_config
 from strategies.options import StrategyOptions
+from workers.model_files import weights_sha256
 from workers.model_kinds import BY_NAME, KINDS, needed_by
-from workers.model_loading import load_models, weights_sha256
+from workers.model_loading import load_models
 
 MODEL_SETTINGS = {"target", "dtype", "trust_remote_code", "compile", "pack_weights", "cache_dir", "storage_options"}
 

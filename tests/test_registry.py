@@ -10,7 +10,8 @@ import pytest
 
 from strategies import registry
 from strategies.options import DRAFTERS, StrategyOptions
-from strategies.verification.acceptance import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
+from strategies.verification.acceptance import ACCEPTORS
+from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
 from workers.contract import OUTPUT_SCHEMA
 
 
@@ -21,6 +22,10 @@ def _rules(cls: type) -> list[type]:
 def test_every_acceptance_rule_declares_whether_it_is_lossless():
     declared = {rule: rule.__dict__["lossless"] for rule in _rules(AcceptanceRule)}
     assert declared == {ExactMatch: True, RejectionSampling: True, Relaxed: False, Typical: False}
+
+
+def test_every_acceptance_rule_has_its_function():
+    assert set(ACCEPTORS) == set(_rules(AcceptanceRule))
 
 
 def test_a_rule_that_does_not_say_whether_it_is_lossless_cannot_be_defined():

@@ -13,11 +13,12 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.proposers.draft_model import DraftModelProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from strategies.verification.acceptance import Relaxed, Verdict
+from strategies.verification.acceptance import ACCEPTORS, Verdict
 from strategies.verification.drafts import Draft, tree_attention
-from strategies.verification.metrics import tally_faults
+from strategies.verification.rules import Relaxed
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 from strategies.verification.verify import Verification, verify, verify_inputs
+from workers.spec import tally_faults
 
 K = 4
 
@@ -208,7 +209,8 @@ def test_verify_inputs_and_emitting_logits_on_literal_drafts():
 
 class _ScriptedRule:
     """Hands back verdicts fixed in advance (or raises `error`) and keeps the slot positions it was
-    asked about. Duck-typed: a subclass of AcceptanceRule would join the registry's list of rules."""
+    asked about, once registered in `acceptance.ACCEPTORS`. Duck-typed: a subclass of AcceptanceRule
+    would join the registry's list of rules."""
 
     def __init__(self, verdicts, error=None):
         self.verdicts, self.error, self.positions = verdicts, error, None
@@ -220,9 +222,10 @@ class _ScriptedRule:
         return self.verdicts
 
 
-def test_verify_feeds_each_slot_its_ancestry_keeps_the_accepted_path_and_rolls_back_on_error(target):
+def test_verify_feeds_each_slot_its_ancestry_keeps_the_accepted_path_and_rolls_back_on_error(target, monkeypatch):
     """Logits, not tokens, are compared with a plain forward over each slot's path: a tiny random model's
     argmax barely depends on the context, its logits do."""
+    monkeypatch.setitem(ACCEPTORS, _ScriptedRule, lambda rule, *args: rule.accept(*args))
     prompts = [[5, 6, 7, 8, 9], [10, 11]]
     kv = target.new_kv(2)
     target.prefill(kv, prompts)

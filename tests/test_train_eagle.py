@@ -18,8 +18,9 @@ from jobs.train.corpus import load_corpus
 from jobs.train.eagle import most_frequent
 from jobs.train.heads import SequenceSampler
 from jobs.train.tokenizer import encode_documents, load_tokenizer
-from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, load_eagle, read_config
-from workers.model_loading import weights_sha256
+from strategies.artifacts.configs import read_eagle_config
+from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, load_eagle
+from workers.model_files import weights_sha256
 
 TINY_EAGLE = [
     "corpus.max_files=40",
@@ -48,7 +49,7 @@ def eagle_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def test_saved_folder_names_its_target_and_records_held_out_acceptance(eagle_dir: Path, tiny_model_dir: Path):
-    config = read_config(eagle_dir)
+    config = read_eagle_config(eagle_dir)
     assert config.target_weights_sha256 == weights_sha256(tiny_model_dir)
     training = config.training
     assert training["steps"] == 8 and training["tokens_seen"] == 8 * 4 * 23
@@ -65,7 +66,7 @@ def test_most_frequent_ranks_tokens_by_count_lower_id_first_on_ties():
 
 
 def test_the_draft_vocabulary_is_the_training_splits_most_frequent_tokens(eagle_dir: Path, tiny_model_dir: Path):
-    config = read_config(eagle_dir)
+    config = read_eagle_config(eagle_dir)
     assert config.draft_vocab_size == 64 and config.training["draft_vocab"]["size"] == 64
     saved = load_file(eagle_dir / DRAFT_VOCAB_FILE)
     corpus = load_corpus(CorpusConfig(max_files=40, heldout_percent=25))
@@ -86,13 +87,13 @@ def test_draft_vocab_only_rewrites_the_vocabulary_and_never_the_weights(
     args = ["eagle", f"target={tiny_model_dir}", f"output_dir={out}", *TINY_EAGLE, "draft_vocab_only=true"]
     (out / DRAFT_VOCAB_FILE).write_bytes(b"not safetensors")  # a broken vocabulary is written anew
     assert main([*args, "draft_vocab=32"]) == 0
-    config = read_config(out)
+    config = read_eagle_config(out)
     assert config.draft_vocab_size == 32 and len(load_file(out / DRAFT_VOCAB_FILE)["token_ids"]) == 32
     assert config.training["heldout_acceptance"]["static"]["tau"] >= 1
-    assert config.training["train_loss"] == read_config(eagle_dir).training["train_loss"]  # the record is kept
+    assert config.training["train_loss"] == read_eagle_config(eagle_dir).training["train_loss"]  # the record is kept
     assert (out / "eagle.safetensors").read_bytes() == weights
     assert main([*args, "draft_vocab=0"]) == 0  # the whole vocabulary: no file, nothing announced
-    assert read_config(out).draft_vocab_size == 0 and not (out / DRAFT_VOCAB_FILE).exists()
+    assert read_eagle_config(out).draft_vocab_size == 0 and not (out / DRAFT_VOCAB_FILE).exists()
     assert load_eagle(out, torch.float32, torch.device("cpu")).draft_ids is None
     capsys.readouterr()
     nothing_trained = ["eagle", f"target={tiny_model_dir}", f"output_dir={tmp_path / 'none'}", *TINY_EAGLE]
@@ -108,7 +109,7 @@ def test_training_lowers_the_loss(tiny_model_dir: Path, tmp_path: Path):
         out = tmp_path / f"steps{steps}"
         args = [*TINY_EAGLE, f"train.steps={steps}", "train.checkpoint_every=30", "optim.warmup_steps=1"]
         assert main(["eagle", f"target={tiny_model_dir}", f"output_dir={out}", *args]) == 0
-        losses[steps] = read_config(out).training["train_loss"]
+        losses[steps] = read_eagle_config(out).training["train_loss"]
     assert losses[30] < 0.8 * losses[1]
 
 

@@ -15,8 +15,10 @@ from safetensors.torch import load_file
 from jobs.train.cli import main
 from jobs.train.exits import balanced_accuracy, balanced_bce
 from jobs.train.windows import WindowSampler
-from strategies.artifacts.exits import CONFIG_FILE, WEIGHTS_FILE, load_exits, read_config
-from workers.model_loading import load_models, weights_sha256
+from strategies.artifacts.configs import read_exits_config
+from strategies.artifacts.exits import CONFIG_FILE, WEIGHTS_FILE, load_exits
+from workers.model_files import weights_sha256
+from workers.model_loading import load_models
 
 TINY_EXITS = [
     "corpus.max_files=40",
@@ -46,7 +48,7 @@ def exits_dir(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 def test_saved_folder_loads_names_its_target_and_reports_agreement(exits_dir: Path, target_dir: Path) -> None:
     assert sorted(p.name for p in exits_dir.iterdir()) == sorted(["checkpoint", CONFIG_FILE, WEIGHTS_FILE])
-    config = read_config(exits_dir)
+    config = read_exits_config(exits_dir)
     assert config.layers == [1, 2] and config.num_layers == 3 and config.classifier
     assert config.target_weights_sha256 == weights_sha256(target_dir) and config.target_path == str(target_dir)
     report = config.training["heldout_agreement"]

@@ -15,8 +15,9 @@ from jobs.train import checkpoint
 from jobs.train.cli import main
 from jobs.train.config import TrainConfig
 from jobs.train.heads import DATA_SUBDIR, IGNORE, SequenceSampler, head_labels, heads_loss, hidden_windows
-from strategies.artifacts.heads import CONFIG_FILE, WEIGHTS_FILE, DraftHeads, HeadsConfig, load_heads, read_config
-from workers.model_loading import weights_sha256
+from strategies.artifacts.configs import HeadsConfig, read_heads_config
+from strategies.artifacts.heads import CONFIG_FILE, WEIGHTS_FILE, DraftHeads, load_heads
+from workers.model_files import weights_sha256
 
 PROMPT, CONTINUATION, NUM_HEADS = 8, 16, 4
 TINY_HEADS = [
@@ -82,7 +83,7 @@ def test_training_lowers_the_loss(heads_dir: Path, tiny_model_dir: Path) -> None
     assert sequences.shape == (8, PROMPT + CONTINUATION)
     hidden = hidden_windows(target, sequences, PROMPT, NUM_HEADS, batch_size=8)  # [N, W, H]
     objective = heads_loss(hidden, head_labels(sequences, PROMPT, NUM_HEADS), decay=0.8)
-    untrained = DraftHeads(read_config(heads_dir))
+    untrained = DraftHeads(read_heads_config(heads_dir))
     trained = load_heads(heads_dir, torch.float32, torch.device("cpu"))
     for heads in (untrained, trained):
         heads.use_lm_head(target.lm_head.weight)
@@ -125,7 +126,7 @@ def test_eval_reports_top1_and_top5_per_head(heads_dir: Path, tiny_model_dir: Pa
     accuracy = json.loads(report.read_text())
     assert [a["head"] for a in accuracy] == list(range(NUM_HEADS))
     assert all(0.0 <= a["top1"] <= a["top5"] <= 1.0 for a in accuracy)
-    assert accuracy == read_config(heads_dir).training["heldout_accuracy"]  # the training job's own measurement
+    assert accuracy == read_heads_config(heads_dir).training["heldout_accuracy"]  # the training job's own measurement
 
 
 def test_heads_refuse_another_target(heads_dir: Path, tiny_draft_dir: Path, capsys: pytest.CaptureFixture) -> None:

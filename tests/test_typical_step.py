@@ -16,9 +16,9 @@ from bigram_model import bigram_model
 from strategies.base import GenerationParams, RowRequest
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from strategies.verification.acceptance import Typical
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import Proposer
+from strategies.verification.rules import Typical
 from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
 
 # The target's next-token distribution after each token (vocabulary 8: a Llama's heads need an even width).

@@ -23,8 +23,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from strategies.verification.control import AUTOREGRESSIVE
 from workers.controller import Learned
 from workers.storage import filesystem, join, write_bytes
@@ -42,15 +40,8 @@ class StatsKey:
     """Whose statistics: step costs and acceptance hold for one target, device and dtype."""
 
     target: str  # the target's weights hash (`_job.json` identity.model.weights_sha256.target)
-    device: str  # `device_identity`
+    device: str  # `workers.generator.device_identity`
     dtype: str  # torch dtype name, e.g. float32
-
-
-def device_identity(device: torch.device) -> str:
-    """The device as step costs see it: the GPU's name, or the CPU threads torch decodes with."""
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
 def logs_url(output_url: str) -> str:

@@ -27,7 +27,6 @@ from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
-from strategies.verification.metrics import tally_faults
 from workers import contract, faults
 from workers.contract import (
     FINISH_ERROR,
@@ -37,7 +36,7 @@ from workers.contract import (
     row_ids_of_id_column,
 )
 from workers.controller import AdaptiveController, Learned
-from workers.controller_stats import StatsKey, device_identity
+from workers.controller_stats import StatsKey
 from workers.engine import DecodeEngine, Pending, SegmentRecord
 from workers.model_loading import load_models, resolve_dtype
 from workers.row_settings import RowSettings, row_settings
@@ -50,12 +49,15 @@ from workers.rows import (
     repetition_rate,
     too_long_message,
 )
-from workers.spec import UnitResult, WorkerSpec, WorkUnit, add_up
+from workers.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.storage import filesystem, write_bytes
 
 
-class UnitInputError(Exception):
-    """The unit's input data cannot be read: retrying will not help until the file is fixed."""
+def device_identity(device: torch.device) -> str:
+    """The device as step costs see it: the GPU's name, or the CPU threads torch decodes with."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
 class Decoded(NamedTuple):

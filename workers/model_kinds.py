@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from strategies.artifacts.configs import read_eagle_config, read_exits_config, read_heads_config
+
 if TYPE_CHECKING:
     from strategies.artifacts.cmlm import CMLM
     from strategies.artifacts.eagle import EagleHead
@@ -76,9 +78,7 @@ def _load_heads(folder: Path, url: str, at: Loading) -> DraftHeads:
 
 
 def _heads_trained_for(folder: Path) -> TrainedFor:
-    from strategies.artifacts.heads import read_config
-
-    return read_config(folder)
+    return read_heads_config(folder)
 
 
 def _load_exits(folder: Path, url: str, at: Loading) -> ExitHeads:
@@ -90,9 +90,7 @@ def _load_exits(folder: Path, url: str, at: Loading) -> ExitHeads:
 
 
 def _exits_trained_for(folder: Path) -> TrainedFor:
-    from strategies.artifacts.exits import read_config
-
-    return read_config(folder)
+    return read_exits_config(folder)
 
 
 def _load_cmlm(folder: Path, url: str, at: Loading) -> CMLM:
@@ -114,9 +112,7 @@ def _load_eagle(folder: Path, url: str, at: Loading) -> EagleHead:
 
 
 def _eagle_trained_for(folder: Path) -> TrainedFor:
-    from strategies.artifacts.eagle import read_config
-
-    return read_config(folder)
+    return read_eagle_config(folder)
 
 
 KINDS: tuple[ModelKind, ...] = (

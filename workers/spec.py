@@ -60,6 +60,21 @@ def add_up(counts: Iterable[Mapping[str, float]]) -> dict[str, float]:
     return total
 
 
+def tally_faults(tallies: Iterable[dict[str, tuple[int, str]]]) -> dict[str, tuple[int, str]]:
+    """Per drafter: (faults, the first fault's message), summed over `tallies` in order. A batch
+    record's tally is `{drafter: (len(messages), messages[0])}` of its `faults`."""
+    total: dict[str, tuple[int, str]] = {}
+    for tally in tallies:
+        for drafter, (count, first) in tally.items():
+            before, message = total.get(drafter, (0, first))
+            total[drafter] = (before + count, message)
+    return total
+
+
+class UnitInputError(Exception):
+    """The unit's input data cannot be read: retrying will not help until the file is fixed."""
+
+
 @dataclass
 class UnitResult:
     """What an attempt of a unit staged, for the driver to commit."""
@@ -78,7 +93,7 @@ class UnitResult:
     device: str
     tokens_by_strategy: dict[str, int] = field(default_factory=dict)
     tokens_by_option: dict[str, int] = field(default_factory=dict)  # drafting rows: tokens per drafter
-    # Per drafter: (faults in the unit's batch records, the first one's message); see `metrics.tally_faults`.
+    # Per drafter: (faults in the unit's batch records, the first one's message); see `tally_faults`.
     drafter_faults: dict[str, tuple[int, str]] = field(default_factory=dict)
     # When the earliest throughput record it logged closed (epoch seconds; None: it logged none). The
     # job's first batch ends at the earliest over all units, whichever unit's log took that record.

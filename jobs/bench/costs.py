@@ -15,7 +15,7 @@ run, on the bench's prompts and models:
   step's time outside the target forward over a plain step: what drafting costs besides the forward.
 
 The phases are timed by wrapping the loop's collaborators for the duration of the measurement (the
-proposer's `propose`, the acceptance rule's `accept`, the verifier's input builder, the runner's
+proposer's `propose`, the verifier's input builder and its `accept`, the runner's
 `forward`, the cache's rollback), so the decoding code carries no timers of its own.
 """
 
@@ -139,6 +139,7 @@ def clocked(strategy: object, runner: ModelRunner, clock: PhaseClock) -> Iterato
     patches: list[tuple[object, str, object]] = [
         (speculative, "verify", clock.verify(speculative.verify)),
         (verifier, "verify_inputs", clock.timed("verify_inputs", verifier.verify_inputs)),
+        (verifier, "accept", clock.timed("accept", verifier.accept)),
         (runner, "forward", clock.timed("forward", runner.forward, only_in_verify=True)),
         (kv_cache.RaggedKV, "invalidate", clock.timed("rollback", kv_cache.RaggedKV.invalidate, True)),
         (
@@ -149,8 +150,7 @@ def clocked(strategy: object, runner: ModelRunner, clock: PhaseClock) -> Iterato
     ]
     for method in getattr(strategy, "drafters", {}).values():
         patches.append((method.proposer, "propose", clock.timed("propose", method.proposer.propose)))
-        patches.append((method.rule, "accept", clock.timed("accept", method.rule.accept)))
-    # Rules are frozen dataclasses: their attributes are set past the freeze, and put back after.
+    # Attributes are set past any freeze of a dataclass, and put back after.
     saved = [(owner, name, vars(owner).get(name)) for owner, name, _ in patches]
     for owner, name, wrapped in patches:
         _set(owner, name, wrapped)

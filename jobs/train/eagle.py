@@ -41,13 +41,13 @@ from jobs.train.tokenizer import encode_documents
 from pipeline.errors import JobError
 from pipeline.report import acceptance_by_position, tau_by_drafter
 from strategies import registry
-from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, KIND, EagleConfig, EagleHead, load_eagle, save_draft_vocab
-from strategies.artifacts.weights_folder import write_weights_config
+from strategies.artifacts.configs import EagleConfig, write_weights_config
+from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, KIND, EagleHead, load_eagle, save_draft_vocab
 from strategies.base import GenerationParams, RowRequest
 from strategies.options import EAGLE_TREES, StrategyOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from workers.model_loading import weights_sha256
+from workers.model_files import weights_sha256
 
 
 def train_eagle(config: EagleJobConfig) -> Path:

@@ -42,9 +42,10 @@ from jobs.train.on_target import TargetRun, start_on_target
 from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
+from strategies.artifacts.configs import HeadsConfig
 from strategies.artifacts.eagle import EagleHead
-from strategies.artifacts.heads import DraftHeads, HeadsConfig, load_heads
-from workers.model_loading import weights_sha256
+from strategies.artifacts.heads import DraftHeads, load_heads
+from workers.model_files import weights_sha256
 
 IGNORE = -100  # label of a position whose token t+2+i is not a generated one (cross_entropy's ignore_index)
 TOP_K = 5  # Medusa reports top-1 and top-5 accuracy

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from strategies.artifacts.weights_folder import read_weights_config, write_weights_config
+from strategies.artifacts.configs import read_weights_config, write_weights_config
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.linear import linear
 from strategies.runtime.runner import ModelRunner

@@ -35,55 +35,21 @@ A job refuses a head whose `target_weights_sha256` is not its target's (`workers
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
+from strategies.artifacts.configs import EagleConfig, read_eagle_config
+from strategies.artifacts.weights_folder import load_weights, save_weights_folder
 from strategies.runtime.kv_cache import SlotLayer
 from strategies.runtime.linear import linear
 from strategies.runtime.llama_forward import LayerMath, LayerWeights
 
 KIND = "eagle"
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
-
-
-@dataclass
-class EagleConfig:
-    """What `eagle.json` holds: enough to rebuild the head and to check it fits a target."""
-
-    hidden_size: int
-    vocab_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float = 1e-6
-    draft_vocab_size: int = 0  # tokens in draft_vocab.safetensors; 0: drafts score the whole vocabulary
-    target_path: str = ""  # where the target was when the head was trained (informative)
-    target_weights_sha256: str = ""  # `model_loading.weights_sha256` of that target
-    training: dict[str, Any] = field(default_factory=dict)  # what produced the head (informative)
-
-    @staticmethod
-    def of_target(target: torch.nn.Module, **trained_for: str) -> EagleConfig:
-        """The shape of a head for `target` (a Hugging Face Llama-family causal LM): its own layer's."""
-        config = target.config
-        heads = config.num_attention_heads
-        return EagleConfig(
-            hidden_size=config.hidden_size,
-            vocab_size=target.get_output_embeddings().weight.shape[0],
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-            intermediate_size=config.intermediate_size,
-            rms_norm_eps=config.rms_norm_eps,
-            **trained_for,
-        )
 
 
 class EagleHead(torch.nn.Module):
@@ -238,15 +204,10 @@ def read_draft_vocab(directory: Path, config: EagleConfig) -> torch.Tensor | Non
     return token_ids
 
 
-def read_config(directory: Path) -> EagleConfig:
-    """The head's config; a ValueError naming the file when it is not an EAGLE folder of this format."""
-    return read_weights_config(directory, KIND, EagleConfig)
-
-
 def load_eagle(directory: Path, dtype: torch.dtype, device: torch.device, draft_vocab: bool = True) -> EagleHead:
     """The head saved in `directory`, in eval mode, with its draft vocabulary (`draft_vocab=False`: without
     reading it, for the command that writes it anew); it still needs `use_target`."""
-    config = read_config(directory)
+    config = read_eagle_config(directory)
     head = EagleHead(config)
     head.load_state_dict(load_weights(directory, KIND))
     head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)

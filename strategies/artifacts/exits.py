@@ -17,44 +17,17 @@ A job refuses exits whose `target.weights_sha256` is not its target's (`workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
+from strategies.artifacts.configs import ExitsConfig, read_exits_config
+from strategies.artifacts.weights_folder import load_weights, save_weights_folder
 from strategies.runtime.linear import linear
 
 CONFIG_FILE = "exits.json"
 WEIGHTS_FILE = "exits.safetensors"
-
-
-@dataclass
-class ExitsConfig:
-    """What `exits.json` holds: enough to rebuild the module and to check it fits a target."""
-
-    layers: list[int]  # exit after this many layers, ascending, each in 1..num_layers-1
-    num_layers: int  # the target's layers
-    hidden_size: int
-    vocab_size: int
-    adapter_rank: int = 0  # 0: no adapter (norm + LM head only)
-    classifier: bool = False  # CALM's trained confidence classifier, one per exit
-    rms_norm_eps: float = 1e-6
-    target_path: str = ""  # where the target was when the exits were trained (informative)
-    target_weights_sha256: str = ""  # `model_loading.weights_sha256` of that target
-    training: dict[str, Any] = field(default_factory=dict)  # what produced the exits, held-out agreement
-
-    def problem(self) -> str | None:
-        """Why this config cannot describe exits of a target, or None."""
-        if not self.layers or self.layers != sorted(set(self.layers)):
-            return f"layers {self.layers} must be a non-empty ascending list without repeats"
-        if self.layers[0] < 1 or self.layers[-1] >= self.num_layers:
-            return f"layers {self.layers} must lie in 1..{self.num_layers - 1} (the last layer is the target's own)"
-        if self.adapter_rank < 0:
-            return f"adapter_rank={self.adapter_rank} must be >= 0"
-        return None
 
 
 class Exit(torch.nn.Module):
@@ -136,14 +109,9 @@ class ExitHeads(torch.nn.Module):
         save_weights_folder(directory, "exits", self.config, self)
 
 
-def read_config(directory: Path) -> ExitsConfig:
-    """The exits' config; a ValueError naming the file when it is not a exits folder of this format."""
-    return read_weights_config(directory, "exits", ExitsConfig)
-
-
 def load_exits(directory: Path, dtype: torch.dtype, device: torch.device) -> ExitHeads:
     """The exits saved in `directory`, in eval mode; they still need the target's `use_lm_head`."""
-    exits = ExitHeads(read_config(directory))
+    exits = ExitHeads(read_exits_config(directory))
     exits.load_state_dict(load_weights(directory, "exits"))
     return exits.to(device=device, dtype=dtype).eval().requires_grad_(False)
 

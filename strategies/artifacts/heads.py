@@ -16,32 +16,17 @@ A job refuses heads whose `target.weights_sha256` is not its target's (`workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from strategies.artifacts.weights_folder import load_weights, read_weights_config, save_weights_folder
+from strategies.artifacts.configs import HeadsConfig, read_heads_config
+from strategies.artifacts.weights_folder import load_weights, save_weights_folder
 from strategies.runtime.linear import linear
 
 CONFIG_FILE = "heads.json"
 WEIGHTS_FILE = "heads.safetensors"
-
-
-@dataclass
-class HeadsConfig:
-    """What `heads.json` holds: enough to rebuild the module and to check it fits a target."""
-
-    num_heads: int
-    hidden_size: int
-    vocab_size: int
-    num_layers: int = 1
-    shared_lm_head: bool = True  # False: each head has its own projection [V, H]
-    target_path: str = ""  # where the target was when the heads were trained (informative)
-    target_weights_sha256: str = ""  # `model_loading.weights_sha256` of that target
-    training: dict[str, Any] = field(default_factory=dict)  # what produced the heads (informative)
 
 
 class ResBlock(torch.nn.Module):
@@ -159,14 +144,9 @@ def _stack(linears: list[list[torch.nn.Linear]]) -> list[tuple[torch.Tensor, tor
     ]
 
 
-def read_config(directory: Path) -> HeadsConfig:
-    """The heads' config; a ValueError naming the file when it is not a heads folder of this format."""
-    return read_weights_config(directory, "heads", HeadsConfig)
-
-
 def load_heads(directory: Path, dtype: torch.dtype, device: torch.device) -> DraftHeads:
     """The heads saved in `directory`, in eval mode; shared heads still need `use_lm_head`."""
-    config = read_config(directory)
+    config = read_heads_config(directory)
     heads = DraftHeads(config)
     heads.load_state_dict(load_weights(directory, "heads"))
     return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)

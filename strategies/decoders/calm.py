@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, OutputColumns, RowOutput, RowRequest, Segment, decode_to_end
+from strategies.declared import CALM_LOGPROBS_REFUSAL, CALM_OUTPUT_COLUMNS
 from strategies.options import CalmOptions
 from strategies.runtime.batch import Batch, Row, start_batch
 from strategies.runtime.linear import linear
@@ -48,11 +49,6 @@ from strategies.runtime.runner import LayerPass, ModelRunner
 from strategies.runtime.sampling import choose_tokens
 
 DECAY_FLOOR = 0.9  # λ_t never falls below this share of λ
-LOGPROBS_REFUSAL = (
-    "strategy calm chooses tokens at intermediate layers and never runs the target's full forward for "
-    "them, so it has no target log-probabilities to report: use a lossless strategy, or drop "
-    "output.logprobs and output.top_logprobs"
-)
 
 
 def threshold_at(threshold: float, tau: float, index: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -70,7 +66,7 @@ class CalmStrategy:
     """Early exit per row and per token; skipped layers' keys and values filled by state propagation."""
 
     name = "calm"
-    output_columns: ClassVar[OutputColumns] = {"mean_exit_layer": float}  # the row's mean exit layer
+    output_columns: ClassVar[OutputColumns] = CALM_OUTPUT_COLUMNS
 
     def __init__(self, runner: ModelRunner, exits: ExitHeads, options: CalmOptions) -> None:
         runner.need_layers()
@@ -86,7 +82,7 @@ class CalmStrategy:
 
     def open(self, requests: list[RowRequest], params: GenerationParams) -> CalmDecoding:
         if params.logprobs is not None:
-            raise ValueError(LOGPROBS_REFUSAL)
+            raise ValueError(CALM_LOGPROBS_REFUSAL)
         return CalmDecoding(self, start_batch(self.runner, requests, params, row_type=_CalmRow))
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:

@@ -31,14 +31,11 @@ from strategies.base import (
     decode_to_end,
     finish_reason,
 )
+from strategies.declared import MASK_PREDICT_LOGPROBS_REFUSAL, MASK_PREDICT_OUTPUT_COLUMNS
 from strategies.options import MaskPredictOptions
 from strategies.runtime.batch import Row
 
 NAME = "mask_predict"
-LOGPROBS_REFUSAL = (
-    "strategy mask_predict never runs the target, so it has no target log-probabilities to report: use a "
-    "lossless strategy, or drop output.logprobs and output.top_logprobs"
-)
 
 # (per lane, its block's tokens with the mask id where masked; which positions need a prediction [lanes, W])
 # -> the most likely token's log-probability and the token at each needed position ([lanes, W] each).
@@ -115,8 +112,7 @@ class MaskPredictStrategy:
     """Rows of one batch decoded block by block with the CMLM; the target is not run."""
 
     name = NAME
-    # The CMLM passes the row took, all blocks together; the length chosen for each of its blocks.
-    output_columns: ClassVar[OutputColumns] = {"iterations": int, "block_lengths": list[int]}
+    output_columns: ClassVar[OutputColumns] = MASK_PREDICT_OUTPUT_COLUMNS
 
     def __init__(self, cmlm: CMLM, options: MaskPredictOptions) -> None:
         if options.max_length > cmlm.max_length:
@@ -132,7 +128,7 @@ class MaskPredictStrategy:
         if not params.sampling.greedy:
             raise ValueError("strategy.name=mask_predict decodes greedily only: set generation.temperature=0")
         if params.logprobs is not None:
-            raise ValueError(LOGPROBS_REFUSAL)
+            raise ValueError(MASK_PREDICT_LOGPROBS_REFUSAL)
         decoding = MaskPredictDecoding(self, params)
         decoding.admit(requests)
         return decoding

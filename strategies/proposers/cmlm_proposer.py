@@ -19,6 +19,7 @@ import torch
 
 from strategies.artifacts.cmlm import CMLM
 from strategies.base import GenerationParams
+from strategies.declared import CMLM_DRAFTER
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
@@ -31,9 +32,9 @@ class _CMLMRow:
 
 
 class CMLMProposer(Proposer[_CMLMRow]):
-    name = "cmlm"
-    model: ClassVar[str] = "cmlm"  # the `model.<kind>` it drafts with
-    draft_probabilities: ClassVar[bool] = False  # drafts carry q, as speculative sampling needs
+    name = CMLM_DRAFTER.name
+    model: ClassVar[str] = CMLM_DRAFTER.model
+    draft_probabilities: ClassVar[bool] = CMLM_DRAFTER.draft_probabilities
 
     def __init__(self, cmlm: CMLM, vocab_size: int) -> None:
         if cmlm.config.content_vocab_size > vocab_size:

@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 
 from strategies.base import GenerationParams
+from strategies.declared import DRAFT_MODEL
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, keyed_uniform, sample_from
@@ -32,9 +33,9 @@ class _DraftRow:
 class DraftModelProposer(Proposer[_DraftRow]):
     """One record per row, and the draft's cache of every row (`kv`, rows in the records' order)."""
 
-    name = "draft_model"
-    model: ClassVar[str] = "draft"  # the `model.<kind>` it drafts with
-    draft_probabilities: ClassVar[bool] = True  # drafts carry q, as speculative sampling needs
+    name = DRAFT_MODEL.name
+    model: ClassVar[str] = DRAFT_MODEL.model
+    draft_probabilities: ClassVar[bool] = DRAFT_MODEL.draft_probabilities
     drafts_per_depth = True
 
     def __init__(self, draft: ModelRunner, vocab_size: int) -> None:

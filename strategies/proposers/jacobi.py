@@ -25,13 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from strategies.base import GenerationParams
+from strategies.options import JACOBI_INITS, JACOBI_MODES
 from strategies.proposers.prompt_lookup import NgramIndex
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
-
-MODES = ("pj", "pgj", "hgj")
-INITS = ("pad", "repeat", "retrieval")
 
 
 @dataclass
@@ -54,8 +52,8 @@ class JacobiProposer(Proposer[_Row]):
     wants_verify_logits = True
 
     def __init__(self, mode: str, block_size: int, init: str) -> None:
-        if mode not in MODES or init not in INITS:
-            raise ValueError(f"jacobi: mode must be one of {MODES}, init one of {INITS}")
+        if mode not in JACOBI_MODES or init not in JACOBI_INITS:
+            raise ValueError(f"jacobi: mode must be one of {JACOBI_MODES}, init one of {JACOBI_INITS}")
         self.mode, self.block_size, self.init = mode, block_size, init
         self.blocks = self.iterations = self.committed = self.fast_forwarded = self.stationary = 0
 

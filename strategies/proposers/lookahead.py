@@ -22,11 +22,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from strategies.options import LOOKAHEAD_MODES
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
-
-MODES = ("hier", "one")
 
 
 class _Node:
@@ -188,8 +187,8 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
         max_nodes: int = 200_000,
         own_prompt_weight: float = 3.0,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"lookahead mode {mode!r} is unknown; available: {', '.join(MODES)}")
+        if mode not in LOOKAHEAD_MODES:
+            raise ValueError(f"lookahead mode {mode!r} is unknown; available: {', '.join(LOOKAHEAD_MODES)}")
         self.decoding_length = decoding_length
         self.branch_length = branch_length
         self.max_query_length = max_query_length

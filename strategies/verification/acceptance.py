@@ -30,21 +30,18 @@ and the target's choices or probabilities at every slot (slot 0: the pending tok
   It runs on every row at once on the target's device (the drafts' probabilities and the keyed
   uniforms are moved there), so a GPU step reads back two integers per row.
 
-The rule a strategy hands the verifier (`strategies.verification.verify`) is one of the classes below, each
-applying its function to every row of a verify forward and refusing the combinations its math
-does not cover (`refusal`). Each rule class declares `lossless`: a drafting strategy is lossless exactly
-when its rule is (`strategies.registry`), so a new rule cannot slip into `auto`'s defaults or out of the
-manifest's `lossy` without saying which it is.
+The rule a strategy hands the verifier (`strategies.verification.verify`) is one of the classes of
+`strategies.verification.rules`, which declare whether they are lossless and refuse the combinations
+their math does not cover; `accept` applies its function here (`ACCEPTORS`) to every row of a verify
+forward.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -58,6 +55,7 @@ from strategies.runtime.sampling import (
     sample_from,
 )
 from strategies.verification.drafts import Draft, children_by_slot, is_chain, tree_depths
+from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
 
 
 @dataclass
@@ -276,33 +274,6 @@ class Slots:
         return keyed_uniform(self.seed, keys, self.positions.reshape(-1), stream).view(b, w)
 
 
-class AcceptanceRule(ABC):
-    """A rule of the verifier. `lossless`: every token it emits is the target's own (greedy: its argmax;
-    sampling: a draw from its distribution), whatever was drafted. Required of every rule class: one
-    that does not declare it in its own body fails when it is defined."""
-
-    name: ClassVar[str]
-    lossless: ClassVar[bool]
-
-    def __init_subclass__(cls, **kwargs: object) -> None:
-        super().__init_subclass__(**kwargs)
-        if not isinstance(cls.__dict__.get("lossless"), bool):
-            raise TypeError(
-                f"acceptance rule {cls.__name__} must declare `lossless: ClassVar[bool] = ...` in its class body: "
-                "True only if every token it emits is the target's own choice"
-            )
-
-    @abstractmethod
-    def refusal(self, greedy: bool, trees: bool) -> str | None:
-        """Why this rule cannot verify such drafts (tree drafts or not) at this sampling, or None."""
-
-    @abstractmethod
-    def accept(
-        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
-    ) -> list[Verdict]:
-        """Each row's verdict from the verify forward's `logits` [B, W, V] (slot s of row b: logits[b, s])."""
-
-
 def target_choices(logits: torch.Tensor, slots: Slots, sampling: SamplingParams) -> list[list[int]]:
     """[B][W] the target's own token at every slot: its argmax, or its keyed sample (stream 0)."""
     if sampling.greedy:
@@ -317,141 +288,109 @@ def sampled_choices(logits: torch.Tensor, slots: Slots, sampling: SamplingParams
     return sample_from(probs, slots.uniforms(STREAM_TARGET).reshape(-1).to(probs.device)).view(b, w)
 
 
-@dataclass(frozen=True)
-class ExactMatch(AcceptanceRule):
-    """The target's own choice decides (`walk`, run as `walk_rows`): lossless for any draft, chain or
-    tree, greedy or sampled. Greedy, the argmax is taken only at the slots the walk reaches."""
-
-    name: ClassVar[str] = "exact"
-    lossless: ClassVar[bool] = True
-
-    def refusal(self, greedy: bool, trees: bool) -> str | None:
-        return None
-
-    def accept(
-        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
-    ) -> list[Verdict]:
-        rows = torch.arange(len(drafts), device=logits.device)
-        if sampling.greedy:
-
-            def choose(at: torch.Tensor) -> torch.Tensor:
-                return logits[rows, at].argmax(dim=-1)  # [B]: the argmax at the slots reached, no others
-        else:
-            drawn = sampled_choices(logits, slots, sampling)  # [B, W]: every slot's keyed draw
-
-            def choose(at: torch.Tensor) -> torch.Tensor:
-                return drawn[rows, at]
-
-        table = DraftTable.of(drafts, logits.device)
-        return walk_rows(drafts, table, choose, stop_early=logits.device.type == "cpu")
+Acceptor = Callable[[AcceptanceRule, torch.Tensor, list[Draft], Slots, SamplingParams], list[Verdict]]
 
 
-@dataclass(frozen=True)
-class RejectionSampling(AcceptanceRule):
-    """Speculative sampling of chains drafted with probabilities (`rejection_chains`); greedy: `walk`.
+def accept(
+    rule: AcceptanceRule, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+) -> list[Verdict]:
+    """Each row's verdict under `rule` from the verify forward's `logits` [B, W, V] (slot s of row b:
+    logits[b, s])."""
+    acceptor = ACCEPTORS.get(type(rule))
+    if acceptor is None:
+        raise TypeError(f"acceptance rule {type(rule).__name__} has no entry in ACCEPTORS: add its function there")
+    return acceptor(rule, logits, drafts, slots, sampling)
 
-    A draft without probabilities counts as one-hot q (accepted with probability p(x)).
+
+def accept_exact(
+    rule: ExactMatch, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+) -> list[Verdict]:
+    rows = torch.arange(len(drafts), device=logits.device)
+    if sampling.greedy:
+
+        def choose(at: torch.Tensor) -> torch.Tensor:
+            return logits[rows, at].argmax(dim=-1)  # [B]: the argmax at the slots reached, no others
+    else:
+        drawn = sampled_choices(logits, slots, sampling)  # [B, W]: every slot's keyed draw
+
+        def choose(at: torch.Tensor) -> torch.Tensor:
+            return drawn[rows, at]
+
+    table = DraftTable.of(drafts, logits.device)
+    return walk_rows(drafts, table, choose, stop_early=logits.device.type == "cpu")
+
+
+def accept_rejection_sampling(
+    rule: RejectionSampling, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+) -> list[Verdict]:
+    if sampling.greedy:
+        return accept_exact(ExactMatch(), logits, drafts, slots, sampling)
+    if any(not is_chain(d) for d in drafts if len(d)):
+        raise ValueError(rule.refusal(greedy=False, trees=True))
+    accepted, tokens = decide_rejection_sampling(logits, drafts, slots, sampling).tolist()
+    return [
+        Verdict(accepted_slots=list(range(1, a + 1)), tokens=[*d.tokens[:a], t])
+        for d, a, t in zip(drafts, accepted, tokens, strict=True)
+    ]
+
+
+def decide_rejection_sampling(
+    logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+) -> torch.Tensor:
+    """[2, B] on the logits' device: each row's accepted draft tokens, and the token after them.
+
+    The target's probabilities stay where the verify forward left them; the drafts' probabilities
+    (a draft model may run on another device) and the keyed uniforms (made on the CPU, the same
+    on every device) go there.
     """
-
-    name: ClassVar[str] = "rejection_sampling"
-    lossless: ClassVar[bool] = True
-
-    def refusal(self, greedy: bool, trees: bool) -> str | None:
-        if trees and not greedy:
-            return (
-                "rejection sampling verifies chains: testing several children against one p repeats "
-                "chances and biases the output; verify trees with exact matching instead"
-            )
-        return None
-
-    def accept(
-        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
-    ) -> list[Verdict]:
-        if sampling.greedy:
-            return ExactMatch().accept(logits, drafts, slots, sampling)
-        if any(not is_chain(d) for d in drafts if len(d)):
-            raise ValueError(self.refusal(greedy=False, trees=True))
-        accepted, tokens = self.decide(logits, drafts, slots, sampling).tolist()
-        return [
-            Verdict(accepted_slots=list(range(1, a + 1)), tokens=[*d.tokens[:a], t])
-            for d, a, t in zip(drafts, accepted, tokens, strict=True)
-        ]
-
-    def decide(self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams) -> torch.Tensor:
-        """[2, B] on the logits' device: each row's accepted draft tokens, and the token after them.
-
-        The target's probabilities stay where the verify forward left them; the drafts' probabilities
-        (a draft model may run on another device) and the keyed uniforms (made on the CPU, the same
-        on every device) go there.
-        """
-        probs = filtered_probs(logits, sampling)  # [B, W, V]
-        b, width, vocab = probs.shape
-        device = probs.device
-        q = torch.zeros(b, width - 1, vocab, dtype=probs.dtype, device=device)  # [B, N, V]
-        tokens = torch.zeros(b, width - 1, dtype=torch.long)  # [B, N]
-        for row, d in enumerate(drafts):
-            n = len(d)
-            tokens[row, :n] = torch.tensor(d.tokens, dtype=torch.long)
-            if d.probs is None:  # a deterministic draft: q is one-hot
-                q[row, torch.arange(n, device=device), tokens[row, :n].to(device)] = 1.0
-            elif n:
-                q[row, :n] = d.probs.to(device, probs.dtype)
-        lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=device)
-        # Draft token i is a candidate for the token drawn at slot i (generation index generated + i).
-        accepted, token = rejection_chains(
-            probs,
-            q,
-            tokens.to(device),
-            lengths,
-            slots.uniforms(STREAM_ACCEPT).to(device),
-            slots.uniforms(STREAM_RESIDUAL).to(device),
-            slots.uniforms(STREAM_TARGET).to(device),
-        )
-        return torch.stack([accepted, token])
+    probs = filtered_probs(logits, sampling)  # [B, W, V]
+    b, width, vocab = probs.shape
+    device = probs.device
+    q = torch.zeros(b, width - 1, vocab, dtype=probs.dtype, device=device)  # [B, N, V]
+    tokens = torch.zeros(b, width - 1, dtype=torch.long)  # [B, N]
+    for row, d in enumerate(drafts):
+        n = len(d)
+        tokens[row, :n] = torch.tensor(d.tokens, dtype=torch.long)
+        if d.probs is None:  # a deterministic draft: q is one-hot
+            q[row, torch.arange(n, device=device), tokens[row, :n].to(device)] = 1.0
+        elif n:
+            q[row, :n] = d.probs.to(device, probs.dtype)
+    lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=device)
+    # Draft token i is a candidate for the token drawn at slot i (generation index generated + i).
+    accepted, token = rejection_chains(
+        probs,
+        q,
+        tokens.to(device),
+        lengths,
+        slots.uniforms(STREAM_ACCEPT).to(device),
+        slots.uniforms(STREAM_RESIDUAL).to(device),
+        slots.uniforms(STREAM_TARGET).to(device),
+    )
+    return torch.stack([accepted, token])
 
 
-@dataclass(frozen=True)
-class Relaxed(AcceptanceRule):
-    """SpecDec's relaxed verification, and blockwise decoding's top-k (`tolerance` infinite): greedy only."""
-
-    top_beta: int
-    tolerance: float = math.inf
-    name: ClassVar[str] = "relaxed"
-    lossless: ClassVar[bool] = False
-
-    def refusal(self, greedy: bool, trees: bool) -> str | None:
-        return None if greedy else "relaxed verification relaxes greedy decoding: use generation.temperature=0"
-
-    def accept(
-        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
-    ) -> list[Verdict]:
-        return [
-            relaxed_walk(d, logits[row, : len(d) + 1], self.top_beta, self.tolerance) for row, d in enumerate(drafts)
-        ]
+def accept_relaxed(
+    rule: Relaxed, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+) -> list[Verdict]:
+    return [relaxed_walk(d, logits[row, : len(d) + 1], rule.top_beta, rule.tolerance) for row, d in enumerate(drafts)]
 
 
-@dataclass(frozen=True)
-class Typical(AcceptanceRule):
-    """Medusa's typical acceptance (`typical_walk`) at temperature > 0, on the target's probabilities
-    after temperature and filtering, then the target's keyed sample; at temperature 0 exact matching,
-    as the reference's (see the module's docstring for where it differs)."""
+def accept_typical(
+    rule: Typical, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
+) -> list[Verdict]:
+    if sampling.greedy:
+        return accept_exact(ExactMatch(), logits, drafts, slots, sampling)
+    chosen = target_choices(logits, slots, sampling)
+    probs = filtered_probs(logits, sampling)
+    return [
+        typical_walk(d, probs[row, : len(d) + 1], chosen[row], rule.epsilon, rule.delta) for row, d in enumerate(drafts)
+    ]
 
-    epsilon: float
-    delta: float
-    name: ClassVar[str] = "typical"
-    lossless: ClassVar[bool] = False
 
-    def refusal(self, greedy: bool, trees: bool) -> str | None:
-        return None
-
-    def accept(
-        self, logits: torch.Tensor, drafts: list[Draft], slots: Slots, sampling: SamplingParams
-    ) -> list[Verdict]:
-        if sampling.greedy:
-            return ExactMatch().accept(logits, drafts, slots, sampling)
-        chosen = target_choices(logits, slots, sampling)
-        probs = filtered_probs(logits, sampling)
-        return [
-            typical_walk(d, probs[row, : len(d) + 1], chosen[row], self.epsilon, self.delta)
-            for row, d in enumerate(drafts)
-        ]
+# Each rule's function, by the rule's class (`strategies.verification.rules`).
+ACCEPTORS: dict[type[AcceptanceRule], Acceptor] = {
+    ExactMatch: accept_exact,
+    RejectionSampling: accept_rejection_sampling,
+    Relaxed: accept_relaxed,
+    Typical: accept_typical,
+}

@@ -17,12 +17,11 @@ the controller's events) uses these words in these senses.
   with an empty draft and emits the target's one token. A proposer or a verify forward that raises
   is a fault (`faults`, per drafter: its messages): the step is decoded plainly and the drafter is off
   for the rest of the batch, so the output stays exact but loses that drafter's speed-up. The job
-  summary counts them per drafter (`tally_faults`).
+  summary counts them per drafter (`workers.spec.tally_faults`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from strategies.verification.acceptance import Verdict
@@ -92,17 +91,6 @@ class SpecStats:
             "reached_depth": self.reached_depth,
             "accepted_at": self.accepted_at,
         }
-
-
-def tally_faults(tallies: Iterable[dict[str, tuple[int, str]]]) -> dict[str, tuple[int, str]]:
-    """Per drafter: (faults, the first fault's message), summed over `tallies` in order. A batch
-    record's tally is `{drafter: (len(messages), messages[0])}` of its `faults`."""
-    total: dict[str, tuple[int, str]] = {}
-    for tally in tallies:
-        for drafter, (count, first) in tally.items():
-            before, message = total.get(drafter, (0, first))
-            total[drafter] = (before + count, message)
-    return total
 
 
 def _bump(counts: list[int], index: int) -> None:

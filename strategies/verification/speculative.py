@@ -27,11 +27,11 @@ from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
 from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, Row, decode_plainly, start_batch
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.target_states import TargetStates
-from strategies.verification.acceptance import AcceptanceRule, ExactMatch
 from strategies.verification.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
 from strategies.verification.drafts import Draft, draft_problem
 from strategies.verification.metrics import SpecStats
 from strategies.verification.proposer import ProposalContext, Proposer
+from strategies.verification.rules import AcceptanceRule, ExactMatch
 from strategies.verification.verify import Verification, verify
 
 

@@ -22,8 +22,9 @@ from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
-from strategies.verification.acceptance import AcceptanceRule, Slots, Verdict
+from strategies.verification.acceptance import Slots, Verdict, accept
 from strategies.verification.drafts import Draft, is_chain, tree_attention, tree_depths
+from strategies.verification.rules import AcceptanceRule
 
 
 @dataclass
@@ -101,7 +102,7 @@ def verify(
     try:
         # The token chosen at a slot is generation index `generated + depth` of its row.
         slots = Slots(sampling.seed, keys, torch.tensor(generated, dtype=torch.long)[:, None] + inputs.depths)
-        verdicts = rule.accept(out.logits, drafts, slots, sampling)
+        verdicts = accept(rule, out.logits, drafts, slots, sampling)
         forward_s = time.perf_counter() - began
     except BaseException:
         kv.invalidate(inputs.valid, first=first_slot)
