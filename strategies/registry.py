@@ -186,7 +186,7 @@ def _decoder(
 _CHAIN_DRAFTERS = {d.name: d for d in (DRAFT_MODEL, CMLM_DRAFTER)}  # `strategy.<name>.drafter` values
 
 
-def _chain_proposer(name: str, options: StrategyOptions) -> ChainDrafter:
+def _chosen_chain_drafter(name: str, options: StrategyOptions) -> ChainDrafter:
     """The drafter `strategy.<name>.drafter` names (speculative or specdec); an unknown one is the
     default's, after `check` has reported it."""
     return _CHAIN_DRAFTERS.get(getattr(options, name).drafter, DRAFT_MODEL)
@@ -209,7 +209,7 @@ def _chain_drafter(name: str) -> Callable[[StrategyOptions, Models, AcceptanceRu
         from strategies.verification.speculative import DraftingMethod
 
         k = options.num_speculative_tokens
-        declared = _chain_proposer(name, options)
+        declared = _chosen_chain_drafter(name, options)
         proposer = {DRAFT_MODEL: DraftModelProposer, CMLM_DRAFTER: CMLMProposer}[declared]
         return DraftingMethod(name, proposer(_need(models, declared.model, name), models.target.vocab_size), k, k, rule)
 
@@ -218,7 +218,7 @@ def _chain_drafter(name: str) -> Callable[[StrategyOptions, Models, AcceptanceRu
 
 def _speculative_rule(options: StrategyOptions) -> AcceptanceRule:
     # A drafter without draft probabilities (the CMLM's argmax tokens) is verified exactly.
-    return RejectionSampling() if _chain_proposer("speculative", options).draft_probabilities else ExactMatch()
+    return RejectionSampling() if _chosen_chain_drafter("speculative", options).draft_probabilities else ExactMatch()
 
 
 def _check_specdec(options: StrategyOptions) -> list[str]:
@@ -496,14 +496,14 @@ _SPECS: dict[str, StrategySpec] = {
         _drafting("jacobi", lambda o: (), lambda o: ExactMatch(), _jacobi, _check_jacobi),
         _drafting(
             "speculative",
-            lambda o: (_chain_proposer("speculative", o).model,),
+            lambda o: (_chosen_chain_drafter("speculative", o).model,),
             _speculative_rule,
             _chain_drafter("speculative"),
             _check_drafter("speculative"),
         ),
         _drafting(
             "specdec",
-            lambda o: (_chain_proposer("specdec", o).model,),
+            lambda o: (_chosen_chain_drafter("specdec", o).model,),
             lambda o: Relaxed(o.specdec.top_beta, o.specdec.tolerance),
             _chain_drafter("specdec"),
             _check_specdec,
