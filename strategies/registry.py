@@ -12,7 +12,7 @@ method of the field is one proposer file and one `_drafting(...)` entry in `_SPE
 A job's driver reads the declarations (checks, needs, refusals, lossiness, columns) before Ray's
 actors load anything, and imports no torch: a cold job's Ray start shares the machine's cores with
 the driver's imports, and torch and transformers were most of them. So what a declaration needs of a
-strategy's code is torch-free (`declared.py`, `options.py`, `rules.py`, `medusa_choices.py`), and each
+strategy's code is torch-free (`declared.py`, `options.py`, `rules.py`, `drafting.py`, `medusa_choices.py`), and each
 builder imports the strategy's own code where it builds it, in the actor.
 """
 
@@ -48,12 +48,11 @@ from strategies.options import (
 from strategies.proposers.draft_sizing import AcceptanceRecord, linear_step_costs
 from strategies.proposers.medusa_choices import chain_choices, check_choices
 from strategies.verification.control import AUTOREGRESSIVE, Controller
+from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
 
 if TYPE_CHECKING:
     from strategies.runtime.runner import ModelRunner
-    from strategies.verification.speculative import DraftingMethod
-
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
 MASK_PREDICT = "mask_predict"  # not a drafter either: the CMLM alone, lossy, never among `auto`'s candidates
@@ -206,7 +205,6 @@ def _chain_drafter(name: str) -> Callable[[StrategyOptions, Models, AcceptanceRu
     def drafter(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
         from strategies.proposers.cmlm_proposer import CMLMProposer
         from strategies.proposers.draft_model import DraftModelProposer
-        from strategies.verification.speculative import DraftingMethod
 
         k = options.num_speculative_tokens
         declared = _chosen_chain_drafter(name, options)
@@ -237,7 +235,6 @@ def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRul
     is then only the controller's first guess at its usual length); fixed, drafts start at k tokens and
     the controller may lengthen them where they keep being accepted."""
     from strategies.proposers.prompt_lookup import PromptLookupProposer
-    from strategies.verification.speculative import DraftingMethod
 
     k, o = options.num_speculative_tokens, options.prompt_lookup
     cap = max(k, o.max_speculative_tokens)
@@ -276,7 +273,6 @@ def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
 
 def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.lookahead import LookaheadProposer
-    from strategies.verification.speculative import DraftingMethod
 
     o = options.lookahead
     proposer = LookaheadProposer(
@@ -307,7 +303,6 @@ def _medusa_rule(options: StrategyOptions) -> AcceptanceRule:
 
 def _medusa(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.medusa import HeadsProposer
-    from strategies.verification.speculative import DraftingMethod
 
     o, heads = options.medusa, _need(models, "heads", "medusa")
     problem = check_choices(o.choices, heads.num_heads, models.target.vocab_size)
@@ -344,7 +339,6 @@ def _blockwise_rule(options: StrategyOptions) -> AcceptanceRule:
 
 def _blockwise(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.medusa import HeadsProposer
-    from strategies.verification.speculative import DraftingMethod
 
     heads = _need(models, "heads", "blockwise")
     k = min(options.num_speculative_tokens, heads.num_heads)
@@ -358,7 +352,6 @@ def _check_blockwise(options: StrategyOptions) -> list[str]:
 
 def _eagle(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.eagle import EagleProposer
-    from strategies.verification.speculative import DraftingMethod
 
     o, head = options.eagle, _need(models, "eagle", "eagle")
     if o.tree == "chain":
@@ -380,7 +373,6 @@ def _check_eagle(options: StrategyOptions) -> list[str]:
 
 def _jacobi(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.jacobi import JacobiProposer
-    from strategies.verification.speculative import DraftingMethod
 
     o = options.jacobi
     depth = models.target.max_context if o.mode == "pj" else o.block_size
@@ -398,7 +390,6 @@ def _check_jacobi(options: StrategyOptions) -> list[str]:
 
 def _self_speculative(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.self_speculative import SelfSpeculativeProposer
-    from strategies.verification.speculative import DraftingMethod
 
     k, o = options.num_speculative_tokens, options.self_speculative
     exits = _need(models, "exits", "self_speculative")

@@ -18,7 +18,8 @@ from strategies.runtime.kv_cache import SlotLayer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
-from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.verification.drafting import DraftingMethod
+from strategies.verification.speculative import SpeculativeStrategy
 from workers.controller import AdaptiveController, ControllerSettings, Learned, bucket
 from workers.cost_model import FORWARD_SAMPLES, ForwardCosts, RecentTime, best_chain_depth
 

@@ -26,7 +26,8 @@ from strategies.runtime.kv_cache import SlotLayer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
-from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.verification.drafting import DraftingMethod
+from strategies.verification.speculative import SpeculativeStrategy
 from workers.model_files import weights_sha256
 from workers.model_loading import load_models
 

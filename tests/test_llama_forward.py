@@ -78,7 +78,8 @@ def test_compiled_layers_decode_the_same_greedy_tokens_as_eager():
     from mixed_prompts import PROMPTS
     from scripted_proposer import ScriptedProposer
 
-    from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+    from strategies.verification.drafting import DraftingMethod
+    from strategies.verification.speculative import SpeculativeStrategy
 
     model = _models()[0]
     eager, compiled = ModelRunner(model), ModelRunner(model)

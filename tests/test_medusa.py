@@ -28,9 +28,10 @@ from strategies.proposers.medusa import HeadsProposer
 from strategies.proposers.medusa_choices import chain_choices, check_choices
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
+from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import Proposer
-from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.verification.speculative import SpeculativeStrategy
 from strategies.verification.verify import verify_inputs
 from workers.model_files import weights_sha256
 from workers.model_loading import load_models

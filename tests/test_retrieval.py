@@ -13,9 +13,10 @@ from strategies.proposers.lookahead import LookaheadProposer, TokenTrie, gather_
 from strategies.proposers.prompt_lookup import NgramIndex, PromptLookupProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
+from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import tree_attention, tree_depths
 from strategies.verification.proposer import ProposalContext
-from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.verification.speculative import SpeculativeStrategy
 
 
 def test_ngram_index_prefers_the_longest_then_latest_match():

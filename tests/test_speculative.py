@@ -14,9 +14,10 @@ from strategies.proposers.draft_model import DraftModelProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.acceptance import ACCEPTORS, Verdict
+from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft, tree_attention
 from strategies.verification.rules import Relaxed
-from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.verification.speculative import SpeculativeStrategy
 from strategies.verification.verify import Verification, verify, verify_inputs
 from workers.spec import tally_faults
 

@@ -16,10 +16,11 @@ from bigram_model import bigram_model
 from strategies.base import GenerationParams, RowRequest
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
+from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import Proposer
 from strategies.verification.rules import Typical
-from strategies.verification.speculative import DraftingMethod, SpeculativeStrategy
+from strategies.verification.speculative import SpeculativeStrategy
 
 # The target's next-token distribution after each token (vocabulary 8: a Llama's heads need an even width).
 TINY = 1e-30

@@ -28,29 +28,11 @@ from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, Row, decode_plainly
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
+from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft, draft_problem
 from strategies.verification.metrics import SpecStats
-from strategies.verification.proposer import ProposalContext, Proposer
-from strategies.verification.rules import AcceptanceRule, ExactMatch
+from strategies.verification.proposer import ProposalContext
 from strategies.verification.verify import Verification, verify
-
-
-@dataclass
-class DraftingMethod:
-    """A drafting method: a proposer with the limits and acceptance rule of the strategy it serves,
-    under the name the controller plans and the records count by."""
-
-    name: str
-    proposer: Proposer
-    max_depth: int  # longest draft path (chain length)
-    max_nodes: int  # most nodes per row (trees); chains: max_depth
-    rule: AcceptanceRule = field(default_factory=ExactMatch)
-    trees: bool = False  # it drafts trees (several children below a node), not only chains
-    greedy_only: bool = False  # off at temperature > 0: those rows decode plainly (Jacobi's fixed point is greedy)
-    learns: bool = False  # it learns from every batch it sees (a Lookahead trie), drafting or not
-    # Chain length without a controller, and its first under one; None: max_depth. A proposer that sizes
-    # its own drafts is asked for max_depth, and this is the controller's first guess at its usual length.
-    start_depth: int | None = None
 
 
 @dataclass(eq=False)
