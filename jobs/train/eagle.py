@@ -41,8 +41,8 @@ from jobs.train.tokenizer import encode_documents
 from pipeline.errors import JobError
 from pipeline.report import acceptance_by_position, tau_by_drafter
 from strategies import registry
-from strategies.artifacts.configs import EagleConfig, write_weights_config
-from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, KIND, EagleHead, load_eagle, save_draft_vocab
+from strategies.artifacts.configs import EAGLE_KIND, EagleConfig, write_weights_config
+from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, EagleHead, load_eagle, save_draft_vocab
 from strategies.base import GenerationParams, RowRequest
 from strategies.options import EAGLE_TREES, StrategyOptions
 from strategies.runtime.runner import ModelRunner
@@ -140,7 +140,7 @@ def write_draft_vocab(
     training["heldout_acceptance"] = heldout_acceptance(head, target, tokenizer, corpus.heldout, config)
     training["draft_vocab"] = vocab.record
     vocab.save(out)
-    write_weights_config(out, KIND, head.config)
+    write_weights_config(out, EAGLE_KIND, head.config)
     print(f"eagle: draft vocabulary and held-out acceptance written to {out / 'eagle.json'}")
     return out
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
 FORMAT_VERSION = 1
+EAGLE_KIND = "eagle"  # an EAGLE head's folder: eagle.json, eagle.safetensors
 C = TypeVar("C")
 
 
@@ -120,10 +121,10 @@ def read_heads_config(directory: Path) -> HeadsConfig:
 
 
 def read_exits_config(directory: Path) -> ExitsConfig:
-    """The exits' config; a ValueError naming the file when it is not a exits folder of this format."""
+    """The exits' config; a ValueError naming the file when it is not an exits folder of this format."""
     return read_weights_config(directory, "exits", ExitsConfig)
 
 
 def read_eagle_config(directory: Path) -> EagleConfig:
     """The head's config; a ValueError naming the file when it is not an EAGLE folder of this format."""
-    return read_weights_config(directory, "eagle", EagleConfig)
+    return read_weights_config(directory, EAGLE_KIND, EagleConfig)

@@ -42,13 +42,12 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from strategies.artifacts.configs import EagleConfig, read_eagle_config
+from strategies.artifacts.configs import EAGLE_KIND, EagleConfig, read_eagle_config
 from strategies.artifacts.weights_folder import load_weights, save_weights_folder
 from strategies.runtime.kv_cache import SlotLayer
 from strategies.runtime.linear import linear
 from strategies.runtime.llama_forward import LayerMath, LayerWeights
 
-KIND = "eagle"
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
 
@@ -166,7 +165,7 @@ class EagleHead(torch.nn.Module):
     def save(self, directory: Path) -> None:
         """Write `eagle.json` and `eagle.safetensors` (float32) to `directory` (the draft vocabulary is
         written apart, with its counts: `save_draft_vocab`)."""
-        save_weights_folder(directory, KIND, self.config, self)
+        save_weights_folder(directory, EAGLE_KIND, self.config, self)
 
 
 def save_draft_vocab(directory: Path, token_ids: torch.Tensor, counts: torch.Tensor) -> None:
@@ -209,7 +208,7 @@ def load_eagle(directory: Path, dtype: torch.dtype, device: torch.device, draft_
     reading it, for the command that writes it anew); it still needs `use_target`."""
     config = read_eagle_config(directory)
     head = EagleHead(config)
-    head.load_state_dict(load_weights(directory, KIND))
+    head.load_state_dict(load_weights(directory, EAGLE_KIND))
     head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if draft_vocab:
         head.use_draft_vocab(read_draft_vocab(directory, config))
