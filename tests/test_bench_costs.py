@@ -35,7 +35,8 @@ def test_forward_flops_counts_every_linear_once_per_token_and_attention_over_the
 def test_cost_table_on_a_tiny_model_and_the_loop_left_as_it_was(tmp_path, tiny_model_dir, tiny_draft_dir, capsys):
     """Every phase is inside the step it splits (bookkeeping is what is left, never negative), every
     strategy drafted, and the wrapped collaborators are the originals again afterwards."""
-    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n"}) + "\n")
+    prompts = ["def add(a, b):\n    return a + b\n", "class Stack:\n    def push(self, x):\n"]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     report = tmp_path / "costs.json"
     originals = (speculative.verify, verifier.verify_inputs, kv_cache.RaggedKV.invalidate, ModelRunner.forward)
     args = [
@@ -60,6 +61,7 @@ def test_cost_table_on_a_tiny_model_and_the_loop_left_as_it_was(tmp_path, tiny_m
         assert [f["new_tokens"] for f in entry["forwards"]] == [1, 4]
         assert all(f["forward_ms"] > 0 and f["bound_ms"] > 0 for f in entry["forwards"])
         assert entry["plain_step_ms"] > 0
+        assert entry["rows"] == 2  # every prompt, at batch 1 too: not the first batch alone
         assert [d["strategy"] for d in entry["drafters"]] == ["speculative", "prompt_lookup"]
         for d in entry["drafters"]:
             assert d["drafting_steps"] > 0 and d["tau"] >= 1.0

@@ -173,37 +173,39 @@ def _set(owner: object, name: str, value: object) -> None:
         object.__setattr__(owner, name, value)
 
 
-def _steps(bench: Bench, strategy: object, runner: ModelRunner, batch: list[list[int]]) -> dict:
-    """Decode `batch` stepwise, timing each step and its phases: totals over the drafting steps (those
-    that verified once), the plain steps' time and tokens, and the emitted tokens per verify."""
+def _steps(bench: Bench, strategy: object, runner: ModelRunner, batches: list[list[list[int]]]) -> dict:
+    """Decode `batches` stepwise with one strategy instance (as a pass of the bench, or an actor, does),
+    timing each step and its phases: totals over the drafting steps (those that verified once), the
+    plain steps' time and tokens, and the emitted tokens per verify over all the batches."""
     clock = PhaseClock()
-    requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
     totals = dict.fromkeys((*PHASES, "step"), 0.0)
-    drafting = plain_steps = 0
+    drafting = plain_steps = row_steps = emitted = 0
     plain_s = 0.0
     with clocked(strategy, runner, clock):
-        decoding = strategy.open(requests, bench.params)
-        clock.take()  # the prefill is not a step
-        while True:
-            decoding.finished()
-            if not decoding.active():
-                break
-            started = time.perf_counter()
-            decoding.step()
-            step_s = time.perf_counter() - started
-            spent, verifies = clock.take()
-            if verifies == 1:
-                drafting += 1
-                totals["step"] += step_s
-                for phase in PHASES[:-1]:
-                    totals[phase] += spent.get(phase, 0.0)
-            elif verifies == 0:
-                plain_steps += 1
-                plain_s += step_s
-        stats = decoding.segment().stats
+        for batch in batches:
+            requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
+            decoding = strategy.open(requests, bench.params)
+            clock.take()  # the prefill is not a step
+            while True:
+                decoding.finished()
+                if not decoding.active():
+                    break
+                started = time.perf_counter()
+                decoding.step()
+                step_s = time.perf_counter() - started
+                spent, verifies = clock.take()
+                if verifies == 1:
+                    drafting += 1
+                    totals["step"] += step_s
+                    for phase in PHASES[:-1]:
+                        totals[phase] += spent.get(phase, 0.0)
+                elif verifies == 0:
+                    plain_steps += 1
+                    plain_s += step_s
+            stats = decoding.segment().stats
+            row_steps += sum(stats.get("verify_steps", {}).values())  # a row's step: τ is per row, as the bench's
+            emitted += sum(stats.get("verify_emitted", {}).values())
     totals["bookkeeping"] = totals["step"] - sum(totals[p] for p in PHASES[:-1])
-    row_steps = sum(stats.get("verify_steps", {}).values())  # a row's step: τ is per row, as the bench's
-    emitted = sum(stats.get("verify_emitted", {}).values())
     return {
         "drafting_steps": drafting,
         "totals_s": totals,
@@ -213,14 +215,17 @@ def _steps(bench: Bench, strategy: object, runner: ModelRunner, batch: list[list
     }
 
 
-def plain_step_ms(bench: Bench, runner: ModelRunner, batch: list[list[int]]) -> float:
-    """ms per autoregressive step after the prefill (rows all run `max_new_tokens`, EOS ignored)."""
+def plain_step_ms(bench: Bench, runner: ModelRunner, batches: list[list[list[int]]]) -> float:
+    """ms per autoregressive step after each batch's prefill (rows all run `max_new_tokens`, EOS ignored)."""
     strategy = AutoregressiveStrategy(runner)
-    requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
-    decoding = strategy.open(requests, bench.params)  # the prefill, not timed
-    started = time.perf_counter()
-    decode_to_end(strategy.name, decoding, len(requests))
-    return 1e3 * (time.perf_counter() - started) / max(1, bench.params.max_new_tokens - 1)
+    spent = 0.0
+    for batch in batches:
+        requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
+        decoding = strategy.open(requests, bench.params)  # the prefill, not timed
+        started = time.perf_counter()
+        decode_to_end(strategy.name, decoding, len(requests))
+        spent += time.perf_counter() - started
+    return 1e3 * spent / (len(batches) * max(1, bench.params.max_new_tokens - 1))
 
 
 def measure(bench: Bench) -> dict:
@@ -239,17 +244,25 @@ def measure(bench: Bench) -> dict:
             ms = forward_ms(runner, prompts, n, config.repeats)
             bound = 1e3 * forward_flops(model, batch_size, n, cache) / (peak * 1e9)
             forwards.append({"new_tokens": n, "forward_ms": ms, "bound_ms": bound})  # unrounded: a tiny bound is not 0
-        batch = bench.batches(batch_size)[0]
-        plain = statistics.median(plain_step_ms(bench, runner, batch) for _ in range(config.repeats))
+        # Every batch of the prompts, as the bench decodes them: at batch 1 the first alone is one
+        # prompt, whose τ is its own luck.
+        batches = bench.batches(batch_size)
+        plain = statistics.median(plain_step_ms(bench, runner, batches) for _ in range(config.repeats))
         drafters = []
         for name in config.strategies:
             if name == "autoregressive":
                 continue
             for label, options in bench.variants(name).items():
-                runs = [_steps(bench, bench.fresh(options, batch_size), runner, batch) for _ in range(config.repeats)]
+                runs = [_steps(bench, bench.fresh(options, batch_size), runner, batches) for _ in range(config.repeats)]
                 drafters.append(_drafter_row(label, runs, plain))
         table["batches"].append(
-            {"batch_size": batch_size, "forwards": forwards, "plain_step_ms": round(plain, 3), "drafters": drafters}
+            {
+                "batch_size": batch_size,
+                "forwards": forwards,
+                "rows": sum(map(len, batches)),  # the rows the plain and drafting steps were timed over
+                "plain_step_ms": round(plain, 3),
+                "drafters": drafters,
+            }
         )
     return table
 
@@ -285,7 +298,7 @@ def print_table(table: dict) -> None:
                 f"{f['new_tokens']:>3} new: {f['forward_ms']:7.2f} ({f['bound_ms']:.2f})" for f in entry["forwards"]
             )
         )
-        print(f"  plain step: {entry['plain_step_ms']:.2f} ms")
+        print(f"  plain step: {entry['plain_step_ms']:.2f} ms; steps below over {entry['rows']} rows")
         if entry["drafters"]:
             print(
                 f"  {'strategy':<18} {'tau':>5} {'step':>7} "
