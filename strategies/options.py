@@ -109,6 +109,13 @@ class LookaheadOptions:
     own_prompt_weight: float = field(
         default=3.0, metadata={"help": "Weight of a count from the row's own prompt vs other rows and outputs (1)."}
     )
+    prompt_lookup_first: bool = field(
+        default=True,
+        metadata={
+            "help": "A row whose prompt lookup (strategy.prompt_lookup's n-grams and sizing) finds a draft worth "
+            "its cost takes that chain, cut to branch_length; the other rows take the trie's tree."
+        },
+    )
 
 
 # Medusa's default tree: 8 nodes over 3 heads, the paths of highest estimated acceptance first. Measured on

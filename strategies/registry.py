@@ -52,6 +52,7 @@ from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
 
 if TYPE_CHECKING:
+    from strategies.proposers.prompt_lookup import PromptLookupProposer
     from strategies.runtime.runner import ModelRunner
 AUTO = "auto"
 CALM = "calm"  # not a drafter: its own loop, lossy, never among `auto`'s candidates
@@ -234,18 +235,23 @@ def _prompt_lookup(options: StrategyOptions, models: Models, rule: AcceptanceRul
     up to `max_speculative_tokens` long and the proposer cuts it to what its kind of match pays for (k
     is then only the controller's first guess at its usual length); fixed, drafts start at k tokens and
     the controller may lengthen them where they keep being accepted."""
+    k = options.num_speculative_tokens
+    cap = max(k, options.prompt_lookup.max_speculative_tokens)
+    return DraftingMethod("prompt_lookup", _lookup_proposer(options, cap), cap, cap, rule, start_depth=k)
+
+
+def _lookup_proposer(options: StrategyOptions, cap: int) -> PromptLookupProposer:
+    """Prompt lookup as `strategy.prompt_lookup` configures it, drafting at most `cap` tokens: the
+    strategy's own proposer, and the first try of Lookahead's (`strategy.lookahead.prompt_lookup_first`)."""
     from strategies.proposers.prompt_lookup import PromptLookupProposer
 
-    k, o = options.num_speculative_tokens, options.prompt_lookup
-    cap = max(k, o.max_speculative_tokens)
-    by_acceptance = o.sizing == "acceptance"
-    proposer = PromptLookupProposer(
+    o = options.prompt_lookup
+    return PromptLookupProposer(
         o.min_ngram,
         o.max_ngram,
-        AcceptanceRecord() if by_acceptance else None,
+        AcceptanceRecord() if o.sizing == "acceptance" else None,
         linear_step_costs(o.draft_step_cost, o.draft_token_cost, cap),
     )
-    return DraftingMethod("prompt_lookup", proposer, cap, cap, rule, start_depth=k)
 
 
 def _check_prompt_lookup(options: StrategyOptions) -> list[str]:
@@ -275,8 +281,9 @@ def _lookahead(options: StrategyOptions, models: Models, rule: AcceptanceRule) -
     from strategies.proposers.lookahead import LookaheadProposer
 
     o = options.lookahead
+    lookup = _lookup_proposer(options, o.branch_length) if o.prompt_lookup_first else None
     proposer = LookaheadProposer(
-        o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight
+        o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight, lookup
     )
     return DraftingMethod(
         "lookahead", proposer, o.branch_length, o.decoding_length, rule, trees=proposer.drafts_trees, learns=True

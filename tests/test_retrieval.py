@@ -121,6 +121,31 @@ def test_lookahead_counts_nothing_until_it_proposes_and_then_what_an_eager_count
     assert (draft.tokens, draft.parents) == ([5, 5], [-1, 0])
 
 
+def test_lookahead_takes_prompt_lookups_chain_where_it_finds_one_and_the_tries_tree_elsewhere():
+    """Row 0's suffix [1, 2] last occurred before 4, 0 (prompt lookup's copy) but was followed by 3 twice
+    (the trie's count); row 1's last token 5 never occurred in its own context, so the trie, which holds
+    row 0's prompt, drafts there. The lookup's rows follow the batch's as rows finish."""
+    contexts = [[1, 2, 3, 1, 2, 3, 1, 2, 4, 0, 5, 6, 1, 2], [7, 5]]
+    keys = torch.zeros(2, dtype=torch.long)
+    context = ProposalContext(num_generated=[1, 1], budgets=[2, 2], max_nodes=4, keys=keys)
+
+    def proposer(lookup: PromptLookupProposer | None) -> LookaheadProposer:
+        made = LookaheadProposer(decoding_length=4, branch_length=2, max_query_length=2, lookup=lookup)
+        made.start([list(c) for c in contexts], None, None)
+        return made
+
+    trie_alone = proposer(None).propose(context)
+    assert trie_alone[0].tokens[0] == 3 and trie_alone[1].tokens[0] == 6
+    both = proposer(PromptLookupProposer(min_ngram=1, max_ngram=3))
+    drafts = both.propose(context)
+    assert (drafts[0].tokens, drafts[0].parents) == ([4, 0], [-1, 0])  # cut to the budget of 2
+    assert (drafts[1].tokens, drafts[1].parents) == (trie_alone[1].tokens, trie_alone[1].parents)
+
+    both.emitted([[4, 0, 5], [6]], None)
+    both.keep_rows([1])
+    assert [row.index.tokens for row in both.lookup.rows] == [row.context for row in both.rows] == [[7, 5, 6]]
+
+
 def test_lookahead_keeps_only_the_latest_outputs_while_it_does_not_propose():
     proposer = LookaheadProposer(decoding_length=4, branch_length=2, max_query_length=2, max_nodes=5)
     for first in range(0, 30, 3):  # ten rows one after another, none proposing
@@ -157,8 +182,9 @@ def _strategies(runner):
         sized = PromptLookupProposer(1, 3, AcceptanceRecord(probe_every=3), linear_step_costs(1.0 + cost, cost, 8))
         yield SpeculativeStrategy("prompt_lookup", runner, [DraftingMethod("prompt_lookup", sized, 8, 8)])
     for mode in ("hier", "one"):
-        proposer = LookaheadProposer(decoding_length=12, branch_length=4, max_query_length=4, mode=mode)
-        yield SpeculativeStrategy("lookahead", runner, [DraftingMethod("lookahead", proposer, 4, 12)])
+        for lookup in (None, PromptLookupProposer(1, 3)):  # the trie alone, and prompt lookup first
+            proposer = LookaheadProposer(12, 4, 4, mode=mode, lookup=lookup)
+            yield SpeculativeStrategy("lookahead", runner, [DraftingMethod("lookahead", proposer, 4, 12)])
 
 
 @pytest.mark.parametrize("batch", [1, 8])

@@ -79,6 +79,11 @@ class _BenchSettings:
         "With lookahead among the strategies: time it with each of these tree budgets (its decoding_length), one "
         "contender each. Empty: strategy.lookahead.decoding_length alone.",
     )
+    lookahead_lookup_first: list[bool] = option(
+        [],
+        "With lookahead among the strategies: time it with prompt lookup tried first and without (true, false), one "
+        "contender each. Empty: strategy.lookahead.prompt_lookup_first alone.",
+    )
     transformers: list[str] = option(
         ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
     )
@@ -146,6 +151,7 @@ SWEEPS = (
     Sweep("lookup_sizings", ("prompt_lookup",), "prompt_lookup", "sizing", "sizing", PROMPT_LOOKUP_SIZINGS),
     Sweep("eagle_trees", ("eagle",), "eagle", "tree", "tree", EAGLE_TREES),
     Sweep("lookahead_nodes", ("lookahead",), "lookahead", "decoding_length", "nodes"),
+    Sweep("lookahead_lookup_first", ("lookahead",), "lookahead", "prompt_lookup_first", "lookup_first"),
 )
 
 

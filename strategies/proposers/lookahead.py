@@ -9,10 +9,19 @@ into a tree of at most `decoding_length` nodes and `branch_length` depth (`hier`
 most frequent branch is followed (`one`). A row's own prompt counts `own_prompt_weight` times a
 count from another row or from outputs. When the trie passes `max_nodes`, output counts decay and
 nodes no longer counted are pruned.
+
+First, by default, prompt lookup (`prompt_lookup.PromptLookupProposer`, with its own sizing): a
+row whose own context holds a match worth drafting takes its chain, and only the others a tree from
+the trie. The two find different drafts: prompt lookup copies from the latest occurrence of a suffix
+in the row's own text, long and exact where code repeats itself, and its sizing drafts nothing where
+such copies have not paid; the trie ranks the continuations of every row and output by count. Each
+alone left the other's drafts undrafted: measured on 16 HumanEval prompts at batch 1 (README,
+"Prompt lookup first"), the two together ran faster than either.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import itertools
@@ -22,7 +31,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from strategies.base import GenerationParams
 from strategies.options import LOOKAHEAD_MODES
+from strategies.proposers.prompt_lookup import PromptLookupProposer
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
@@ -186,6 +197,7 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
         mode: str = "hier",
         max_nodes: int = 200_000,
         own_prompt_weight: float = 3.0,
+        lookup: PromptLookupProposer | None = None,  # tried first for every row; None: the trie alone
     ) -> None:
         if mode not in LOOKAHEAD_MODES:
             raise ValueError(f"lookahead mode {mode!r} is unknown; available: {', '.join(LOOKAHEAD_MODES)}")
@@ -198,6 +210,7 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
         self._next_row = itertools.count()
         self.pending: deque[list[int]] = deque()  # finished rows' outputs not counted yet, oldest first
         self._pending_tokens = 0
+        self.lookup = lookup
 
     @property
     def drafts_trees(self) -> bool:
@@ -210,6 +223,16 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
         return _LookaheadRow(
             next(self._next_row), list(context), max(0, len(context) - self.trie.depth + 1), len(context)
         )
+
+    def start(self, contexts: list[list[int]], params: GenerationParams, states: TargetStates | None) -> None:
+        super().start(contexts, params, states)
+        if self.lookup is not None:
+            self.lookup.start(contexts, params, states)
+
+    def add_rows(self, contexts: list[list[int]], states: TargetStates | None) -> None:
+        super().add_rows(contexts, states)
+        if self.lookup is not None:
+            self.lookup.add_rows(contexts, states)
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         began = time.perf_counter()
@@ -226,10 +249,19 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
         for row in self.rows:
             self._count_outputs(row)
         nodes = min(self.decoding_length, context.max_nodes)
+        copied = self._copied(context, nodes)
         return [
-            self._retrieve(row.trie_row, row.context, budget, nodes)
-            for row, budget in zip(self.rows, context.budgets, strict=True)
+            draft if draft.tokens else self._retrieve(row.trie_row, row.context, budget, nodes)
+            for row, budget, draft in zip(self.rows, context.budgets, copied, strict=True)
         ]
+
+    def _copied(self, context: ProposalContext, nodes: int) -> list[Draft]:
+        """Per row, prompt lookup's chain (empty where it finds none worth drafting), within the row's
+        budget and the tree's node limit."""
+        if self.lookup is None:
+            return [Draft.empty() for _ in self.rows]
+        budgets = [min(budget, nodes, self.branch_length) for budget in context.budgets]
+        return self.lookup.propose(dataclasses.replace(context, budgets=budgets))
 
     def _count_outputs(self, row: _LookaheadRow) -> None:
         """Count the row's whole output substrings (`depth` long) not counted yet; the rest wait for
@@ -252,6 +284,8 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
     def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         for row, tokens in zip(self.rows, emitted, strict=True):
             row.context.extend(tokens)
+        if self.lookup is not None:
+            self.lookup.emitted(emitted, states)
 
     def keep_rows(self, rows: list[int]) -> None:
         kept = set(rows)
@@ -259,6 +293,8 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
             if i not in kept:  # finished: its output substrings wait for the next proposal; its prompt goes
                 self._finish(row)
         super().keep_rows(rows)
+        if self.lookup is not None:
+            self.lookup.keep_rows(rows)
 
     def _finish(self, row: _LookaheadRow) -> None:
         output = row.context[row.counted_from :]
