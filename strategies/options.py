@@ -113,7 +113,8 @@ class LookaheadOptions:
         default=True,
         metadata={
             "help": "A row whose prompt lookup (strategy.prompt_lookup's n-grams and sizing) finds a draft worth "
-            "its cost takes that chain, cut to branch_length; the other rows take the trie's tree."
+            "its cost gets that chain, cut to branch_length, and the trie's best nodes around it up to "
+            "decoding_length; the other rows the trie's tree alone. false: the trie alone."
         },
     )
 

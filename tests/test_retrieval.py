@@ -14,7 +14,7 @@ from strategies.proposers.prompt_lookup import NgramIndex, PromptLookupProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.drafting import DraftingMethod
-from strategies.verification.drafts import tree_attention, tree_depths
+from strategies.verification.drafts import Draft, merge_drafts, tree_attention, tree_depths
 from strategies.verification.proposer import ProposalContext
 from strategies.verification.speculative import SpeculativeStrategy
 
@@ -121,10 +121,26 @@ def test_lookahead_counts_nothing_until_it_proposes_and_then_what_an_eager_count
     assert (draft.tokens, draft.parents) == ([5, 5], [-1, 0])
 
 
-def test_lookahead_takes_prompt_lookups_chain_where_it_finds_one_and_the_tries_tree_elsewhere():
+def test_merged_drafts_keep_the_first_whole_then_the_seconds_new_paths_while_there_is_room():
+    chain = Draft.chain([4, 0, 7])
+    tree = Draft([4, 3, 9, 1, 5], [-1, -1, 0, 1, 3])  # 4 -> 9; 3 -> 1 -> 5
+    merged = merge_drafts(chain, tree, max_nodes=6)
+    # 4 is the chain's first node; 3 is new, 9 hangs below the chain's 4, 1 below 3; 5 finds no room.
+    assert (merged.tokens, merged.parents) == ([4, 0, 7, 3, 9, 1], [-1, 0, 1, -1, 0, 3])
+    assert tree_depths(merged.parents) == [0, 1, 2, 3, 1, 2, 2]
+    cut = merge_drafts(chain, tree, max_nodes=4)  # room for the second's first new node only
+    assert (cut.tokens, cut.parents) == ([4, 0, 7, 3], [-1, 0, 1, -1])
+    same = merge_drafts(chain, Draft.chain([4, 0]), max_nodes=3)  # paths already there need no room
+    assert (same.tokens, same.parents) == (chain.tokens, chain.parents)
+    alone = merge_drafts(Draft.empty(), tree, max_nodes=8)
+    assert (alone.tokens, alone.parents) == (tree.tokens, tree.parents)
+
+
+def test_lookahead_drafts_prompt_lookups_chain_and_fills_the_budget_from_the_trie():
     """Row 0's suffix [1, 2] last occurred before 4, 0 (prompt lookup's copy) but was followed by 3 twice
-    (the trie's count); row 1's last token 5 never occurred in its own context, so the trie, which holds
-    row 0's prompt, drafts there. The lookup's rows follow the batch's as rows finish."""
+    (the trie's count): its draft holds both. Row 1's last token 5 never occurred in its own context,
+    so its draft is the trie's alone (the trie holds row 0's prompt). The lookup's rows follow the
+    batch's as rows finish."""
     contexts = [[1, 2, 3, 1, 2, 3, 1, 2, 4, 0, 5, 6, 1, 2], [7, 5]]
     keys = torch.zeros(2, dtype=torch.long)
     context = ProposalContext(num_generated=[1, 1], budgets=[2, 2], max_nodes=4, keys=keys)
@@ -135,10 +151,12 @@ def test_lookahead_takes_prompt_lookups_chain_where_it_finds_one_and_the_tries_t
         return made
 
     trie_alone = proposer(None).propose(context)
-    assert trie_alone[0].tokens[0] == 3 and trie_alone[1].tokens[0] == 6
+    assert trie_alone[0].tokens[:2] == [3, 1] and trie_alone[1].tokens[0] == 6
     both = proposer(PromptLookupProposer(min_ngram=1, max_ngram=3))
     drafts = both.propose(context)
-    assert (drafts[0].tokens, drafts[0].parents) == ([4, 0], [-1, 0])  # cut to the budget of 2
+    expected = merge_drafts(Draft.chain([4, 0]), trie_alone[0], max_nodes=4)  # the chain cut to the budget of 2
+    assert (drafts[0].tokens, drafts[0].parents) == (expected.tokens, expected.parents)
+    assert drafts[0].tokens[:3] == [4, 0, 3]
     assert (drafts[1].tokens, drafts[1].parents) == (trie_alone[1].tokens, trie_alone[1].parents)
 
     both.emitted([[4, 0, 5], [6]], None)

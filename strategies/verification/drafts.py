@@ -64,6 +64,28 @@ def is_chain(draft: Draft) -> bool:
     return all(p == i - 1 for i, p in enumerate(draft.parents))
 
 
+def merge_drafts(first: Draft, second: Draft, max_nodes: int) -> Draft:
+    """One tree holding both drafts: every node of `first`, then the nodes of `second` in its order
+    (a best-first tree's best first) while there is room for `max_nodes`. A node of `second` whose
+    path is already in the tree is that node and takes no room; one whose parent found no room has none.
+    Deterministic drafts only (no probabilities): one verify forward then checks both guesses."""
+    tokens, parents = list(first.tokens), list(first.parents)
+    node_of = {(parent, token): i for i, (token, parent) in enumerate(zip(tokens, parents, strict=True))}
+    placed: dict[int, int] = {-1: -1}  # index in `second` -> index in the merged tree
+    for j, (token, parent) in enumerate(zip(second.tokens, second.parents, strict=True)):
+        if parent not in placed:
+            continue
+        key = (placed[parent], token)
+        if key not in node_of:
+            if len(tokens) >= max_nodes:
+                continue
+            node_of[key] = len(tokens)
+            tokens.append(token)
+            parents.append(key[0])
+        placed[j] = node_of[key]
+    return Draft(tokens, parents)
+
+
 def tree_depths(parents: list[int]) -> list[int]:
     """Depth of each slot: 0 for the pending token, 1 for its children, … (length N + 1)."""
     depths = [0]
