@@ -23,7 +23,7 @@ import torch
 from strategies.runtime import linear, llama_forward
 from strategies.runtime.kv_cache import Provisional, RaggedKV
 
-# Widths of the verify forwards warmed up: one plus the largest draft of any strategy's defaults (EAGLE's 16 nodes).
+# Widths of the verify forwards warmed up: one plus the largest tree a strategy's options commonly ask for (16 nodes).
 WARM_WIDTHS = 17
 
 
