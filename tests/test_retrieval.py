@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -158,6 +160,8 @@ def test_lookahead_drafts_prompt_lookups_chain_and_fills_the_budget_from_the_tri
     assert (drafts[0].tokens, drafts[0].parents) == (expected.tokens, expected.parents)
     assert drafts[0].tokens[:3] == [4, 0, 3]
     assert (drafts[1].tokens, drafts[1].parents) == (trie_alone[1].tokens, trie_alone[1].parents)
+    full = both.propose(dataclasses.replace(context, max_nodes=2))[0]  # the chain fills the node budget
+    assert (full.tokens, full.parents) == ([4, 0], [-1, 0])
 
     both.emitted([[4, 0, 5], [6]], None)
     both.keep_rows([1])

@@ -251,8 +251,10 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
             self._count_outputs(row)
         nodes = min(self.decoding_length, context.max_nodes)
         copied = self._copied(context, nodes)
-        return [
-            merge_drafts(draft, self._retrieve(row.trie_row, row.context, budget, nodes), nodes)
+        return [  # the trie is searched only where the chain leaves room in the node budget
+            draft
+            if len(draft.tokens) >= nodes
+            else merge_drafts(draft, self._retrieve(row.trie_row, row.context, budget, nodes), nodes)
             for row, budget, draft in zip(self.rows, context.budgets, copied, strict=True)
         ]
 
