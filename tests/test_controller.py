@@ -655,6 +655,20 @@ def test_exploring_steps_that_pay_for_themselves_leave_the_budget_to_the_next_dr
     assert c.exploring_lost_s == 0.0
 
 
+def test_a_cold_controller_told_what_forwards_cost_explores_as_soon_as_its_budget_allows_that_width():
+    """As above, but told before the first batch what forwards 1, 2, 4, 8 and 16 tokens wide cost at batch 1
+    (an actor times them at its start): the first exploring step, 5 wide, is priced at the 1.25 ms the
+    table gives between 4 and 8 tokens, not at five plain steps, and fits 3% of the decode time after
+    1.25 / 0.03 − 1.25 = 40.4 ms of plain steps: the 2 measured first and 39 more (untold: 162). It pays
+    and is kept; the others are explored as the budget allows, and no time is lost exploring."""
+    c = AdaptiveController()
+    c.time_forwards(1, {w: [_forward_ms(1, w) / 1000] * FORWARD_SAMPLES for w in (1, 2, 4, 8, 16)})
+    planned = [d for d, _ in _run_scripted(c, [1] * 300)]
+    assert planned[:41] == [AUTOREGRESSIVE] * 41 and planned[41] == "lookup"
+    assert set(planned) == {AUTOREGRESSIVE, *SCRIPTED}
+    assert c.exploring_lost_s == 0.0
+
+
 def test_starting_a_drafter_to_explore_it_counts_against_the_budget_but_not_in_its_step_time():
     """A draft model's prefill of the batch, when a step starts it, is paid by the exploring step:
     the decode time and the exploring budget count it, the drafter's estimate does not."""

@@ -13,9 +13,9 @@ from job_config import job_config
 
 from pipeline.driver import worker_spec
 from workers import controller_stats
-from workers.controller import Learned
+from workers.controller import Learned, bucket
 from workers.controller_stats import SCHEMA, StatsKey
-from workers.generator import Generator
+from workers.generator import TIMED_WIDTHS, Generator
 from workers.spec import WorkUnit
 
 KEY = StatsKey("a" * 64, "cpu (2 threads)", "float32")
@@ -133,6 +133,17 @@ def test_an_actor_warm_starts_only_from_its_own_target_device_and_dtype(tmp_path
     warm = Generator(dataclasses.replace(spec, controller_stats={**strangers, own: _learned(32, depth=7)}))
     assert warm.controller.measured == _learned(32).measured and warm.controller.depth == {"prompt_lookup": 7}
     assert warm.controller_statistics() == (own, warm.controller.learned())
+
+
+def test_an_actors_controller_knows_what_forwards_cost_at_its_batch_size_before_its_first_batch(
+    tmp_path, tiny_model_dir
+):
+    config = job_config(tmp_path, tiny_model_dir, "model.draft=null", "strategy.name=auto", "workers.batch_size=3")
+    spec = worker_spec(config, "job")
+    forward = Generator(spec).controller.forward
+    assert forward.widths(bucket(3)) == list(TIMED_WIDTHS)
+    assert 0 < forward.row_seconds(bucket(3), 1) <= forward.row_seconds(bucket(3), 16)
+    assert forward.widths(bucket(1)) == []  # only the batch size the job decodes at
 
 
 def test_a_warm_started_auto_actor_writes_what_a_cold_one_does(tmp_path, tiny_model_dir):

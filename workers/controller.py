@@ -368,6 +368,18 @@ class AdaptiveController:
         self.depth, self.nodes = dict(learned.depth), dict(learned.nodes)
         self.memo.clear()
 
+    def time_forwards(self, batch_size: int, seconds_by_width: dict[int, list[float]]) -> None:
+        """Forwards timed before decoding (an actor's start, `workers.generator`): per width (new tokens
+        per row, 1 among them), the seconds of forwards over `batch_size` rows. Without them a cold
+        controller prices a drafter's first step, wider than any forward it has run, as that many plain
+        steps, and the exploration budget made a cold job at batch 1 decode hundreds of plain steps
+        before its first draft."""
+        b = bucket(batch_size)
+        for width in sorted(seconds_by_width):  # the plain forward first: wider ones are kept as ratios to it
+            for seconds in seconds_by_width[width]:
+                self.forward.observe(b, width, seconds / batch_size)
+        self.memo.clear()
+
     def drafter_failed(self, drafter: str, reason: str) -> None:
         self.failed.add(drafter)
         self.standing = None

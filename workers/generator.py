@@ -26,6 +26,7 @@ from strategies import registry
 from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput, RowRequest, Strategy
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
+from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from workers import contract, faults
 from workers.contract import (
@@ -37,6 +38,7 @@ from workers.contract import (
 )
 from workers.controller import AdaptiveController, Learned
 from workers.controller_stats import StatsKey
+from workers.cost_model import FORWARD_SAMPLES
 from workers.engine import DecodeEngine, Pending, SegmentRecord
 from workers.model_loading import load_models, resolve_dtype
 from workers.row_settings import RowSettings, row_settings
@@ -51,6 +53,12 @@ from workers.rows import (
 )
 from workers.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.storage import filesystem, write_bytes
+
+# The forwards an actor times before its first batch for its controller (`_forward_seconds`): new tokens
+# per row, as the cost bench's grid (a draft's verify is 1 + its nodes wide: 5 to 17 by the defaults),
+# over this many cached tokens per row.
+TIMED_WIDTHS = (1, 2, 4, 8, 16)
+TIMED_CONTEXT = 64
 
 
 def device_identity(device: torch.device) -> str:
@@ -101,6 +109,10 @@ class Generator:
         else:
             self.runner.warm_up(spec.workers.batch_size)
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
+        if self.controller is not None:
+            self.controller.time_forwards(
+                spec.workers.batch_size, _forward_seconds(self.runner, spec.workers.batch_size)
+            )
         self.stats_key = StatsKey(
             spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")
         )
@@ -511,3 +523,15 @@ def score_columns(spec: WorkerSpec) -> list[str]:
 def output_schema(spec: WorkerSpec, table: pa.Table) -> pa.Schema:
     """The output columns of `table`'s rows under this job's settings (`contract.output_schema`)."""
     return contract.output_schema(score_columns(spec), [table.schema.field(name) for name in spec.input.keep_columns])
+
+
+def _forward_seconds(runner: ModelRunner, batch_size: int) -> dict[int, list[float]]:
+    """The forwards a controller is told of before the first batch (`AdaptiveController.time_forwards`):
+    `FORWARD_SAMPLES` of each of `TIMED_WIDTHS` over `batch_size` rows of `TIMED_CONTEXT` cached tokens
+    (fewer where the model's positions end sooner; none where they cannot hold the widest)."""
+    positions = getattr(runner.model.config, "max_position_embeddings", None) or TIMED_CONTEXT + max(TIMED_WIDTHS)
+    context = min(TIMED_CONTEXT, positions - max(TIMED_WIDTHS))
+    if context < 1:
+        return {}
+    contexts = [[(row + t) % runner.vocab_size for t in range(context)] for row in range(batch_size)]
+    return runner.forward_seconds(contexts, TIMED_WIDTHS, FORWARD_SAMPLES)

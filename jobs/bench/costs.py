@@ -34,7 +34,7 @@ from strategies.base import RowRequest, decode_to_end
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.runtime import kv_cache
 from strategies.runtime.linear import linear
-from strategies.runtime.runner import ModelRunner
+from strategies.runtime.runner import ModelRunner, synchronize
 from strategies.runtime.sampling import row_key
 from strategies.verification import speculative
 from strategies.verification import verify as verifier
@@ -49,10 +49,10 @@ def peak_matmul_gflops(device: torch.device, dtype: torch.dtype, size: int = 102
     b = torch.randn(size, size, device=device, dtype=dtype)
     best = float("inf")
     for _ in range(repeats + 1):  # the first call picks kernels
-        _sync(device)
+        synchronize(device)
         started = time.perf_counter()
         linear(a, b)
-        _sync(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - started)
     return 2 * size**3 / best / 1e9
 
@@ -64,27 +64,6 @@ def forward_flops(model: torch.nn.Module, batch: int, new_tokens: int, context: 
     config = model.config
     attention = 4 * config.num_hidden_layers * config.hidden_size * (context + new_tokens)
     return batch * new_tokens * (2 * weights + attention)
-
-
-def forward_ms(runner: ModelRunner, prompts: list[list[int]], new_tokens: int, repeats: int) -> float:
-    """Median ms of one forward of `new_tokens` per row (a chain, every slot's logits kept, as a verify
-    forward) over the cache `prompts` leave; the cache is rolled back after each."""
-    kv = runner.new_kv(len(prompts))
-    runner.prefill(kv, prompts)
-    device = kv.next_pos.device
-    before = kv.num_slots
-    ids = torch.randint(0, 100, (len(prompts), new_tokens), device=device)
-    valid = torch.ones(len(prompts), new_tokens, dtype=torch.bool, device=device)
-    times = []
-    for _ in range(repeats + 1):  # the first call allocates
-        positions = kv.next_pos[:, None] + torch.arange(new_tokens, device=device)
-        _sync(device)
-        started = time.perf_counter()
-        runner.forward(kv, ids, positions, valid)
-        _sync(device)
-        times.append(time.perf_counter() - started)
-        kv.truncate(before)
-    return 1e3 * statistics.median(times[1:])
 
 
 def cache_rows(prompts: list[list[int]], batch_size: int, cache_tokens: int) -> list[list[int]]:
@@ -240,8 +219,8 @@ def measure(bench: Bench) -> dict:
     for batch_size in config.batch_sizes:
         prompts = cache_rows(bench.prompts, batch_size, cache)
         forwards = []
-        for n in config.cost_new_tokens:
-            ms = forward_ms(runner, prompts, n, config.repeats)
+        for n, seconds in runner.forward_seconds(prompts, config.cost_new_tokens, config.repeats).items():
+            ms = 1e3 * statistics.median(seconds)  # a verify forward's shape (`ModelRunner.forward_seconds`)
             bound = 1e3 * forward_flops(model, batch_size, n, cache) / (peak * 1e9)
             forwards.append({"new_tokens": n, "forward_ms": ms, "bound_ms": bound})  # unrounded: a tiny bound is not 0
         # Every batch of the prompts, as the bench decodes them: at batch 1 the first alone is one
@@ -317,8 +296,3 @@ def print_table(table: dict) -> None:
             )
     print("\nms per drafting step; host/plain: the step's time outside the target forward over a plain step;")
     print("x plain: tau x plain step / drafting step, the speed-up this step cost and tau give.")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -162,6 +164,30 @@ class ModelRunner:
         for layer in self._fast.layers:
             weights += [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down]
         linear.warm_up(weights, decode_row_counts(batch_size))
+
+    @torch.inference_mode()
+    def forward_seconds(self, contexts: list[list[int]], widths: Sequence[int], repeats: int) -> dict[int, list[float]]:
+        """Per width n, the seconds of each of `repeats` forwards of n new tokens per row (a chain, every
+        slot's logits kept, as a verify forward) over the cache `contexts` leave, rolled back after each;
+        a first forward of each width, which allocates, runs untimed."""
+        kv = self.new_kv(len(contexts))
+        self.prefill(kv, contexts)
+        before = kv.num_slots
+        seconds: dict[int, list[float]] = {}
+        for width in widths:
+            ids = torch.randint(0, min(100, self.vocab_size), (len(contexts), width), device=self.device)
+            valid = torch.ones(len(contexts), width, dtype=torch.bool, device=self.device)
+            times = []
+            for _ in range(repeats + 1):
+                positions = kv.next_pos[:, None] + torch.arange(width, device=self.device)
+                synchronize(self.device)
+                started = time.perf_counter()
+                self.forward(kv, ids, positions, valid)
+                synchronize(self.device)
+                times.append(time.perf_counter() - started)
+                kv.truncate(before)
+            seconds[width] = times[1:]
+        return seconds
 
     def compile(self) -> None:
         """`torch.compile` of the lean forward's layers (`model.compile`); a ValueError naming the model otherwise."""
@@ -375,3 +401,9 @@ def _is_prefix(valid: torch.Tensor) -> bool:
     """True when each row of `valid` [B, m] is True up to some column and False after it."""
     as_int = valid.long()
     return torch.equal(as_int.cummin(dim=1).values, as_int)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on CPU), so a timer around it times the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
