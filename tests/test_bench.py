@@ -3,6 +3,7 @@ it runs end to end on a tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -152,6 +153,24 @@ def test_bench_keeps_one_controller_per_contender_so_variants_of_a_strategy_lear
     assert first.controller is again.controller  # one contender's passes share what it learned
     assert bench.fresh(narrow, 1).controller is not first.controller
     assert bench.fresh(wide, 8).controller is not first.controller
+
+
+def test_a_bench_controller_is_told_what_forwards_cost_at_its_batch_size_as_an_actors_is(tiny_model_dir, tmp_path):
+    """The in-process bench times the code a job runs: its cold controller starts as an actor's does."""
+    from jobs.bench.decoding import Bench, BenchConfig
+    from pipeline.config import load_config
+    from workers.controller import bucket
+    from workers.generator import TIMED_WIDTHS
+
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a b a b"}) + "\n")
+    keys = [f"model={tiny_model_dir}", f"prompts={tmp_path / 'prompts.jsonl'}", "strategies=[auto]"]
+    bench = Bench(load_config(BenchConfig(), None, [*keys, "strategy.candidates=[prompt_lookup]"]))
+    options = dataclasses.replace(bench.config.strategy, name="auto")
+    forward = bench.fresh(options, 3).controller.forward
+    assert forward.widths(bucket(3)) == list(TIMED_WIDTHS)
+    assert forward.widths(bucket(1)) == []  # only the batch size it decodes at
+    told = forward.row_seconds(bucket(3), 16)
+    assert bench.fresh(options, 3).controller.forward.row_seconds(bucket(3), 16) == told  # told once, not per pass
 
 
 def test_bench_times_each_of_our_contenders_with_f_linear_too_when_asked(tmp_path, tiny_model_dir, monkeypatch):

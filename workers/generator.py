@@ -54,7 +54,7 @@ from workers.rows import (
 from workers.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.storage import filesystem, write_bytes
 
-# The forwards an actor times before its first batch for its controller (`_forward_seconds`): new tokens
+# The forwards an actor times before its first batch for its controller (`timed_forwards`): new tokens
 # per row, as the cost bench's grid (a draft's verify is 1 + its nodes wide: 5 to 17 by the defaults),
 # over this many cached tokens per row.
 TIMED_WIDTHS = (1, 2, 4, 8, 16)
@@ -110,9 +110,7 @@ class Generator:
             self.runner.warm_up(spec.workers.batch_size)
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
         if self.controller is not None:
-            self.controller.time_forwards(
-                spec.workers.batch_size, _forward_seconds(self.runner, spec.workers.batch_size)
-            )
+            self.controller.time_forwards(spec.workers.batch_size, timed_forwards(self.runner, spec.workers.batch_size))
         self.stats_key = StatsKey(
             spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")
         )
@@ -525,10 +523,11 @@ def output_schema(spec: WorkerSpec, table: pa.Table) -> pa.Schema:
     return contract.output_schema(score_columns(spec), [table.schema.field(name) for name in spec.input.keep_columns])
 
 
-def _forward_seconds(runner: ModelRunner, batch_size: int) -> dict[int, list[float]]:
-    """The forwards a controller is told of before the first batch (`AdaptiveController.time_forwards`):
-    `FORWARD_SAMPLES` of each of `TIMED_WIDTHS` over `batch_size` rows of `TIMED_CONTEXT` cached tokens
-    (fewer where the model's positions end sooner; none where they cannot hold the widest)."""
+def timed_forwards(runner: ModelRunner, batch_size: int) -> dict[int, list[float]]:
+    """The forwards a controller is told of before the first batch (`AdaptiveController.time_forwards`:
+    an actor's, and the in-process bench's as an actor's): `FORWARD_SAMPLES` of each of `TIMED_WIDTHS`
+    over `batch_size` rows of `TIMED_CONTEXT` cached tokens (fewer where the model's positions end
+    sooner; none where they cannot hold the widest)."""
     positions = getattr(runner.model.config, "max_position_embeddings", None) or TIMED_CONTEXT + max(TIMED_WIDTHS)
     context = min(TIMED_CONTEXT, positions - max(TIMED_WIDTHS))
     if context < 1:

@@ -37,6 +37,7 @@ from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.controller import AdaptiveController
+from workers.generator import timed_forwards
 from workers.model_kinds import KINDS, needed_by
 from workers.model_loading import load_models, resolve_dtype
 from workers.rows import repetition_rate
@@ -294,7 +295,10 @@ class Bench:
         controller = None
         if options.name == registry.AUTO or options.adaptive:
             key = (repr(options), batch_size, linear.packing())  # F.linear's steps cost otherwise
-            controller = self.controllers.setdefault(key, AdaptiveController())
+            controller = self.controllers.get(key)
+            if controller is None:  # told what forwards cost at its batch size, as a job's actor tells its own
+                controller = self.controllers[key] = AdaptiveController()
+                controller.time_forwards(batch_size, timed_forwards(self.models.target, batch_size))
         return registry.create(options, self.models, controller)
 
     def with_f_linear(self, run: Callable[[list], Run]) -> Callable[[list], Run]:
