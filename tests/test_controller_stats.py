@@ -15,6 +15,7 @@ from pipeline.driver import worker_spec
 from workers import controller_stats
 from workers.controller import Learned, bucket
 from workers.controller_stats import SCHEMA, StatsKey
+from workers.cost_model import FORWARD_SAMPLES
 from workers.generator import TIMED_WIDTHS, Generator
 from workers.spec import WorkUnit
 
@@ -144,6 +145,18 @@ def test_an_actors_controller_knows_what_forwards_cost_at_its_batch_size_before_
     assert forward.widths(bucket(3)) == list(TIMED_WIDTHS)
     assert 0 < forward.row_seconds(bucket(3), 1) <= forward.row_seconds(bucket(3), 16)
     assert forward.widths(bucket(1)) == []  # only the batch size the job decodes at
+
+
+def test_a_warm_started_actors_controller_adds_the_forwards_it_timed_to_those_it_loaded(tmp_path, tiny_model_dir):
+    """The forwards an actor times at its start are this job's own: they go on top of an earlier job's
+    times at the same keys, which loading them after would have replaced."""
+    config = job_config(tmp_path, tiny_model_dir, "model.draft=null", "strategy.name=auto", "workers.batch_size=8")
+    spec = worker_spec(config, "job")
+    own = Generator(spec).stats_key
+    warm = Generator(dataclasses.replace(spec, controller_stats={own: _learned(32, plain_s=123.0)}))
+    plain = warm.controller.forward.times[(bucket(8), 1)]
+    assert plain.count == 2 + FORWARD_SAMPLES and plain.recent[0] == 123.0 and len(plain.recent) == 1 + FORWARD_SAMPLES
+    assert all(0 < t < 123.0 for t in list(plain.recent)[1:])
 
 
 def test_a_warm_started_auto_actor_writes_what_a_cold_one_does(tmp_path, tiny_model_dir):

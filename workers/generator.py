@@ -109,13 +109,15 @@ class Generator:
         else:
             self.runner.warm_up(spec.workers.batch_size)
         self.controller = AdaptiveController() if spec.strategy.adaptive else None
-        if self.controller is not None:
-            self.controller.time_forwards(spec.workers.batch_size, timed_forwards(self.runner, spec.workers.batch_size))
         self.stats_key = StatsKey(
             spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")
         )
-        if self.controller is not None and self.stats_key in spec.controller_stats:
-            self.controller.warm_start(spec.controller_stats[self.stats_key])
+        if self.controller is not None:
+            if self.stats_key in spec.controller_stats:
+                self.controller.warm_start(spec.controller_stats[self.stats_key])
+            # After the warm start: loading an earlier job's forward times replaces those of the same keys,
+            # and these are this job's own, the freshest.
+            self.controller.time_forwards(spec.workers.batch_size, timed_forwards(self.runner, spec.workers.batch_size))
         # The output path's first call loads modules (pyarrow imports pandas at its first array built from
         # Python values, about 0.5 s of CPU): paid here, and not by the first unit's part while the next
         # batch decodes beside it, which the two threads' shared GIL would stall for as long.
@@ -528,8 +530,7 @@ def timed_forwards(runner: ModelRunner, batch_size: int) -> dict[int, list[float
     an actor's, and the in-process bench's as an actor's): `FORWARD_SAMPLES` of each of `TIMED_WIDTHS`
     over `batch_size` rows of `TIMED_CONTEXT` cached tokens (fewer where the model's positions end
     sooner; none where they cannot hold the widest)."""
-    positions = getattr(runner.model.config, "max_position_embeddings", None) or TIMED_CONTEXT + max(TIMED_WIDTHS)
-    context = min(TIMED_CONTEXT, positions - max(TIMED_WIDTHS))
+    context = min(TIMED_CONTEXT, runner.max_context - max(TIMED_WIDTHS))
     if context < 1:
         return {}
     contexts = [[(row + t) % runner.vocab_size for t in range(context)] for row in range(batch_size)]
