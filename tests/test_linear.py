@@ -18,10 +18,12 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 
 @pytest.fixture(autouse=True)
 def packing_on():
-    before = packed.packing()
+    before, by_rows = packed.packing(), dict(packed._by_rows)
     packed.set_packing(True)
+    packed.pack_by_rows({})
     yield
     packed.set_packing(before)
+    packed.pack_by_rows(by_rows)
 
 
 def _weights(dtype=torch.float32):
@@ -180,3 +182,64 @@ def test_a_runner_warms_its_lean_forwards_weights_at_the_row_counts_of_its_batch
     assert len(weights) == 1 + 4 * SMALL["num_hidden_layers"] and weights[0] is llama.lm_head.weight
     ModelRunner(llama.double()).warm_up(4)  # float64 does not pack: nothing to warm
     assert len(warmed) == 1
+
+
+def test_a_row_count_takes_the_packing_choice_of_the_nearest_row_count_timed():
+    choices = ((1, False), (16, False), (256, True))
+    assert [packed.packs_nearest(choices, rows) for rows in (0, 1, 3, 15, 40, 100, 4000)] == [
+        False,
+        False,
+        False,  # 3 is nearer 1 than 16 by ratio
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert packed.packs_nearest(choices, 64) is True  # as near 16 as 256: the larger's
+    assert packed.packs_nearest((), 7) is True  # nothing timed: packed, as before any choice
+
+
+@needs_onednn
+def test_a_linear_runs_packed_or_f_linear_as_its_row_count_was_chosen(monkeypatch):
+    weight, bias = _weights()
+    packs = []
+    real = packed._packed_copy
+    monkeypatch.setattr(packed, "_packed_copy", lambda w: packs.append(len(packs)) or real(w))
+    packed.pack_by_rows({1: False, 8: True})
+    with torch.inference_mode():
+        few = torch.randn(1, 2, 32)  # 2 rows: F.linear's, bit for bit
+        assert torch.equal(linear(few, weight, bias), F.linear(few, weight, bias))
+        assert packs == []
+        many = torch.randn(2, 5, 32)  # 10 rows: packed
+        assert torch.allclose(linear(many, weight, bias), F.linear(many, weight, bias), atol=1e-5)
+        assert packs == [0]
+        packed.pack_by_rows({})  # a new choice replaces the rows already looked up
+        linear(few, weight, bias)
+        assert packs == [0, 1]
+
+
+def test_a_runner_packs_the_row_counts_whose_whole_forwards_ran_faster_packed(monkeypatch):
+    """Timed as whole forwards in each mode (scripted here: packed is faster from 8 rows on), over the
+    batch and over one row, with a prefill-like width at one row."""
+    from test_llama_forward import SMALL
+
+    from strategies.runtime.runner import PACKING_ROUNDS, PACKING_WIDTHS
+
+    llama = LlamaForCausalLM(LlamaConfig(**{**SMALL, "max_position_embeddings": 128})).eval()
+    runner = ModelRunner(llama)
+    calls = []
+
+    def scripted(contexts, widths, repeats):
+        packs = packed.packs_nearest(packed._by_rows, 1)  # one mode for every row count while timed
+        calls.append((len(contexts), tuple(widths), packs))
+        rows = len(contexts)
+        return {w: [1.0 if (rows * w >= 8) == packs else 2.0] * repeats for w in widths}
+
+    monkeypatch.setattr(runner, "forward_seconds", scripted)
+    packed.pack_by_rows({1: False})
+    choice = runner.pack_where_faster(4)
+    timed_rows = {w for w in (*PACKING_WIDTHS, 64)} | {4 * w for w in PACKING_WIDTHS}
+    assert choice == {rows: rows >= 8 for rows in timed_rows}
+    assert len(calls) == 2 * 2 * PACKING_ROUNDS  # two shapes, both modes, each round
+    assert {(rows, widths) for rows, widths, _ in calls} == {(1, (*PACKING_WIDTHS, 64)), (4, PACKING_WIDTHS)}
+    assert packed._by_rows == ()  # timing leaves no choice behind: warm_up sets the one made

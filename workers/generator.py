@@ -26,7 +26,7 @@ from strategies import registry
 from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput, RowRequest, Strategy
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
-from strategies.runtime.runner import ModelRunner
+from strategies.runtime.runner import ModelRunner, synthetic_contexts
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from workers import contract, faults
 from workers.contract import (
@@ -533,5 +533,5 @@ def timed_forwards(runner: ModelRunner, batch_size: int) -> dict[int, list[float
     context = min(TIMED_CONTEXT, runner.max_context - max(TIMED_WIDTHS))
     if context < 1:
         return {}
-    contexts = [[(row + t) % runner.vocab_size for t in range(context)] for row in range(batch_size)]
+    contexts = synthetic_contexts(batch_size, context, runner.vocab_size)
     return runner.forward_seconds(contexts, TIMED_WIDTHS, FORWARD_SAMPLES)

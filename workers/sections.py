@@ -93,8 +93,9 @@ def _model_config() -> type:
             bool,
             option(
                 True,
-                "Float32 on CPU: matmuls through weights packed once for oneDNN (1.4-1.5x faster decoding here; a "
-                "second copy of the weights in memory). False: F.linear (README, 'Weights packed for oneDNN').",
+                "Float32 on CPU: matmuls through weights packed once for oneDNN at the row counts where whole "
+                "forwards timed faster so as the actor starts (a second copy of the weights in memory). False: "
+                "F.linear everywhere (README, 'Weights packed for oneDNN').",
             ),
         ),
         ("cache_dir", str, option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")),

@@ -96,7 +96,9 @@ class _BenchSettings:
         0, "torch threads; 0: all cores (job=true: as many as a job's actor runs, `workers.torch_threads`)."
     )
     pack_weights: bool = option(
-        True, "Float32 on CPU: matmuls through weights packed for oneDNN (`model.pack_weights`); false: F.linear."
+        True,
+        "Float32 on CPU: matmuls through weights packed for oneDNN where timed faster (`model.pack_weights`); "
+        "false: F.linear.",
     )
     compare_f_linear: bool = option(
         False,

@@ -23,10 +23,17 @@ step at batch 1 takes about 2). A decode meets a few dozen row counts (batch × 
 the cost is small over a job, but it falls on the first steps of each drafter at each width, which
 are the steps the adaptive controller explores with: a Lookahead explored cold measured 2.2 plain
 steps a step against 1.6 warm, and was written off. `warm_up` pays it once, before decoding.
+
+Which of the two is faster depends on the CPU and the row count: on a 2-core Intel Xeon the shipped
+target's whole forward at one row took 1.37 ms with `F.linear` against 2.29 ms packed, and the two met
+at some 500 rows. So packing is chosen per row count (`pack_by_rows`), from whole forwards timed both
+ways as a runner warms up (`ModelRunner.pack_where_faster`): a matmul's own timing in a loop keeps its
+weight in the caches, which a forward's 27 MB of weights do not stay in, and so misjudges it.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable
 
@@ -40,6 +47,10 @@ _ROWS_HINT = 16
 # (data pointer, shape, strides) -> (the weight tensor's weak reference, its version, packed copy)
 _packed: dict[tuple, tuple[weakref.ref, int, torch.Tensor]] = {}
 _enabled = torch.backends.mkldnn.is_available()
+# The row counts timed by `pack_by_rows`, each with whether packed matmuls ran faster there, sorted; a
+# row count between them takes its nearest one's choice (`packs_nearest`). Empty: pack at every row count.
+_by_rows: tuple[tuple[int, bool], ...] = ()
+_chosen: dict[int, bool] = {}  # each row count met since, with its choice: one lookup a call
 
 
 def set_packing(enabled: bool) -> None:
@@ -55,6 +66,21 @@ def packing() -> bool:
     return _enabled
 
 
+def pack_by_rows(choices: dict[int, bool]) -> None:
+    """Pack the matmuls of each row count as the nearest of `choices` says ({rows: packed is faster});
+    {}: at every row count. Whether packing is on at all stays `set_packing`'s."""
+    global _by_rows
+    _by_rows = tuple(sorted(choices.items()))
+    _chosen.clear()
+
+
+def packs_nearest(choices: tuple[tuple[int, bool], ...], rows: int) -> bool:
+    """The choice of the row count nearest `rows` by ratio (ties: the larger), True where none is known."""
+    if not choices:
+        return True
+    return min(choices, key=lambda choice: (abs(math.log(choice[0] / max(rows, 1))), -choice[0]))[1]
+
+
 def packs_on(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a model on `device` in `dtype` runs its inference matmuls through packed weights here."""
     return _enabled and device.type == "cpu" and dtype == torch.float32
@@ -62,7 +88,7 @@ def packs_on(device: torch.device, dtype: torch.dtype) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b: `x` [..., K], `weight` [N, K], `bias` [N] -> [..., N]."""
-    if not _packs(x, weight, bias):
+    if not _packs(x, weight, bias) or not _packs_rows(x.numel() // max(x.shape[-1], 1)):
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight), bias, "none", [None], "")
 
@@ -79,6 +105,13 @@ def warm_up(weights: Iterable[torch.Tensor], rows: Iterable[int]) -> None:
                 x = torch.zeros(count, weight.shape[1], dtype=weight.dtype, device=weight.device)
                 if _packs(x, weight, None):
                     linear(x, weight)
+
+
+def _packs_rows(rows: int) -> bool:
+    chosen = _chosen.get(rows)
+    if chosen is None:
+        chosen = _chosen[rows] = packs_nearest(_by_rows, rows)
+    return chosen
 
 
 def _packs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

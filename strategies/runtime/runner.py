@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,12 @@ from strategies.runtime.kv_cache import Provisional, RaggedKV
 
 # Widths of the verify forwards warmed up: one plus the largest tree a strategy's options commonly ask for (16 nodes).
 WARM_WIDTHS = 17
+# Packed or `F.linear` is timed with whole forwards of these widths over the batch and over one row (the
+# last, one row only, stands for a prefill's row counts), over this many cached tokens, in alternated rounds.
+PACKING_WIDTHS = (1, 2, 4, 8, 16)
+PACKING_PREFILL_WIDTH = 64
+PACKING_CONTEXT = 32
+PACKING_ROUNDS = 2
 
 
 def decode_row_counts(batch_size: int) -> list[int]:
@@ -164,6 +171,36 @@ class ModelRunner:
         for layer in self._fast.layers:
             weights += [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down]
         linear.warm_up(weights, decode_row_counts(batch_size))
+        linear.pack_by_rows(self.pack_where_faster(batch_size))
+
+    def pack_where_faster(self, batch_size: int) -> dict[int, bool]:
+        """Per row count of `PACKING_WIDTHS`-wide forwards over `batch_size` rows and over one, and of a
+        prefill-like one-row forward: whether the whole forward ran faster with packed weights than with
+        `F.linear` (medians of alternated rounds; `linear.pack_by_rows` takes it). Measured, not assumed:
+        which wins depends on the CPU and the row count (`strategies/runtime/linear.py`)."""
+        one_row = (*PACKING_WIDTHS, PACKING_PREFILL_WIDTH)
+        if self.max_context < PACKING_CONTEXT + PACKING_PREFILL_WIDTH:
+            one_row = PACKING_WIDTHS  # a model of few positions: no prefill-like forward
+        context = min(PACKING_CONTEXT, self.max_context - max(one_row))
+        if context < 1:
+            return {}
+        shapes = {1: one_row}  # rows -> widths
+        if batch_size > 1:
+            shapes[batch_size] = PACKING_WIDTHS
+        seconds: dict[tuple[int, bool], list[float]] = {}
+        for _ in range(PACKING_ROUNDS):
+            for packed in (True, False):
+                linear.pack_by_rows({1: packed})  # one choice for every row count: this mode alone
+                for rows, widths in shapes.items():
+                    timed = self.forward_seconds(synthetic_contexts(rows, context, self.vocab_size), widths, 1)
+                    for width, times in timed.items():
+                        seconds.setdefault((rows * width, packed), []).extend(times)
+        linear.pack_by_rows({})
+        return {
+            rows: statistics.median(seconds[rows, True]) < statistics.median(seconds[rows, False])
+            for rows, packed in seconds
+            if packed
+        }
 
     @torch.inference_mode()
     def forward_seconds(self, contexts: list[list[int]], widths: Sequence[int], repeats: int) -> dict[int, list[float]]:
@@ -387,6 +424,11 @@ class LayerPass:
 
 
 @functools.lru_cache(maxsize=64)
+def synthetic_contexts(rows: int, length: int, vocab_size: int) -> list[list[int]]:
+    """`rows` distinct token sequences of `length`, a cache to time forwards over."""
+    return [[(row + t) % vocab_size for t in range(length)] for row in range(rows)]
+
+
 def square_masks(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, n] bool: a causal chain's mask and the identity, made once per width and device (to be read only)."""
     return torch.ones(n, n, dtype=torch.bool, device=device).tril(), torch.eye(n, dtype=torch.bool, device=device)
