@@ -220,10 +220,11 @@ def test_a_linear_runs_packed_or_f_linear_as_its_row_count_was_chosen(monkeypatc
 
 def test_a_runner_packs_the_row_counts_whose_whole_forwards_ran_faster_packed(monkeypatch):
     """Timed as whole forwards in each mode (scripted here: packed is faster from 8 rows on), over the
-    batch and over one row, with a prefill-like width at one row."""
+    batch and over one row, with a prefill-like width at one row; none wider over the batch than
+    `PACKING_MAX_ROWS` rows."""
     from test_llama_forward import SMALL
 
-    from strategies.runtime.runner import PACKING_ROUNDS, PACKING_WIDTHS
+    from strategies.runtime.runner import PACKING_MAX_ROWS, PACKING_ROUNDS, PACKING_WIDTHS
 
     llama = LlamaForCausalLM(LlamaConfig(**{**SMALL, "max_position_embeddings": 128})).eval()
     runner = ModelRunner(llama)
@@ -243,3 +244,7 @@ def test_a_runner_packs_the_row_counts_whose_whole_forwards_ran_faster_packed(mo
     assert len(calls) == 2 * 2 * PACKING_ROUNDS  # two shapes, both modes, each round
     assert {(rows, widths) for rows, widths, _ in calls} == {(1, (*PACKING_WIDTHS, 64)), (4, PACKING_WIDTHS)}
     assert packed._by_rows == ()  # timing leaves no choice behind: warm_up sets the one made
+    calls.clear()
+    wide = runner.pack_where_faster(PACKING_MAX_ROWS)  # only its one-token forward fits over the batch
+    assert {(rows, widths) for rows, widths, _ in calls} == {(1, (*PACKING_WIDTHS, 64)), (PACKING_MAX_ROWS, (1,))}
+    assert PACKING_MAX_ROWS in wide and 4 * PACKING_MAX_ROWS not in wide

@@ -30,9 +30,12 @@ from strategies.runtime.kv_cache import Provisional, RaggedKV
 WARM_WIDTHS = 17
 # Packed or `F.linear` is timed with whole forwards of these widths over the batch and over one row (the
 # last, one row only, stands for a prefill's row counts), over this many cached tokens, in alternated rounds.
-PACKING_WIDTHS = (1, 2, 4, 8, 16)
+# Widths a factor of 4 apart: where the two differ most (a few rows) they differ by far, and where rows
+# are many they come within a few percent of each other, so a finer grid costs start-up time for little.
+PACKING_WIDTHS = (1, 4, 16)
+PACKING_MAX_ROWS = 256  # wider forwards over the batch are not timed: their row counts take the nearest timed one's
 PACKING_PREFILL_WIDTH = 64
-PACKING_CONTEXT = 32
+PACKING_CONTEXT = 16
 PACKING_ROUNDS = 2
 
 
@@ -186,7 +189,7 @@ class ModelRunner:
             return {}
         shapes = {1: one_row}  # rows -> widths
         if batch_size > 1:
-            shapes[batch_size] = PACKING_WIDTHS
+            shapes[batch_size] = tuple(w for w in PACKING_WIDTHS if w == 1 or batch_size * w <= PACKING_MAX_ROWS)
         seconds: dict[tuple[int, bool], list[float]] = {}
         for _ in range(PACKING_ROUNDS):
             for packed in (True, False):
