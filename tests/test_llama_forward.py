@@ -58,9 +58,44 @@ def test_prefill_and_tree_step_match_transformers(model):
     assert torch.allclose(results[0][1], results[1][1], atol=1e-10)
 
 
-def test_unsupported_architectures_take_the_transformers_path():
+def _gpt2():
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64)).double().eval()
+    return GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64)).double().eval()
+
+
+@pytest.mark.parametrize("model", [*_models(), _gpt2()], ids=["llama", "qwen2", "gpt2"])
+def test_a_prefill_in_chunks_leaves_what_one_forward_over_the_prompts_leaves(model, monkeypatch):
+    """Logits, hidden states and the cache after a prefill of mixed lengths in chunks of 2 columns (one
+    row's prompt is all padding in the first chunks), then a step over that cache: as one forward's."""
+    from strategies.runtime import runner as runner_module
+
+    prompts = [list(range(3, 13)), [8, 9], list(range(20, 27))]
+    results = []
+    for chunk_tokens in (10**9, 6):  # one chunk; then 6 tokens over 3 rows: 2 columns a chunk
+        monkeypatch.setattr(runner_module, "PREFILL_CHUNK_TOKENS", chunk_tokens)
+        monkeypatch.setattr(runner_module, "PREFILL_MIN_CHUNK", 2)
+        runner = ModelRunner(model)
+        kv = runner.new_kv(len(prompts))
+        calls, forward = [], runner.forward
+
+        def counted(*args, calls=calls, forward=forward, **kwargs):
+            calls.append(args[1].shape[1])  # the columns of this forward
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(runner, "forward", counted)
+        first = runner.prefill(kv, prompts, want_hidden=True)
+        nodes = torch.tensor([[30], [31], [32]])
+        step = forward(kv, nodes, kv.next_pos[:, None], torch.ones_like(nodes, dtype=torch.bool))
+        results.append((calls, first.logits, first.hidden, kv.valid.clone(), kv.next_pos.clone(), step.logits))
+    (whole_calls, *whole), (chunk_calls, *chunked) = results
+    assert whole_calls == [10] and chunk_calls == [2, 2, 2, 2, 2]
+    for a, b in zip(whole, chunked, strict=True):
+        assert a.shape == b.shape
+        assert torch.allclose(a.double(), b.double(), atol=1e-10)
+
+
+def test_unsupported_architectures_take_the_transformers_path():
+    gpt2 = _gpt2()
     assert not llama_forward.supports(gpt2)
     runner = ModelRunner(gpt2)
     assert runner._fast is None
