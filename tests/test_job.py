@@ -212,11 +212,14 @@ def test_actors_that_cannot_be_scheduled_fail_the_job_quickly(tmp_path, tiny_mod
         run_job(config)
 
 
-def test_a_local_clusters_actors_run_at_the_jobs_niceness():
-    """Ray would start them 15 nicer than the job, so that they decode slower whenever anything else runs."""
+def test_a_local_clusters_actors_run_at_the_jobs_niceness_with_one_malloc_arena():
+    """Ray would start them 15 nicer than the job, so that they decode slower whenever anything else runs;
+    and an actor's decoding thread would take its memory fresh from the kernel, in an arena of its own."""
     init_ray("")
     niceness = ray.remote(lambda: os.nice(0))  # a lambda travels by value, not as this module's name
     assert ray.get(niceness.remote()) == os.nice(0)
+    arenas = ray.remote(lambda: os.environ.get("MALLOC_ARENA_MAX"))
+    assert ray.get(arenas.remote()) == os.environ.get("MALLOC_ARENA_MAX", "1")
 
 
 def test_speculative_jobs_greedy_equal_and_sampling_runs(tmp_path, tiny_model_dir, tiny_draft_dir):
