@@ -216,6 +216,12 @@ def test_a_linear_runs_packed_or_f_linear_as_its_row_count_was_chosen(monkeypatc
         packed.pack_by_rows({})  # a new choice replaces the rows already looked up
         linear(few, weight, bias)
         assert packs == [0, 1]
+    assert packed._packed  # a row count still packs: the copies stay
+    packed.pack_by_rows({1: False, 8: False})  # none does: the copies go, and no memory is counted for them
+    assert not packed.packs_anywhere() and not packed._packed
+    from test_llama_forward import SMALL
+
+    assert ModelRunner(LlamaForCausalLM(LlamaConfig(**SMALL)).eval()).packed_weight_bytes == 0
 
 
 def test_a_runner_packs_the_row_counts_whose_whole_forwards_ran_faster_packed(monkeypatch):

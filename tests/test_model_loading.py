@@ -71,16 +71,21 @@ def test_an_actor_loads_the_draft_once_and_only_for_a_strategy_that_drafts_with_
 @pytest.mark.parametrize(
     ("keys", "packs"), [((), True), (("model.pack_weights=false",), False), (("model.dtype=float64",), False)]
 )
-def test_an_actor_reports_the_weights_it_packs_for_onednn(tmp_path, tiny_model_dir, keys, packs):
-    """The ready line's account: the target's weight bytes packed beside its own in float32 on CPU; 0
-    with `model.pack_weights=false` (the process's matmuls then run `F.linear`) or in float64."""
+def test_an_actor_reports_the_weights_it_packs_for_onednn(tmp_path, tiny_model_dir, keys, packs, monkeypatch):
+    """The ready line's account: the target's weight bytes packed beside its own in float32 on CPU where
+    its warm-up chose packing at some row count (scripted here: at all of them, then at none); 0 with
+    `model.pack_weights=false` (the process's matmuls then run `F.linear`) or in float64."""
     from strategies.runtime import linear
+    from strategies.runtime.runner import ModelRunner
 
-    before = linear.packing()
+    before, by_rows = linear.packing(), dict(linear._by_rows)
     try:
-        generator = Generator(worker_spec(job_config(tmp_path, tiny_model_dir, *keys), "job"))
-        weights = sum(p.numel() * p.element_size() for p in generator.runner.model.parameters())
-        assert generator.ready()["packed_bytes"] == (weights if packs and before else 0)
-        assert linear.packing() == (before and "model.pack_weights=false" not in keys)
+        for everywhere in (True, False):
+            monkeypatch.setattr(ModelRunner, "pack_where_faster", lambda self, batch_size, e=everywhere: {1: e})
+            generator = Generator(worker_spec(job_config(tmp_path, tiny_model_dir, *keys), "job"))
+            weights = sum(p.numel() * p.element_size() for p in generator.runner.model.parameters())
+            assert generator.ready()["packed_bytes"] == (weights if packs and before and everywhere else 0)
+            assert linear.packing() == (before and "model.pack_weights=false" not in keys)
     finally:
         linear.set_packing(before)
+        linear.pack_by_rows(by_rows)

@@ -72,6 +72,13 @@ def pack_by_rows(choices: dict[int, bool]) -> None:
     global _by_rows
     _by_rows = tuple(sorted(choices.items()))
     _chosen.clear()
+    if not packs_anywhere():
+        _packed.clear()  # no row count runs them: their memory goes back
+
+
+def packs_anywhere() -> bool:
+    """Whether any row count runs packed matmuls under the current choice (all do before one is made)."""
+    return not _by_rows or any(packs for _, packs in _by_rows)
 
 
 def packs_nearest(choices: tuple[tuple[int, bool], ...], rows: int) -> bool:

@@ -163,8 +163,8 @@ class ModelRunner:
     def packed_weight_bytes(self) -> int:
         """Bytes of the weights that `linear` keeps packed for this model beside its own: the lean forward's
         (the whole model's size); 0 where none are (another kind of model runs its own `nn.Linear`s,
-        another device or dtype, packing off)."""
-        if not self._forward_packs:
+        another device or dtype, packing off, or no row count packed by the choice `warm_up` made)."""
+        if not self._forward_packs or not linear.packs_anywhere():
             return 0
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
