@@ -71,3 +71,26 @@ def test_cost_table_on_a_tiny_model_and_the_loop_left_as_it_was(tmp_path, tiny_m
         assert entry["drafters"][0]["ms"]["propose"] > 0  # the draft model's forwards
     assert (speculative.verify, verifier.verify_inputs, kv_cache.RaggedKV.invalidate, ModelRunner.forward) == originals
     assert "plain step" in capsys.readouterr().out
+
+
+def test_the_cost_table_times_each_batch_size_after_the_runner_warmed_up_for_it(tmp_path, tiny_model_dir, monkeypatch):
+    """Packing is chosen per row count as a runner warms up: a table timed before it would time
+    matmuls a job does not run."""
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
+    events = []
+    warm_up, cache_rows = ModelRunner.warm_up, costs.cache_rows
+
+    def warming(self, batch_size):
+        events.append(("warm_up", batch_size))
+        return warm_up(self, batch_size)
+
+    def grid_rows(prompts, batch_size, cache_tokens):  # the rows of the timed forward grid
+        events.append(("forwards", batch_size))
+        return cache_rows(prompts, batch_size, cache_tokens)
+
+    monkeypatch.setattr(ModelRunner, "warm_up", warming)
+    monkeypatch.setattr(costs, "cache_rows", grid_rows)
+    args = [f"model={tiny_model_dir}", f"prompts={tmp_path / 'prompts.jsonl'}", "num_prompts=1", "costs=true"]
+    args += ["strategies=[autoregressive]", "batch_sizes=[1,2]", "cost_new_tokens=[1]", "cost_cache_tokens=8"]
+    assert cli(["bench", *args, "max_new_tokens=4", "repeats=1", f"report={tmp_path / 'costs.json'}"]) == 0
+    assert events == [("warm_up", 1), ("forwards", 1), ("warm_up", 2), ("forwards", 2)]

@@ -217,6 +217,8 @@ def measure(bench: Bench) -> dict:
     cache = config.cost_cache_tokens
     table: dict = {"peak_gflops": round(peak, 1), "cache_tokens": cache, "batches": []}
     for batch_size in config.batch_sizes:
+        # As the bench's contenders and a job's actor start: packing chosen per row count, kernels built.
+        runner.warm_up(batch_size)
         prompts = cache_rows(bench.prompts, batch_size, cache)
         forwards = []
         for n, seconds in runner.forward_seconds(prompts, config.cost_new_tokens, config.repeats).items():
