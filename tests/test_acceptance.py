@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from strategies.runtime.sampling import STREAM_ACCEPT, STREAM_TARGET, SamplingParams, keyed_uniform
+from strategies.runtime.sampling import STREAM_ACCEPT, STREAM_TARGET, SamplingParams, greedy_tokens, keyed_uniform
+from strategies.verification import acceptance
 from strategies.verification.acceptance import (
     DraftTable,
     Slots,
@@ -121,11 +122,23 @@ def test_walk_rows_equals_walk_on_literal_trees_and_batches(stop_early):
     assert len(asked) == (4 if stop_early else 5)
 
 
-def test_exact_match_takes_the_argmax_only_where_the_walk_goes():
-    drafts, chosen = [d for d, _ in WALK_BATCH], torch.tensor([c for _, c in WALK_BATCH]).clamp(min=0)
+@pytest.mark.parametrize("copies", [1, 2])  # 42 slots: every slot's argmax at once; 84: a level at a time
+def test_exact_match_walks_the_targets_argmax_over_few_slots_and_many(copies, monkeypatch):
+    drafts = [d for d, _ in WALK_BATCH] * copies
+    chosen = torch.tensor([c for _, c in WALK_BATCH] * copies).clamp(min=0)  # [B, 7]
     logits = torch.nn.functional.one_hot(chosen, 100).double()  # [B, 7, 100]: the argmax is `chosen`
+    logits[:, :, 99] = logits[:, :, 0]  # a tie at every slot where 0 is chosen: the first maximum wins
+    by_level = []
+    monkeypatch.setattr(acceptance, "walk_rows", lambda *a, **k: by_level.append(1) or walk_rows(*a, **k))
     verdicts = accept(ExactMatch(), logits, drafts, None, SamplingParams())
     assert verdicts == [walk(d, c[: len(d) + 1]) for d, c in zip(drafts, chosen.tolist(), strict=True)]
+    assert bool(by_level) == (chosen.numel() > acceptance.HOST_SLOTS_REDUCED_AT_ONCE)
+
+
+def test_greedy_tokens_are_the_argmax_ties_and_nans_included():
+    logits = torch.tensor([[0.0, 2.0, 2.0, 1.0], [3.0, 3.0, 3.0, 3.0], [0.0, float("nan"), 5.0, float("nan")]])
+    assert greedy_tokens(logits).tolist() == logits.argmax(dim=-1).tolist() == [1, 0, 1]
+    assert greedy_tokens(logits[None]).shape == (1, 3)
 
 
 def test_relaxed_walk_accepts_near_ties_only_within_beta_and_tolerance():

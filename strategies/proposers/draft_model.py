@@ -17,7 +17,7 @@ from strategies.base import GenerationParams
 from strategies.declared import DRAFT_MODEL
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
-from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, keyed_uniform, sample_from
+from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, greedy_tokens, keyed_uniform, sample_from
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
@@ -96,7 +96,7 @@ class DraftModelProposer(Proposer[_DraftRow]):
         eos = self.params.eos_token_ids if not self.params.ignore_eos else frozenset()
         for i in range(steps):
             if sampling.greedy:
-                chosen = logits.argmax(dim=-1)
+                chosen = greedy_tokens(logits)
             else:
                 q = filtered_probs(logits, sampling)  # [B, V]
                 u = keyed_uniform(sampling.seed, context.keys, generated + i, STREAM_DRAFT)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from strategies.base import GenerationParams
 from strategies.options import JACOBI_INITS, JACOBI_MODES
 from strategies.proposers.prompt_lookup import NgramIndex
+from strategies.runtime.sampling import greedy_tokens
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
@@ -100,7 +101,7 @@ class JacobiProposer(Proposer[_Row]):
 
     def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         verified = states is not None and states.logits is not None and any(r.drafted for r in self.rows)
-        choices = states.logits.argmax(dim=-1).tolist() if verified else None  # [B][W]
+        choices = greedy_tokens(states.logits).tolist() if verified else None  # [B][W]
         for b, (row, tokens) in enumerate(zip(self.rows, emitted, strict=True)):
             if choices is not None and row.drafted:
                 self._iterate(row, tokens, choices[b])

@@ -27,7 +27,7 @@ from strategies.artifacts.exits import ExitHeads
 from strategies.base import GenerationParams
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
-from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, keyed_uniform, sample_from
+from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, greedy_tokens, keyed_uniform, sample_from
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
@@ -82,7 +82,7 @@ class SelfSpeculativeProposer(Proposer[int]):
             with torch.inference_mode():
                 logits = self.exits.logits(self.exit_layer, hidden[:, -1])  # [B, V]
             if sampling.greedy:
-                picked = logits.argmax(dim=-1)  # [B]
+                picked = greedy_tokens(logits)  # [B]
                 q = logits.softmax(dim=-1) if self.min_confidence > 0 else None
             else:
                 q = filtered_probs(logits, sampling)  # [B, V]
