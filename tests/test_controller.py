@@ -870,3 +870,15 @@ def test_a_self_sizing_drafter_is_told_depths_beyond_the_widest_forward_measured
     for _ in range(FORWARD_SAMPLES):
         c.observe(StepRecord(LOOKUP, 1, 0.004, [10], [10], width=11, forward_s=0.004))
     assert c.plan(1).step_costs[-1] == pytest.approx(2.0)
+
+
+def test_drafting_costs_are_weighed_against_the_plain_forward_of_now_not_the_plain_steps_of_earlier_prompts():
+    """Plain steps of 3 ms, taken over earlier (longer) prompts; the forward now 2.0 ms at width 1 and
+    2.4 at width 2: a step drafting one token costs 1.2 plain steps of now, not 2.4 / 3 = 0.8, which
+    would let any draft pay."""
+    c = AdaptiveController(ControllerSettings(explore_budget=1.0))
+    forwards = _kept({(1, 1): 2.0, (1, 2): 2.4, (1, 5): 2.8, (1, 11): 4.0})
+    c.warm_start(Learned(row_time={(AUTOREGRESSIVE, 1): ([0.003], 9)}, forward_time=forwards))
+    c.start_batch({LOOKUP: DraftLimits(10, 10, sizes_own=True)}, batch_size=1)
+    assert c.plan(1).step_costs[:2] == pytest.approx([1.2, 1.2667], abs=1e-4)
+    assert c.best_case(LOOKUP, 1) == pytest.approx(11 * 2.0 / 4.0)  # 11 tokens for a forward of 11 over one of 1

@@ -20,7 +20,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   time per row by bucket and width, and each drafter's host time (step − forward: drafting,
   acceptance, bookkeeping) per bucket and width. At a bucket where plain steps ran but a drafter has
   not, the drafter's step costs the forward at its width there plus its host time from the nearest bucket,
-  not another bucket's step ratio: a draft nearly free at batch 1 costs 2.4 plain steps at batch 8;
+  not another bucket's step ratio: a draft nearly free at batch 1 costs 2.4 plain steps at batch 8.
+  A step so modelled is weighed against a plain step modelled alike, the forward at width 1 now
+  (`_plain_row_s`), not the plain steps' own times, which keep samples of earlier prompts;
 - never plans a drafter at a bucket where even its best case loses: every draft token accepted
   (1 + k tokens for a draft of k) at the cost of the forward at width 1 + k plus its known host
   time, against a plain step, not above 1 + h. It says so once per bucket, in an event of scope
@@ -416,9 +418,9 @@ class AdaptiveController:
             modelled = self._host_curve(option, b) is not None and (AUTOREGRESSIVE, b) in self.row_time
             if b not in measured and modelled and self.forward.covers(b):
                 # A new bucket where plain steps ran: the forward's cost at this width there, not another bucket's.
-                plain = self.row_time[(AUTOREGRESSIVE, b)].value
+                plain = self._plain_row_s(b)
                 step = self._step_row_s(option, b, 1 + self.draft_size(option, b)[1])
-                ratio = step / plain if plain > 0 and step is not None else None
+                ratio = step / plain if plain and step is not None else None
             elif measured:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
                 ratio = self.row_time[(option, nearest)].value
@@ -496,9 +498,9 @@ class AdaptiveController:
 
     def _best_case(self, drafter: str, b: int, with_host: bool = True) -> float | None:
         """`best_case`, uncached; `with_host=False`: the forward's cost alone."""
-        plain = self.row_time.get((AUTOREGRESSIVE, b))
+        plain = self._plain_row_s(b) if (AUTOREGRESSIVE, b) in self.row_time else None
         widths = self.forward.widths(b)
-        if plain is None or not widths:
+        if not plain or not widths:
             return None
         host = self._host_curve(drafter, b) if with_host else None
         corners = set(widths) | set(host[0] if host else ())  # both costs are piecewise linear
@@ -508,7 +510,7 @@ class AdaptiveController:
             if with_host
             else lambda k: self.forward.row_seconds(b, 1 + k)
         )
-        return best_case_speedup(depths, plain.value, step)
+        return best_case_speedup(depths, plain, step)
 
     def _kept(self, cache: dict, drafter: str, b: int, compute: Callable[[], Any]) -> Any:
         """`compute()` for `drafter` at bucket `b`, kept in `cache` `BEST_CASE_STEPS` steps unless what the
@@ -567,6 +569,16 @@ class AdaptiveController:
         `_host_curve` (`cost_model.host_cost`); None: not measured yet."""
         curve = self._host_curve(drafter, b)
         return None if curve is None else host_cost(curve, width, self.limits[drafter].per_depth)
+
+    def _plain_row_s(self, b: int) -> float | None:
+        """A plain step's seconds per row at bucket `b` by the cost model, what its modelled drafting steps
+        (`_step_row_s`) are weighed against: the forward at width 1 (a plain step's host work, choosing
+        and emitting a token, measured 0.5% of it at batch 1). Not the plain steps' own `row_time`: the
+        forward's last few samples follow the context length of the prompts now decoding, while plain
+        steps, rare once a drafter runs, keep samples of earlier prompts. Over prompts 1.5 and 2.3 ms a
+        forward apart, the two gave drafts of 1 to 2 tokens 0.8 plain steps, where they cost 1.13-1.16,
+        and prompt lookup under the controller drafted on matches that did not pay. None: nothing measured."""
+        return self.forward.row_seconds(b, 1)
 
     def _step_row_s(self, drafter: str, b: int, width: int) -> float | None:
         """Seconds per row of a step of `drafter` at bucket `b` whose forward is `width` tokens wide, by the
@@ -716,11 +728,11 @@ class AdaptiveController:
         return self._kept(self.step_costs, drafter, b, lambda: self._modelled_step_costs(drafter, b))
 
     def _modelled_step_costs(self, drafter: str, b: int) -> list[float] | None:
-        plain = self.row_time.get((AUTOREGRESSIVE, b))
+        plain = self._plain_row_s(b) if (AUTOREGRESSIVE, b) in self.row_time else None
         widest = max(self.forward.widths(b), default=1)
         depths = range(1, self.limits[drafter].max_depth + 1)
         steps = [self._step_row_s(drafter, b, min(1 + k, max(widest, 2))) for k in depths]
-        return [step / plain.value for step in steps] if plain and plain.value > 0 and None not in steps else None
+        return [step / plain for step in steps] if plain and None not in steps else None
 
     def _resize(self, record: StepRecord) -> None:
         """Size drafts on the last `resize_rows` drafted row steps (one step at batch 1 is one row's luck)."""
