@@ -498,7 +498,7 @@ class AdaptiveController:
 
     def _best_case(self, drafter: str, b: int, with_host: bool = True) -> float | None:
         """`best_case`, uncached; `with_host=False`: the forward's cost alone."""
-        plain = self._plain_row_s(b) if (AUTOREGRESSIVE, b) in self.row_time else None
+        plain = self._plain_row_s(b)
         widths = self.forward.widths(b)
         if not plain or not widths:
             return None
@@ -577,7 +577,10 @@ class AdaptiveController:
         forward's last few samples follow the context length of the prompts now decoding, while plain
         steps, rare once a drafter runs, keep samples of earlier prompts. Over prompts 1.5 and 2.3 ms a
         forward apart, the two gave drafts of 1 to 2 tokens 0.8 plain steps, where they cost 1.13-1.16,
-        and prompt lookup under the controller drafted on matches that did not pay. None: nothing measured."""
+        and prompt lookup under the controller drafted on matches that did not pay. None: plain steps
+        have not run at `b` (a drafter's host times are kept as ratios to theirs), or no forward was timed."""
+        if (AUTOREGRESSIVE, b) not in self.row_time:
+            return None
         return self.forward.row_seconds(b, 1)
 
     def _step_row_s(self, drafter: str, b: int, width: int) -> float | None:
@@ -728,7 +731,7 @@ class AdaptiveController:
         return self._kept(self.step_costs, drafter, b, lambda: self._modelled_step_costs(drafter, b))
 
     def _modelled_step_costs(self, drafter: str, b: int) -> list[float] | None:
-        plain = self._plain_row_s(b) if (AUTOREGRESSIVE, b) in self.row_time else None
+        plain = self._plain_row_s(b)
         widest = max(self.forward.widths(b), default=1)
         depths = range(1, self.limits[drafter].max_depth + 1)
         steps = [self._step_row_s(drafter, b, min(1 + k, max(widest, 2))) for k in depths]
