@@ -40,7 +40,7 @@ def test_packed_rows_of_any_count_equal_f_linear(rows):
         out = linear(x, weight, bias)
     assert out.shape == (2, rows, 48)
     assert torch.allclose(out, F.linear(x, weight, bias), atol=1e-5)
-    assert (weight.data_ptr(), (48, 32), (32, 1)) in packed._packed
+    assert (packed.ONEDNN, weight.data_ptr(), (48, 32), (32, 1)) in packed._packed
 
 
 @needs_onednn
@@ -60,10 +60,10 @@ def test_a_view_shares_its_weights_packed_copy_and_a_dead_weight_takes_its_copy_
     x = torch.randn(5, 32)
     with torch.no_grad():
         linear(x, weight)
-        copy = packed._packed[(weight.data_ptr(), (48, 32), (32, 1))][2]
+        copy = packed._packed[(packed.ONEDNN, weight.data_ptr(), (48, 32), (32, 1))][2]
         linear(x, weight.detach())  # a view sharing the storage and its version: the same packed copy
-        assert packed._packed[(weight.data_ptr(), (48, 32), (32, 1))][2] is copy
-        key = (weight.data_ptr(), (48, 32), (32, 1))
+        assert packed._packed[(packed.ONEDNN, weight.data_ptr(), (48, 32), (32, 1))][2] is copy
+        key = (packed.ONEDNN, weight.data_ptr(), (48, 32), (32, 1))
         del weight
         gc.collect()
     assert key not in packed._packed
@@ -114,7 +114,7 @@ def test_code_being_compiled_runs_f_linear(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with torch.no_grad():
         assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
-    assert (weight.data_ptr(), (48, 32), (32, 1)) not in packed._packed
+    assert (packed.ONEDNN, weight.data_ptr(), (48, 32), (32, 1)) not in packed._packed
 
 
 @needs_onednn
@@ -124,7 +124,7 @@ def test_a_slice_taken_at_each_call_keeps_its_packed_copy_while_the_sliced_weigh
     x = torch.randn(2, 32)
     with torch.inference_mode():
         out = linear(x, weight[8:40])
-        key = (weight[8:40].data_ptr(), (32, 32), (32, 1))
+        key = (packed.ONEDNN, weight[8:40].data_ptr(), (32, 32), (32, 1))
         copy = packed._packed[key][2]
         linear(x, weight[8:40])
     assert packed._packed[key][2] is copy
@@ -153,10 +153,14 @@ def test_warm_up_runs_one_weight_of_each_shape_at_each_row_count_and_nothing_whe
     """oneDNN builds a kernel per shape and row count: one weight of each shape runs at each count asked for."""
     calls = []
     real = packed._packed_copy
-    monkeypatch.setattr(packed, "_packed_copy", lambda w: calls.append(tuple(w.shape)) or real(w))
+    monkeypatch.setattr(packed, "_packed_copy", lambda w, k: calls.append((tuple(w.shape), k)) or real(w, k))
+    monkeypatch.setattr(packed, "_mkl_ok", packed._mkl_ok)  # the check's verdict does not outlive the test
     square, wide, another_square = torch.randn(8, 8), torch.randn(24, 8), torch.randn(8, 8)
     packed.warm_up([square, wide, another_square], rows=[3, 1, 3])
-    assert sorted(calls) == [(8, 8), (8, 8), (24, 8), (24, 8)]  # two shapes x row counts 1 and 3
+    onednn = [shape for shape, kernel in calls if kernel == packed.ONEDNN]
+    assert sorted(onednn) == [(8, 8), (8, 8), (24, 8), (24, 8)]  # two shapes x row counts 1 and 3
+    if packed.MKL in packed.kernels():  # MKL's pack checked once per shape, over every row count
+        assert sorted(shape for shape, kernel in calls if kernel == packed.MKL) == [(8, 8), (24, 8)]
     calls.clear()
     packed.warm_up([square.double()], rows=[1, 2])  # float64 is F.linear: nothing to build
     packed.set_packing(False)
@@ -184,73 +188,119 @@ def test_a_runner_warms_its_lean_forwards_weights_at_the_row_counts_of_its_batch
     assert len(warmed) == 1
 
 
-def test_a_row_count_takes_the_packing_choice_of_the_nearest_row_count_timed():
-    choices = ((1, False), (16, False), (256, True))
-    assert [packed.packs_nearest(choices, rows) for rows in (0, 1, 3, 15, 40, 100, 4000)] == [
-        False,
-        False,
-        False,  # 3 is nearer 1 than 16 by ratio
-        False,
-        False,
-        True,
-        True,
+def test_a_row_count_takes_the_kernel_of_the_nearest_row_count_timed():
+    f, dnn, mkl = packed.F_LINEAR, packed.ONEDNN, packed.MKL
+    choices = ((1, f), (16, mkl), (256, dnn))
+    assert [packed.kernel_nearest(choices, rows) for rows in (0, 1, 3, 5, 15, 40, 100, 4000)] == [
+        f,
+        f,
+        f,  # 3 is nearer 1 than 16 by ratio
+        mkl,
+        mkl,
+        mkl,
+        dnn,
+        dnn,
     ]
-    assert packed.packs_nearest(choices, 64) is True  # as near 16 as 256: the larger's
-    assert packed.packs_nearest((), 7) is True  # nothing timed: packed, as before any choice
+    assert packed.kernel_nearest(choices, 64) == dnn  # as near 16 as 256: the larger's
+    assert packed.kernel_nearest((), 7) == dnn  # nothing timed: oneDNN, as before any choice
 
 
 @needs_onednn
-def test_a_linear_runs_packed_or_f_linear_as_its_row_count_was_chosen(monkeypatch):
+def test_a_linear_runs_the_kernel_its_row_count_was_given(monkeypatch):
     weight, bias = _weights()
     packs = []
     real = packed._packed_copy
-    monkeypatch.setattr(packed, "_packed_copy", lambda w: packs.append(len(packs)) or real(w))
-    packed.pack_by_rows({1: False, 8: True})
+    monkeypatch.setattr(packed, "_packed_copy", lambda w, k: packs.append(k) or real(w, k))
+    packed.pack_by_rows({1: packed.F_LINEAR, 8: packed.ONEDNN})
     with torch.inference_mode():
         few = torch.randn(1, 2, 32)  # 2 rows: F.linear's, bit for bit
         assert torch.equal(linear(few, weight, bias), F.linear(few, weight, bias))
         assert packs == []
         many = torch.randn(2, 5, 32)  # 10 rows: packed
         assert torch.allclose(linear(many, weight, bias), F.linear(many, weight, bias), atol=1e-5)
-        assert packs == [0]
+        assert packs == [packed.ONEDNN]
         packed.pack_by_rows({})  # a new choice replaces the rows already looked up
         linear(few, weight, bias)
-        assert packs == [0, 1]
+        assert packs == [packed.ONEDNN, packed.ONEDNN]
     assert packed._packed  # a row count still packs: the copies stay
-    packed.pack_by_rows({1: False, 8: False})  # none does: the copies go, and no memory is counted for them
+    packed.pack_by_rows({1: packed.F_LINEAR, 8: packed.F_LINEAR})  # none does: the copies go, no memory counted
     assert not packed.packs_anywhere() and not packed._packed
     from test_llama_forward import SMALL
 
     assert ModelRunner(LlamaForCausalLM(LlamaConfig(**SMALL)).eval()).packed_weight_bytes == 0
 
 
-def test_a_runner_packs_the_row_counts_whose_whole_forwards_ran_faster_packed(monkeypatch):
-    """Timed as whole forwards in each mode (scripted here: packed is faster from 8 rows on), over the
-    batch and over one row, with a prefill-like width at one row; none wider over the batch than
-    `PACKING_MAX_ROWS` rows."""
+needs_mkl = pytest.mark.skipif(packed.MKL not in packed.kernels(), reason="torch is built without MKL's packed sgemm")
+
+
+@needs_onednn
+@needs_mkl
+@pytest.mark.parametrize("rows", [1, 3, 8, 17, 40])
+def test_mkl_packed_rows_of_any_count_equal_f_linear_from_one_copy(rows):
+    weight, bias = _weights()
+    packed.pack_by_rows({1: packed.MKL})
+    x = torch.randn(rows, 2, 32)
+    with torch.inference_mode():
+        out = linear(x, weight, bias)
+    assert out.shape == (rows, 2, 48)
+    assert torch.allclose(out, F.linear(x, weight, bias), atol=1e-5)
+    assert [key[0] for key in packed._packed] == [packed.MKL]  # one copy, whatever the row count
+    packed.pack_by_rows({1: packed.ONEDNN})
+    assert not packed._packed  # no row count runs MKL's now: its copy goes
+
+
+@needs_onednn
+@needs_mkl
+def test_mkl_is_never_chosen_where_its_one_copy_does_not_compute_f_linear(monkeypatch):
+    weight, _ = _weights()
+    monkeypatch.setattr(packed, "_mkl_ok", True)
+    assert packed.mkl_agrees(weight, [1, 5, 16])
+    real = torch.ops.mkl._mkl_linear
+
+    def wrong_beyond_four_rows(x, copy, w, bias, rows):  # as a pack made for other dimensions might be
+        return real(x, copy, w, bias, rows) + (rows > 4)
+
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", wrong_beyond_four_rows)
+    assert packed.mkl_agrees(weight, [1, 4])
+    assert not packed.mkl_agrees(weight, [1, 5])
+    packed.warm_up([weight], rows=[1, 8])  # a runner's warm-up finds it: MKL leaves the kernels timed
+    assert packed.kernels() == (packed.F_LINEAR, packed.ONEDNN)
+
+
+def test_a_runner_gives_each_row_count_the_kernel_whose_whole_forwards_ran_fastest(monkeypatch):
+    """Timed as whole forwards with each kernel (scripted here: F.linear fastest below 4 rows, MKL's from
+    4 to 32, oneDNN's beyond), over the batch and over one row, with a prefill-like width at one row;
+    none wider over the batch than `PACKING_MAX_ROWS` rows."""
     from test_llama_forward import SMALL
 
     from strategies.runtime.runner import PACKING_MAX_ROWS, PACKING_ROUNDS, PACKING_WIDTHS
 
+    f, dnn, mkl = packed.F_LINEAR, packed.ONEDNN, packed.MKL
+    monkeypatch.setattr(packed, "_mkl_ok", True)
     llama = LlamaForCausalLM(LlamaConfig(**{**SMALL, "max_position_embeddings": 128})).eval()
     runner = ModelRunner(llama)
     calls = []
 
+    def fastest(rows):
+        return f if rows < 4 else mkl if rows <= 32 else dnn
+
     def scripted(contexts, widths, repeats):
-        packs = packed.packs_nearest(packed._by_rows, 1)  # one mode for every row count while timed
-        calls.append((len(contexts), tuple(widths), packs))
+        kernel = packed.kernel_nearest(packed._by_rows, 1)  # one kernel for every row count while timed
+        calls.append((len(contexts), tuple(widths), kernel))
         rows = len(contexts)
-        return {w: [1.0 if (rows * w >= 8) == packs else 2.0] * repeats for w in widths}
+        return {w: [1.0 if fastest(rows * w) == kernel else 2.0] * repeats for w in widths}
 
     monkeypatch.setattr(runner, "forward_seconds", scripted)
-    packed.pack_by_rows({1: False})
+    packed.pack_by_rows({1: f})
     choice = runner.pack_where_faster(4)
     timed_rows = {w for w in (*PACKING_WIDTHS, 64)} | {4 * w for w in PACKING_WIDTHS}
-    assert choice == {rows: rows >= 8 for rows in timed_rows}
-    assert len(calls) == 2 * 2 * PACKING_ROUNDS  # two shapes, both modes, each round
+    assert choice == {rows: fastest(rows) for rows in timed_rows}
+    assert len(calls) == 2 * 3 * PACKING_ROUNDS  # two shapes, three kernels, each round
     assert {(rows, widths) for rows, widths, _ in calls} == {(1, (*PACKING_WIDTHS, 64)), (4, PACKING_WIDTHS)}
     assert packed._by_rows == ()  # timing leaves no choice behind: warm_up sets the one made
     calls.clear()
+    monkeypatch.setattr(packed, "_mkl_ok", False)  # not built in, or found to differ: two kernels timed
     wide = runner.pack_where_faster(PACKING_MAX_ROWS)  # only its one-token forward fits over the batch
+    assert {kernel for _, _, kernel in calls} == {f, dnn}
     assert {(rows, widths) for rows, widths, _ in calls} == {(1, (*PACKING_WIDTHS, 64)), (PACKING_MAX_ROWS, (1,))}
-    assert PACKING_MAX_ROWS in wide and 4 * PACKING_MAX_ROWS not in wide
+    assert PACKING_MAX_ROWS in wide and 4 * PACKING_MAX_ROWS not in wide and mkl not in wide.values()

@@ -26,9 +26,18 @@ steps a step against 1.6 warm, and was written off. `warm_up` pays it once, befo
 
 Which of the two is faster depends on the CPU and the row count: on a 2-core Intel Xeon the shipped
 target's whole forward at one row took 1.37 ms with `F.linear` against 2.29 ms packed, and the two met
-at some 500 rows. So packing is chosen per row count (`pack_by_rows`), from whole forwards timed both
-ways as a runner warms up (`ModelRunner.pack_where_faster`): a matmul's own timing in a loop keeps its
+at some 500 rows. So the kernel is chosen per row count (`pack_by_rows`), from whole forwards timed each
+way as a runner warms up (`ModelRunner.pack_where_faster`): a matmul's own timing in a loop keeps its
 weight in the caches, which a forward's 27 MB of weights do not stay in, and so misjudges it.
+
+A third kernel, where torch is built with MKL: MKL's own packed sgemm (`cblas_sgemm_compute` over a
+weight packed once, `MKL`). On the same Intel Xeon, all 25 matmuls of one forward of the shipped target
+took 0.68 ms at 8 rows against 1.12 with `F.linear` and 1.23 oneDNN-packed, 0.97 against 1.56 and 1.45
+at 16 rows, and 0.65 against 0.58 at one row (2 threads, cycled as a forward cycles them): the row
+counts of verify forwards at small batch. MKL documents a pack as made for the dimensions it is packed
+with; its copy of a weight measured the same size whatever the row count, and gave `F.linear`'s results
+at every row count from 1 to 256, so one copy serves every row count, and `warm_up` checks that on the
+CPU at hand (`mkl_agrees`) before the kernel may be chosen.
 """
 
 from __future__ import annotations
@@ -44,13 +53,17 @@ import torch.nn.functional as F
 # rows 2-3x slower.
 _ROWS_HINT = 16
 
-# (data pointer, shape, strides) -> (the weight tensor's weak reference, its version, packed copy)
+F_LINEAR, ONEDNN, MKL = "f_linear", "onednn", "mkl"  # the kernels a row count may be given
+
+# (kernel, data pointer, shape, strides) -> (the weight tensor's weak reference, its version, packed copy)
 _packed: dict[tuple, tuple[weakref.ref, int, torch.Tensor]] = {}
 _enabled = torch.backends.mkldnn.is_available()
-# The row counts timed by `pack_by_rows`, each with whether packed matmuls ran faster there, sorted; a
-# row count between them takes its nearest one's choice (`packs_nearest`). Empty: pack at every row count.
-_by_rows: tuple[tuple[int, bool], ...] = ()
-_chosen: dict[int, bool] = {}  # each row count met since, with its choice: one lookup a call
+# Whether MKL's packed sgemm is built in and, once `warm_up` has checked it (`mkl_agrees`), computes F.linear.
+_mkl_ok = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+# The row counts timed by `pack_by_rows`, each with the kernel that ran its whole forwards fastest, sorted;
+# a row count between them takes its nearest one's (`kernel_nearest`). Empty: oneDNN at every row count.
+_by_rows: tuple[tuple[int, str], ...] = ()
+_chosen: dict[int, str] = {}  # each row count met since, with its kernel: one lookup a call
 
 
 def set_packing(enabled: bool) -> None:
@@ -66,25 +79,32 @@ def packing() -> bool:
     return _enabled
 
 
-def pack_by_rows(choices: dict[int, bool]) -> None:
-    """Pack the matmuls of each row count as the nearest of `choices` says ({rows: packed is faster});
-    {}: at every row count. Whether packing is on at all stays `set_packing`'s."""
+def pack_by_rows(choices: dict[int, str]) -> None:
+    """Run the matmuls of each row count with the kernel of the nearest of `choices` ({rows: kernel});
+    {}: oneDNN's at every row count. Whether packing is on at all stays `set_packing`'s."""
     global _by_rows
     _by_rows = tuple(sorted(choices.items()))
     _chosen.clear()
-    if not packs_anywhere():
-        _packed.clear()  # no row count runs them: their memory goes back
+    kept = {kernel for _, kernel in _by_rows} if _by_rows else {ONEDNN}
+    for key in [key for key in _packed if key[0] not in kept]:
+        del _packed[key]  # no row count runs that kernel: its copies' memory goes back
 
 
 def packs_anywhere() -> bool:
     """Whether any row count runs packed matmuls under the current choice (all do before one is made)."""
-    return not _by_rows or any(packs for _, packs in _by_rows)
+    return not _by_rows or any(kernel != F_LINEAR for _, kernel in _by_rows)
 
 
-def packs_nearest(choices: tuple[tuple[int, bool], ...], rows: int) -> bool:
-    """The choice of the row count nearest `rows` by ratio (ties: the larger), True where none is known."""
+def kernels() -> tuple[str, ...]:
+    """The kernels a row count may be given here: MKL's packed sgemm only where it is built in and has
+    not been found to differ from F.linear (`mkl_agrees`)."""
+    return (F_LINEAR, ONEDNN, MKL) if _mkl_ok else (F_LINEAR, ONEDNN)
+
+
+def kernel_nearest(choices: tuple[tuple[int, str], ...], rows: int) -> str:
+    """The kernel of the row count nearest `rows` by ratio (ties: the larger), oneDNN's where none is known."""
     if not choices:
-        return True
+        return ONEDNN
     return min(choices, key=lambda choice: (abs(math.log(choice[0] / max(rows, 1))), -choice[0]))[1]
 
 
@@ -95,15 +115,23 @@ def packs_on(device: torch.device, dtype: torch.dtype) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b: `x` [..., K], `weight` [N, K], `bias` [N] -> [..., N]."""
-    if not _packs(x, weight, bias) or not _packs_rows(x.numel() // max(x.shape[-1], 1)):
+    if not _packs(x, weight, bias):
         return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight), bias, "none", [None], "")
+    rows = x.numel() // max(x.shape[-1], 1)
+    kernel = _kernel(rows)
+    if kernel == MKL and rows:  # its pack serves every row count (`mkl_agrees`): told this one
+        return torch.ops.mkl._mkl_linear(x, _packed_copy(weight, MKL), weight, bias, rows)
+    if kernel == ONEDNN:
+        return torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight, ONEDNN), bias, "none", [None], "")
+    return F.linear(x, weight, bias)
 
 
 def warm_up(weights: Iterable[torch.Tensor], rows: Iterable[int]) -> None:
-    """Run each weight's packed matmul once at every row count of `rows` (zeros in, nothing kept), so
-    that oneDNN has built those kernels before decoding meets them; nothing where the weights do not pack.
-    Kernels are shared by weights of one shape, so one weight of each shape is enough."""
+    """Run each weight's oneDNN-packed matmul once at every row count of `rows` (zeros in, nothing kept),
+    so that oneDNN has built those kernels before decoding meets them, and check MKL's packed sgemm at
+    them (`mkl_agrees`); nothing where the weights do not pack. Kernels are shared by weights of one
+    shape, so one weight of each shape is enough."""
+    global _mkl_ok
     by_shape = {tuple(w.shape): w for w in weights}
     counts = sorted(set(rows))
     with torch.inference_mode():
@@ -111,13 +139,29 @@ def warm_up(weights: Iterable[torch.Tensor], rows: Iterable[int]) -> None:
             for count in counts:
                 x = torch.zeros(count, weight.shape[1], dtype=weight.dtype, device=weight.device)
                 if _packs(x, weight, None):
-                    linear(x, weight)
+                    torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight, ONEDNN), None, "none", [None], "")
+        _mkl_ok = _mkl_ok and all(mkl_agrees(w, counts) for w in by_shape.values() if _packs(w[:1], w, None))
 
 
-def _packs_rows(rows: int) -> bool:
+def mkl_agrees(weight: torch.Tensor, rows: Iterable[int]) -> bool:
+    """Whether MKL's packed sgemm over one packed copy of `weight` [N, K] computes F.linear (to float32
+    rounding) at every row count of `rows`, on random inputs: the one copy for every row count that
+    `linear` relies on is not a documented property of MKL's packing."""
+    generator = torch.Generator().manual_seed(0)
+    packed = _packed_copy(weight, MKL)
+    for count in rows:
+        x = torch.randn(count, weight.shape[1], generator=generator, dtype=weight.dtype)
+        expected = F.linear(x, weight)
+        got = torch.ops.mkl._mkl_linear(x, packed, weight, None, count)
+        if not torch.allclose(got, expected, rtol=1e-4, atol=1e-4 * (1 + expected.abs().max().item())):
+            return False
+    return True
+
+
+def _kernel(rows: int) -> str:
     chosen = _chosen.get(rows)
     if chosen is None:
-        chosen = _chosen[rows] = packs_nearest(_by_rows, rows)
+        chosen = _chosen[rows] = kernel_nearest(_by_rows, rows)
     return chosen
 
 
@@ -131,13 +175,18 @@ def _packs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
 
 
-def _packed_copy(weight: torch.Tensor) -> torch.Tensor:
-    key = (weight.data_ptr(), tuple(weight.shape), weight.stride())
+def _packed_copy(weight: torch.Tensor, kernel: str) -> torch.Tensor:
+    """`weight` packed for `kernel` (ONEDNN or MKL), made once and kept while the weight lives unchanged."""
+    key = (kernel, weight.data_ptr(), tuple(weight.shape), weight.stride())
     version = 0 if weight.is_inference() else weight._version  # inference tensors change only in inference mode
     entry = _packed.get(key)
     if entry is not None and entry[0]() is not None and entry[1] == version:
         return entry[2]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), _ROWS_HINT)
+    dense = weight.detach().contiguous()
+    if kernel == MKL:  # the pack's row-count hint sizes nothing here: one copy serves every row count
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(dense, _ROWS_HINT)
+    else:
+        packed = torch.ops.mkldnn._reorder_linear_weight(dense, _ROWS_HINT)
 
     def forget(ref: weakref.ref, key: tuple = key) -> None:
         if _packed.get(key, (None,))[0] is ref:  # not a newer weight's entry at the same address

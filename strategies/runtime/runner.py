@@ -28,11 +28,12 @@ from strategies.runtime.kv_cache import Provisional, RaggedKV
 
 # Widths of the verify forwards warmed up: one plus the largest tree a strategy's options commonly ask for (16 nodes).
 WARM_WIDTHS = 17
-# Packed or `F.linear` is timed with whole forwards of these widths over the batch and over one row (the
-# last, one row only, stands for a prefill's row counts), over this many cached tokens, in alternated rounds.
-# Widths a factor of 4 apart: where the two differ most (a few rows) they differ by far, and where rows
-# are many they come within a few percent of each other, so a finer grid costs start-up time for little.
-PACKING_WIDTHS = (1, 4, 16)
+# Each of `linear.kernels()` is timed with whole forwards of these widths over the batch and over one row
+# (the last, one row only, stands for a prefill's row counts), over this many cached tokens, in alternated
+# rounds. Widths a factor of 2 apart: MKL's packed sgemm loses to `F.linear` at 1-3 rows and wins by a
+# third from 5 to 32 on an Intel Xeon, the widths of verify forwards at batch 1; where rows are many the
+# kernels come within a few percent of each other, so a finer grid costs start-up time for little.
+PACKING_WIDTHS = (1, 2, 4, 8, 16)
 PACKING_MAX_ROWS = 256  # wider forwards over the batch are not timed: their row counts take the nearest timed one's
 # A prefill runs as forwards over chunks of its columns, some this many tokens each (rows × chunk width),
 # never narrower than `PREFILL_MIN_CHUNK` columns: see `ModelRunner.prefill`.
@@ -180,11 +181,11 @@ class ModelRunner:
         linear.warm_up(weights, decode_row_counts(batch_size))
         linear.pack_by_rows(self.pack_where_faster(batch_size))
 
-    def pack_where_faster(self, batch_size: int) -> dict[int, bool]:
+    def pack_where_faster(self, batch_size: int) -> dict[int, str]:
         """Per row count of `PACKING_WIDTHS`-wide forwards over `batch_size` rows and over one, and of a
-        prefill-like one-row forward: whether the whole forward ran faster with packed weights than with
-        `F.linear` (medians of alternated rounds; `linear.pack_by_rows` takes it). Measured, not assumed:
-        which wins depends on the CPU and the row count (`strategies/runtime/linear.py`)."""
+        prefill-like one-row forward: the kernel of `linear.kernels()` (F.linear, oneDNN's packed weights,
+        MKL's) whose whole forwards ran fastest (medians of alternated rounds; `linear.pack_by_rows` takes
+        it). Measured, not assumed: which wins depends on the CPU and the row count (`strategies/runtime/linear.py`)."""
         one_row = (*PACKING_WIDTHS, PACKING_PREFILL_WIDTH)
         if self.max_context < PACKING_CONTEXT + PACKING_PREFILL_WIDTH:
             one_row = PACKING_WIDTHS  # a model of few positions: no prefill-like forward
@@ -194,19 +195,19 @@ class ModelRunner:
         shapes = {1: one_row}  # rows -> widths
         if batch_size > 1:
             shapes[batch_size] = tuple(w for w in PACKING_WIDTHS if w == 1 or batch_size * w <= PACKING_MAX_ROWS)
-        seconds: dict[tuple[int, bool], list[float]] = {}
+        seconds: dict[tuple[int, str], list[float]] = {}
         for _ in range(PACKING_ROUNDS):
-            for packed in (True, False):
-                linear.pack_by_rows({1: packed})  # one choice for every row count: this mode alone
+            for kernel in linear.kernels():
+                linear.pack_by_rows({1: kernel})  # one choice for every row count: this kernel alone
                 for rows, widths in shapes.items():
                     timed = self.forward_seconds(synthetic_contexts(rows, context, self.vocab_size), widths, 1)
                     for width, times in timed.items():
-                        seconds.setdefault((rows * width, packed), []).extend(times)
+                        seconds.setdefault((rows * width, kernel), []).extend(times)
         linear.pack_by_rows({})
         return {
-            rows: statistics.median(seconds[rows, True]) < statistics.median(seconds[rows, False])
-            for rows, packed in seconds
-            if packed
+            rows: min(linear.kernels(), key=lambda kernel: statistics.median(seconds[rows, kernel]))
+            for rows, kernel in seconds
+            if kernel == linear.F_LINEAR
         }
 
     @torch.inference_mode()
