@@ -121,9 +121,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kernel = _kernel(rows)
     if kernel == MKL and rows:  # its pack serves every row count (`mkl_agrees`): told this one
         return torch.ops.mkl._mkl_linear(x, _packed_copy(weight, MKL), weight, bias, rows)
-    if kernel == ONEDNN:
-        return torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight, ONEDNN), bias, "none", [None], "")
-    return F.linear(x, weight, bias)
+    return _onednn(x, weight, bias) if kernel == ONEDNN else F.linear(x, weight, bias)
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight, ONEDNN), bias, "none", [None], "")
 
 
 def warm_up(weights: Iterable[torch.Tensor], rows: Iterable[int]) -> None:
@@ -139,7 +141,7 @@ def warm_up(weights: Iterable[torch.Tensor], rows: Iterable[int]) -> None:
             for count in counts:
                 x = torch.zeros(count, weight.shape[1], dtype=weight.dtype, device=weight.device)
                 if _packs(x, weight, None):
-                    torch.ops.mkldnn._linear_pointwise(x, _packed_copy(weight, ONEDNN), None, "none", [None], "")
+                    _onednn(x, weight, None)  # not `linear`: a choice made for another batch size may skip oneDNN
         _mkl_ok = _mkl_ok and all(mkl_agrees(w, counts) for w in by_shape.values() if _packs(w[:1], w, None))
 
 
