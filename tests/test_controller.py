@@ -641,30 +641,31 @@ def test_a_cold_controller_explores_within_its_budget_and_cheapest_first():
 
 def test_exploring_steps_that_pay_for_themselves_leave_the_budget_to_the_next_drafter():
     """Cold at batch 1 under the scripted table, where a forward costs 1 ms up to 4 tokens and drafts are
-    accepted whole. The first exploring step, 5 wide where only plain steps ran, may lose, and is
-    counted as 5 plain steps' time: it fits 3% of the decode time after 5 / 0.03 − 5 = 161.7 ms of
-    plain steps, the 2 measured first and 160 more. It then pays (it emits more tokens than plain
-    steps would in its time), so it costs the budget nothing, and neither do the next: every drafter
-    is explored back to back. Counted at their whole time, paid or not, each exploring step of some
-    1.3 ms waited some 40 plain steps more: a cold job at batch 1 ran mostly plain steps until it had
-    explored one drafter."""
+    accepted whole. The first exploring step, 5 wide where only plain steps ran, is priced as 5 plain
+    steps' time and may lose all but the one that emits its row's own token: it fits 3% of the decode
+    time after 4 / 0.03 − 5 = 128.3 ms of plain steps, the 2 measured first and 127 more. It then pays
+    (it emits more tokens than plain steps would in its time), so it costs the budget nothing, and
+    neither do the next: every drafter is explored back to back. Counted at their whole time, paid or
+    not, each exploring step of some 1.3 ms waited some 40 plain steps more: a cold job at batch 1 ran
+    mostly plain steps until it had explored one drafter."""
     c = AdaptiveController()
     planned = [d for d, _ in _run_scripted(c, [1] * 250)]
-    assert planned[:162] == [AUTOREGRESSIVE] * 162
-    assert planned[162:178] == ["lookup"] * 8 + ["heads"] * 8 and "tree" in planned[178:]
+    assert planned[:129] == [AUTOREGRESSIVE] * 129
+    assert planned[129:145] == ["lookup"] * 8 + ["heads"] * 8 and "tree" in planned[145:]
     assert c.exploring_lost_s == 0.0
 
 
 def test_a_cold_controller_told_what_forwards_cost_explores_as_soon_as_its_budget_allows_that_width():
     """As above, but told before the first batch what forwards 1, 2, 4, 8 and 16 tokens wide cost at batch 1
     (an actor times them at its start): the first exploring step, 5 wide, is priced at the 1.25 ms the
-    table gives between 4 and 8 tokens, not at five plain steps, and fits 3% of the decode time after
-    1.25 / 0.03 − 1.25 = 40.4 ms of plain steps: the 2 measured first and 39 more (untold: 162). It pays
+    table gives between 4 and 8 tokens, not at five plain steps; it may lose 0.25 ms, all but its plain
+    step's worth, and fits 3% of the decode time after 0.25 / 0.03 − 1.25 = 7.1 ms of plain steps: the
+    2 measured first and 6 more (untold: 129). It pays
     and is kept; the others are explored as the budget allows, and no time is lost exploring."""
     c = AdaptiveController()
     c.time_forwards(1, {w: [_forward_ms(1, w) / 1000] * FORWARD_SAMPLES for w in (1, 2, 4, 8, 16)})
     planned = [d for d, _ in _run_scripted(c, [1] * 300)]
-    assert planned[:41] == [AUTOREGRESSIVE] * 41 and planned[41] == "lookup"
+    assert planned[:8] == [AUTOREGRESSIVE] * 8 and planned[8] == "lookup"
     assert set(planned) == {AUTOREGRESSIVE, *SCRIPTED}
     assert c.exploring_lost_s == 0.0
 
@@ -687,8 +688,8 @@ def test_drain_exploring_gives_the_seconds_since_the_last_drain_of_exploring_los
     c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=2)
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))
     assert c.plan(2).drafter == LOOKUP
-    c.observe(StepRecord(LOOKUP, 2, 0.030, [4, 4], [0, 0], setup_s=0.1))  # lost: 1 token a row in 3 plain steps
-    assert c.drain_exploring() == pytest.approx({"exploring_s": 0.13, "exploring_lost_s": 0.13, "decoding_s": 0.14})
+    c.observe(StepRecord(LOOKUP, 2, 0.030, [4, 4], [0, 0], setup_s=0.1))  # 1 token a row in 3 plain steps: 2 lost
+    assert c.drain_exploring() == pytest.approx({"exploring_s": 0.13, "exploring_lost_s": 0.12, "decoding_s": 0.14})
     c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.010, [0, 0], [0, 0]))  # not exploring
     assert c.drain_exploring() == pytest.approx({"exploring_s": 0.0, "exploring_lost_s": 0.0, "decoding_s": 0.01})
     assert c.drain_exploring() == {"exploring_s": 0.0, "exploring_lost_s": 0.0, "decoding_s": 0.0}
@@ -754,15 +755,16 @@ def test_a_drafter_whose_exploration_has_begun_is_explored_before_a_narrower_one
 def test_a_step_wider_than_any_run_counts_against_the_budget_as_forwards_of_the_widest_side_by_side():
     """Batch 1, plain steps of 2.5 ms and a 5-wide forward of 3.25 ms known; a tree of 16 nodes, never
     run, asks for a 17-wide step. It counts as four 5-wide forwards, 13 ms (the model's extrapolation
-    says 5.5: optimistic), not as 17 plain steps (42.5 ms). Exploring it fits 3% of the decode time
-    once (13 ms / 0.03 − 13 ms) / 2.5 ms = 168.1 plain steps have run: the plan is 169 plain steps."""
+    says 5.5: optimistic), not as 17 plain steps (42.5 ms). It may lose all of it but a plain step, 10.5 ms:
+    exploring it fits 3% of the decode time once (10.5 ms / 0.03 − 13 ms) / 2.5 ms = 134.8 plain steps
+    have run: the plan is 135 plain steps."""
     c = AdaptiveController()
     c.warm_start(
         Learned(row_time={(AUTOREGRESSIVE, 1): ([0.0025], 9)}, forward_time=_kept({(1, 1): 2.5, (1, 5): 3.25}))
     )
     c.start_batch({"tree": DraftLimits(6, 16, trees=True)}, batch_size=1)
     plan = c.plan(1)
-    assert (plan.drafter, plan.steps) == (AUTOREGRESSIVE, 169)
+    assert (plan.drafter, plan.steps) == (AUTOREGRESSIVE, 135)
 
 
 @pytest.mark.parametrize(("per_depth", "final_depth"), [(True, (1, 2, 3)), (False, (5,))])

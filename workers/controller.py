@@ -32,10 +32,10 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   its cost at a batch size it has not run at modelled as above), cheapest first (its first step
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
   never tried; one at a time: a narrower drafter does not cut in while the budget refills for one
-  whose exploration has begun), and only while the exploring steps that lost against plain steps
-  over the tokens they emitted take at most `explore_budget` (3%) of the decode time so far (one that paid cost
-  nothing but the drafter's start, when it started it: a draft model's prefill of the batch; the
-  step about to run counts, as it may lose; one wider than any measured at its bucket
+  whose exploration has begun), and only while what exploring steps lost against plain steps over
+  the tokens they emitted (a step's time beyond theirs, and the drafter's start when it started it: a
+  draft model's prefill of the batch) is at most `explore_budget` (3%) of the decode time so far (the
+  step about to run counts, as it may lose all but a plain step's worth; one wider than any measured at its bucket
   as dear as forwards of the widest measured width laid side by side, as many plain steps as its
   width where only plain steps ran): a cold job pays for exploration as it decodes. Then it follows
   the best estimate, with hysteresis: speculation goes off when the best falls below 1 − h and comes
@@ -206,7 +206,7 @@ class AdaptiveController:
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
         self.exploring: str | None = None  # a drafter planned for a step that explores it
         self.exploring_s = 0.0  # time of every such step
-        self.exploring_lost_s = 0.0  # time of those that lost against plain steps over their tokens
+        self.exploring_lost_s = 0.0  # what they lost: time beyond plain steps emitting their tokens, drafters' starts
         self.decode_s = 0.0  # time of all steps
         self._drained = (0.0, 0.0, 0.0)  # (exploring_s, exploring_lost_s, decode_s) at the last `drain_exploring`
         # (drafter, bucket) -> step, basis and value (`_kept`) of `best_case` and `_step_costs`
@@ -295,11 +295,14 @@ class AdaptiveController:
             self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
         self.decode_s += record.wall_s + record.setup_s
         if record.drafter == self.exploring:
-            # A step exploring a drafter that paid, faster than plain steps over its tokens (each row's
-            # accepted draft tokens and the target's own), cost nothing: only those that lost count, and
-            # starting the drafter for it (a draft model's prefill of the batch: ten plain steps at batch 8).
+            # A step exploring a drafter loses what it took beyond plain steps emitting its tokens (each
+            # row's accepted draft tokens and the target's own), and starting the drafter for it (a draft
+            # model's prefill of the batch: ten plain steps at batch 8); one that paid lost nothing.
+            # Counted whole, a step of prompt lookup that found no match, a plain step but for some
+            # microseconds, cost the budget a plain step: traced cold at batch 1, its eight exploring
+            # steps took 296 steps, plain all but those eight, before it could be chosen.
             plain_s = plain.value * (len(record.accepted) + sum(record.accepted)) if plain is not None else 0.0
-            self.exploring_lost_s += record.setup_s + (record.wall_s if record.wall_s > plain_s else 0.0)
+            self.exploring_lost_s += record.setup_s + max(0.0, record.wall_s - plain_s)
             self.exploring_s += record.setup_s + record.wall_s
         self.exploring = None
         if record.forward_s is not None:
@@ -432,8 +435,8 @@ class AdaptiveController:
         return events
 
     def drain_exploring(self) -> dict[str, float]:
-        """Seconds since the last call of exploring steps (`exploring_s`), of those among them that lost
-        against plain steps (`exploring_lost_s`: what `explore_budget` limits) and of every step
+        """Seconds since the last call of exploring steps (`exploring_s`), of what they lost against plain
+        steps over their tokens (`exploring_lost_s`: what `explore_budget` limits) and of every step
         (`decoding_s`), each with the starts of drafters it paid for: the job adds up its actors' records."""
         now = (self.exploring_s, self.exploring_lost_s, self.decode_s)
         explored, lost, decoded = (a - b for a, b in zip(now, self._drained, strict=True))
@@ -595,9 +598,9 @@ class AdaptiveController:
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
         """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
-        the time of the exploring steps that lost against plain steps (`exploring_lost_s`) and this one's (it
-        may lose), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not
-        counted here: `probe_budget` bounds what they lose."""
+        what exploring steps lost against plain steps (`exploring_lost_s`) and what this one may lose (its
+        time beyond the plain step that emits each row's own token), against all steps' time; 0: it fits
+        now, or its cost is unknown. Probes are not counted here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
         width = 1 + self.draft_size(drafter, b)[1]
         step = self._step_row_s(drafter, b, width)
@@ -609,7 +612,8 @@ class AdaptiveController:
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
-        deficit = (self.exploring_lost_s + step) / budget - step - self.decode_s
+        may_lose = max(0.0, step - plain * batch_size)
+        deficit = (self.exploring_lost_s + may_lose) / budget - step - self.decode_s
         if deficit <= 0:
             return 0
         return math.ceil(deficit / (plain * batch_size))
