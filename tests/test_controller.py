@@ -152,6 +152,36 @@ def test_a_drafter_expected_to_win_on_thin_evidence_runs_on_trial_until_it_wins_
     assert c.plan(1).drafter == LOOKUP
 
 
+def test_a_drafter_on_few_rows_is_probed_beside_another_as_if_its_estimate_lay_a_spread_higher():
+    """Beside a drafter at 1.5x on 500 row steps, one at 1.25x on 4 may be worth more (one prompt's luck,
+    or a cold Lookahead trie): weighed at 1.25 · (1 + 0.8 / √4) = 1.75 a probe loses nothing, and it
+    comes every `probe_every` steps. Weighed as measured, a probe loses 1.6 · (1 − 1.25 / 1.5) = 0.27
+    plain steps, at 0.25% of the time (the budget's half) against the current 2-plain-step choice: 53
+    steps apart. On 400 row steps its spread is 4%, and the wait is near that again. Beside plain steps,
+    where nothing pays, a probe is weighed as measured."""
+    other = "other"
+
+    def beside(current_rows: int, other_rows: int, spread: float = 0.8) -> AdaptiveController:
+        settings = ControllerSettings(
+            explore_steps=1, explore_rows=1, probe_every=24, max_probe_wait=10**6, smoothing=1.0, time_window=1
+        )
+        c = AdaptiveController(dataclasses.replace(settings, probe_spread=spread))
+        c.start_batch({LOOKUP: CHAIN_OF_4, other: CHAIN_OF_4}, batch_size=1)
+        c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
+        for _ in range(current_rows):
+            c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 3 tokens in two plain steps' time: 1.5x
+        for _ in range(other_rows):
+            c.observe(StepRecord(other, 1, 0.016, [4], [1]))  # 2 tokens in 1.6 plain steps' time: 1.25x
+        c.current = LOOKUP if current_rows else AUTOREGRESSIVE
+        return c
+
+    assert beside(500, 4).probe_wait(other, 1) == 24
+    assert beside(500, 4, spread=0.0).probe_wait(other, 1) == 53
+    assert beside(500, 400).probe_wait(other, 1) == 42  # 1.25 · 1.04 = 1.3: 1.6 · (1 − 1.3 / 1.5) / 0.005
+    plain = beside(0, 4)  # 1.25x beside plain steps: a probe gains, whatever the spread
+    assert plain.probe_wait(other, 1) == 24 and plain._hopeful(other, 1.25) == 1.25
+
+
 def test_drafters_are_ranked_on_their_estimates_weighed_by_the_rows_behind_them():
     """Turning speculation on, the drafter chosen is the one whose estimate, shrunk toward 1 by
     n / (n + 64), is best: 1.5x on 500 row steps (1.44) over 1.6x on 8 (1.07)."""
