@@ -914,3 +914,30 @@ def test_drafting_costs_are_weighed_against_the_plain_forward_of_now_not_the_pla
     c.start_batch({LOOKUP: DraftLimits(10, 10, sizes_own=True)}, batch_size=1)
     assert c.plan(1).step_costs[:2] == pytest.approx([1.2, 1.2667], abs=1e-4)
     assert c.best_case(LOOKUP, 1) == pytest.approx(11 * 2.0 / 4.0)  # 11 tokens for a forward of 11 over one of 1
+
+
+def test_a_tree_budget_measured_while_its_drafter_was_cold_is_asked_for_again():
+    """Batch 1, forwards of 2.5, 2.6 and 2.8 ms at widths 1, 5 and 9. A tree drafter's first 100 steps,
+    at 8 nodes, accept nothing (a Lookahead trie that has seen nothing); 4 nodes then run 2,000 steps at
+    τ 2.5. Kept whole, the cold 1.0 would hold 8 nodes at (100 x 1.0 + 64 x 3.25) / 164 = 1.88 by what
+    4 says of them (`tree_tau_by_budget`): 1.88 / 2.8 against 2.5 / 2.6, never again. Halved every 512
+    row steps at the other budget, those 100 count as 6.7: 3.04 / 2.8 beats 2.5 / 2.6, and 8 nodes
+    are asked for; measured anew at τ 3.0 they stay."""
+    c = AdaptiveController()
+    c.warm_start(
+        Learned(
+            row_time={(AUTOREGRESSIVE, 1): ([0.0025], 9)},
+            forward_time=_kept({(1, 1): 2.5, (1, 5): 2.6, (1, 9): 2.8}),
+        )
+    )
+    c.start_batch({"tree": DraftLimits(6, 8, trees=True)}, batch_size=1)
+    assert c.draft_size("tree", 1) == (6, 8)  # a tree starts with its whole node budget
+    for _ in range(100):
+        c.observe(StepRecord("tree", 1, 0.0028, [8], [0], width=9))
+    assert c.draft_size("tree", 1) == (6, 4)
+    for i in range(2000):
+        c.observe(StepRecord("tree", 1, 0.0026, [4], [1 + i % 2], width=5))
+    assert c.draft_size("tree", 1) == (6, 8)
+    for _ in range(64):
+        c.observe(StepRecord("tree", 1, 0.0028, [8], [2], width=9))
+    assert c.draft_size("tree", 1) == (6, 8)

@@ -14,7 +14,7 @@ from workers.cost_model import (
     host_cost,
     monotone_fit,
     segment_ends,
-    tree_tokens_lower_bound,
+    tree_tau_by_budget,
 )
 
 # Forward time (ms) of the shipped family's target over a ~200-token cache, 2 cores, float32, for
@@ -101,16 +101,29 @@ def test_chain_length_maximises_tokens_per_second_as_a_hand_computation_does():
         assert best_chain_depth(0.6, step_costs) == best
 
 
-def test_a_tree_budget_is_sized_on_a_lower_bound_of_tau_between_budgets_tried():
-    # τ 2.0 measured at 8 nodes: at 4 nodes the line from (0, 1) gives 1.5; beyond 8, no more than 2.0.
-    assert tree_tokens_lower_bound({8: 2.0}, 4) == 1.5
-    assert tree_tokens_lower_bound({8: 2.0}, 16) == 2.0
-    assert tree_tokens_lower_bound({4: 1.8, 8: 2.0}, 6) == pytest.approx(1.9)
+def test_a_tree_budget_is_sized_on_what_the_budgets_tried_say_of_it():
+    # τ 2.0 over 100 row steps at 8 nodes says 1 + 1.0 x (1 + 4/8) / 2 = 1.75 of 4 nodes, the middle of
+    # the floor (the line from (0, 1): 1.5) and the ceiling (2.0) that concavity puts around it.
+    assert tree_tau_by_budget({8: (2.0, 100)}, [8, 4], 64) == {8: 2.0, 4: 1.75}
     costs = _issue_costs()
-    # Batch 8: 4 nodes (width 5) cost 7.525 ms, 8 nodes (width 9) 10.225: 1.5/7.525 = 0.199 > 2.0/10.225 = 0.196.
-    assert best_tree_budget({8: 2.0}, {n: costs.row_seconds(8, 1 + n) for n in (4, 8)}) == 4
+    tau = tree_tau_by_budget({8: (2.0, 100)}, [8, 4], 64)
+    # Batch 8: 4 nodes (width 5) cost 7.525 ms, 8 nodes (width 9) 10.225: 1.75/7.525 = 0.233 > 2.0/10.225 = 0.196.
+    assert best_tree_budget(tau, {n: costs.row_seconds(8, 1 + n) for n in (4, 8)}) == 4
     # Batch 1: both widths cost 3.1 ms: the larger budget.
-    assert best_tree_budget({8: 2.0}, {n: costs.row_seconds(1, 1 + n) for n in (4, 8)}) == 8
+    assert best_tree_budget(tau, {n: costs.row_seconds(1, 1 + n) for n in (4, 8)}) == 8
+
+
+def test_a_budget_measured_on_a_few_cold_steps_leans_on_what_a_well_measured_one_says_of_it():
+    # 8 nodes: τ 1.0 over 2 row steps (a cold trie); 4 nodes: 2.5 over 2,000. 4 says 1 + 1.5 x 1.5 = 3.25
+    # of 8, weighed as 64 row steps: (2 x 1.0 + 64 x 3.25) / 66. 8 says 1.0 of 4, weighed as its 2 row steps.
+    tau = tree_tau_by_budget({8: (1.0, 2), 4: (2.5, 2000)}, [8, 4], 64)
+    assert tau[8] == pytest.approx((2 + 64 * 3.25) / 66)
+    assert tau[4] == pytest.approx((2.5 * 2000 + 1.0 * 2) / 2002)
+    # Taken alone, as a lower bound, the cold 1.0 ruled 8 nodes out wherever 4 cost less: at batch 1,
+    # 2.8 ms against 2.6, 8 nodes are asked for again.
+    assert best_tree_budget(tau, {8: 2.8, 4: 2.6}) == 8
+    # Measured over as many row steps as 4, at 2.6, 8 nodes lose on their own measurement.
+    assert best_tree_budget(tree_tau_by_budget({8: (2.6, 2000), 4: (2.5, 2000)}, [8, 4], 64), {8: 2.8, 4: 2.6}) == 4
 
 
 def test_best_case_is_every_draft_token_accepted_at_the_cheapest_width():

@@ -59,7 +59,8 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   bucket, a chain's length k maximises E(k) / t(k), E from the acceptance per position α measured
   over the last `resize_rows` drafted row steps and t(k) the modelled step at width 1 + k; a
   tree's budget is the best of the learned one and its halvings by τ(n) / t(n), τ kept per budget
-  asked for and bounded from below between budgets (`tree_tokens_lower_bound`). The learned sizes
+  asked for, each leaning on what the others say of it while it rests on few or old row steps
+  (`cost_model.tree_tau_by_budget`, `_tree_evidence`). The learned sizes
   move as before, and size drafts where the model does not cover the bucket: chains one token at
   a time toward the best length (by the model's costs, else a draft token's measured cost c in
   plain steps, E(k) / (1 + c·k)); trees double their node budget (up to the strategy's) while a
@@ -93,6 +94,7 @@ from workers.cost_model import (
     host_cost,
     monotone_fit,
     segment_ends,
+    tree_tau_by_budget,
 )
 
 BEST_CASE_STEPS = 16  # steps a drafter's best case at a bucket is kept (`AdaptiveController.best_case`)
@@ -120,6 +122,9 @@ class ControllerSettings:
     row_patience: int = 4
     row_cooldown: int = 16
     min_tree_nodes: int = 4
+    # Row steps of a tree drafter at other budgets that halve what τ at a budget rests on
+    # (`_tree_evidence`): at batch 1, a pass over 16 HumanEval prompts is some 400.
+    tree_half_life_rows: int = 512
     # Drafted row steps between draft-size decisions: at batch 1, 16 were a quarter of one prompt, and a
     # chain sized on them swung to a single token on a prompt that copied little.
     resize_rows: int = 64
@@ -208,6 +213,8 @@ class AdaptiveController:
         self.host_time: dict[tuple[str, int, int], RecentTime] = {}
         self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
+        # (drafter, budget) -> the drafter's row steps measured (`measured`) when τ at that budget last moved
+        self.tree_tau_at: dict[tuple[str, int], int] = {}
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
         self.exploring: str | None = None  # a drafter planned for a step that explores it
         self.exploring_s = 0.0  # time of every such step
@@ -330,8 +337,10 @@ class AdaptiveController:
         self.tau.setdefault(record.drafter, Ema()).update(sum(gained) / len(gained), weight, share)
         if self.limits.get(record.drafter, DraftLimits(0, 0)).trees:
             budget = self.planned_nodes.get(record.drafter, max(record.drafted))
-            by_budget = self.tree_tau.setdefault(record.drafter, {})
-            by_budget.setdefault(budget, Ema()).update(sum(gained) / len(gained), weight, share)
+            ema = self.tree_tau.setdefault(record.drafter, {}).setdefault(budget, Ema())
+            ema.seen = self._tree_evidence(record.drafter, budget, ema)  # what it has seen since counts more
+            ema.update(sum(gained) / len(gained), weight, share)
+            self.tree_tau_at[(record.drafter, budget)] = self.measured[record.drafter][1]
         self._resize(record)
         self.memo.clear()  # sizes may have changed
         for b, (drafted, accepted) in enumerate(zip(record.drafted, record.accepted, strict=True)):
@@ -703,7 +712,7 @@ class AdaptiveController:
         """The (depth, nodes) the next step of `drafter` asks for, within its limits. Where the cost model
         covers bucket `b`: the most tokens per second there, a chain's length from its acceptance per
         position (E(k) against the step's cost at width 1 + k), a tree's budget (at most the learned one)
-        from τ by budget (`tree_tokens_lower_bound`). Otherwise the size learned by `_resize`."""
+        from τ by budget (`tree_tau_by_budget`). Otherwise the size learned by `_resize`."""
         if b is None or not self.forward.covers(b):
             return self.depth[drafter], self.nodes[drafter]
         if ("size", drafter, b) not in self.memo:
@@ -714,16 +723,31 @@ class AdaptiveController:
         depth, nodes = self.depth[drafter], self.nodes[drafter]
         limits = self.limits[drafter]
         if limits.trees:
-            tried = {n: ema.value for n, ema in self.tree_tau.get(drafter, {}).items()}
-            smallest = min(self.settings.min_tree_nodes, limits.max_nodes)
+            s = self.settings
+            # Row steps behind each budget's τ: an `Ema` counts a step of r rows as r / smoothing_rows.
+            tried = {
+                n: (ema.value, self._tree_evidence(drafter, n, ema) * s.smoothing_rows)
+                for n, ema in self.tree_tau.get(drafter, {}).items()
+            }
+            smallest = min(s.min_tree_nodes, limits.max_nodes)
             budgets = [nodes >> halvings for halvings in range(nodes.bit_length()) if nodes >> halvings >= smallest]
+            if not tried or not budgets:
+                return depth, nodes
             costs = {n: self._step_row_s(drafter, b, 1 + n) for n in budgets}
-            return depth, best_tree_budget(tried, costs) if tried and budgets else nodes
+            return depth, best_tree_budget(tree_tau_by_budget(tried, budgets, s.evidence_rows), costs)
         if drafter not in self.alpha or limits.sizes_own:
             return depth, nodes
         costs = [self._step_row_s(drafter, b, 1 + k) for k in range(1, limits.max_depth + 1)]
         best = best_chain_depth(self.alpha[drafter], costs)
         return best, best
+
+    def _tree_evidence(self, drafter: str, budget: int, ema: Ema) -> float:
+        """What τ of tree drafter `drafter` at node budget `budget` has seen (`Ema.seen`), halved every
+        `tree_half_life_rows` row steps the drafter ran at other budgets since: a learning drafter's τ
+        moves (a Lookahead trie fills), and a budget last measured while it was cold must be measured
+        again (`cost_model.tree_tau_by_budget` then leans on what the others say of it)."""
+        since = self.measured.get(drafter, (0, 0))[1] - self.tree_tau_at.get((drafter, budget), 0)
+        return ema.seen * 0.5 ** (since / self.settings.tree_half_life_rows)
 
     def _plan_for(self, option: str, b: int, exploring: bool = False) -> Plan:
         """The plan that runs `option` at bucket `b`; `exploring`: a step that explores it, counted against
