@@ -153,12 +153,13 @@ def test_a_drafter_expected_to_win_on_thin_evidence_runs_on_trial_until_it_wins_
 
 
 def test_a_drafter_on_few_rows_is_probed_beside_another_as_if_its_estimate_lay_a_spread_higher():
-    """Beside a drafter at 1.5x on 500 row steps, one at 1.25x on 4 may be worth more (one prompt's luck,
-    or a cold Lookahead trie): weighed at 1.25 · (1 + 0.8 / √4) = 1.75 a probe loses nothing, and it
+    """Beside a drafter at 1.5x on 500 row steps, one at 1.25x on 16 may be worth more (one prompt's luck,
+    or a cold Lookahead trie): weighed at 1.25 · (1 + 0.8 / √16) = 1.5 a probe loses nothing, and it
     comes every `probe_every` steps. Weighed as measured, a probe loses 1.6 · (1 − 1.25 / 1.5) = 0.27
     plain steps, at 0.25% of the time (the budget's half) against the current 2-plain-step choice: 53
-    steps apart. On 400 row steps its spread is 4%, and the wait is near that again. Beside plain steps,
-    where nothing pays, a probe is weighed as measured."""
+    steps apart. On 400 row steps its spread is 4%, and the wait is near that again. On 4 row steps it
+    is weighed at 1.75, above 1.5 · 1.05: it runs on trial, a step at a time. Beside plain steps, where
+    nothing pays, a probe is weighed as measured."""
     other = "other"
 
     def beside(current_rows: int, other_rows: int, spread: float = 0.8) -> AdaptiveController:
@@ -175,16 +176,18 @@ def test_a_drafter_on_few_rows_is_probed_beside_another_as_if_its_estimate_lay_a
         c.current = LOOKUP if current_rows else AUTOREGRESSIVE
         return c
 
-    assert beside(500, 4).probe_wait(other, 1) == 24
-    assert beside(500, 4, spread=0.0).probe_wait(other, 1) == 53
+    assert beside(500, 16).probe_wait(other, 1) == 24
+    assert beside(500, 16, spread=0.0).probe_wait(other, 1) == 53
     assert beside(500, 400).probe_wait(other, 1) == 42  # 1.25 · 1.04 = 1.3: 1.6 · (1 − 1.3 / 1.5) / 0.005
+    assert beside(500, 4).probe_wait(other, 1) == 1
     plain = beside(0, 4)  # 1.25x beside plain steps: a probe gains, whatever the spread
     assert plain.probe_wait(other, 1) == 24 and plain._hopeful(other, 1.25) == 1.25
 
 
 def test_drafters_are_ranked_on_their_estimates_weighed_by_the_rows_behind_them():
     """Turning speculation on, the drafter chosen is the one whose estimate, shrunk toward 1 by
-    n / (n + 64), is best: 1.5x on 500 row steps (1.44) over 1.6x on 8 (1.07)."""
+    n / (n + 64), is best: 1.5x on 500 row steps (1.44) over 1.6x on 8 (1.07). The other, weighed at
+    its spread above (1.6 · (1 + 0.8 / √8) = 2.05), then runs on trial."""
     other = "other"
     settings = ControllerSettings(
         explore_steps=1, explore_rows=1, probe_every=10**6, max_probe_wait=10**6, smoothing=1.0, time_window=1
@@ -197,7 +200,7 @@ def test_drafters_are_ranked_on_their_estimates_weighed_by_the_rows_behind_them(
     for _ in range(500):
         c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 3 tokens in two plain steps' time: 1.5x
     assert c.speedup(other, 1) == pytest.approx(1.6) and c.speedup(LOOKUP, 1) == pytest.approx(1.5)
-    assert c.plan(1).drafter == LOOKUP
+    assert c.plan(1).drafter == other and c.current == LOOKUP
 
 
 def test_speculation_comes_on_only_on_fresh_evidence():
@@ -941,3 +944,49 @@ def test_a_tree_budget_measured_while_its_drafter_was_cold_is_asked_for_again():
     for _ in range(64):
         c.observe(StepRecord("tree", 1, 0.0028, [8], [2], width=9))
     assert c.draft_size("tree", 1) == (6, 8)
+
+
+@pytest.mark.parametrize("learns", [True, False])
+def test_a_drafter_that_learns_while_idle_is_asked_again_as_its_estimate_ages(learns):
+    """Batch 1: a drafter explored on 64 row steps at 0.83x (a cold Lookahead trie) beside one at 1.5x
+    on 500. Asked again, it runs at 2.08x: its trie learned from what the other emitted. If it learns
+    from every row (`DraftLimits.learns`) the row steps behind its estimate halve every 512 row steps
+    decoded without it, so it is probed and put on trial sooner, and its fresh steps move its estimate
+    faster; it is chosen within 1,000 steps. Unaged, its probes move an estimate resting on 64 row steps
+    a step at a time, and it is not."""
+    trie = "trie"
+    c = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1))
+    c.start_batch({LOOKUP: CHAIN_OF_4, trie: DraftLimits(4, 4, learns=learns)}, batch_size=1)
+    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
+    for _ in range(64):
+        c.observe(StepRecord(trie, 1, 0.012, [4], [0]))  # 1 token in 1.2 plain steps' time: 0.83x
+    for _ in range(512):
+        c.observe(StepRecord(LOOKUP, 1, 0.020, [4], [2]))  # 3 tokens in two plain steps' time: 1.5x
+    assert c._evidence(trie) == pytest.approx(32 if learns else 64)
+    c.current = LOOKUP
+    seconds = {AUTOREGRESSIVE: 0.010, LOOKUP: 0.020, trie: 0.012}
+    for step in range(1000):
+        drafter = c.plan(1).drafter
+        drafted, accepted = {AUTOREGRESSIVE: (0, 0), LOOKUP: (4, 2), trie: (4, 1 + step % 2)}[drafter]
+        c.observe(StepRecord(drafter, 1, seconds[drafter], [drafted], [accepted]))  # trie: 2.5 tokens, 2.08x
+    assert (c.current == trie) == learns
+
+
+def test_a_drafter_whose_step_just_now_switches_to_it_is_chosen_before_another_is_probed():
+    """Batch 1, beside LOOKUP at 1.33x on 500 row steps: `la` at 2.5x on 28 (weighed 1.46, over 1.33 · 1.05)
+    and `jac` at 1.0x on 2, on trial (weighed at its spread above, 1.57). A switch needs a step of `la`
+    just now; if `jac`'s trial step came first, `la` would wait for its next probe again."""
+    settings = ControllerSettings(
+        explore_steps=1, explore_rows=1, probe_every=10**6, max_probe_wait=10**6, smoothing=1.0, time_window=1
+    )
+    c = AdaptiveController(settings)
+    c.start_batch({LOOKUP: CHAIN_OF_4, "la": CHAIN_OF_4, "jac": CHAIN_OF_4}, batch_size=1)
+    c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.010, [0], [0]))
+    for _ in range(2):
+        c.observe(StepRecord("jac", 1, 0.020, [4], [1]))  # 2 tokens in two plain steps' time: 1.0x
+    for _ in range(500):
+        c.observe(StepRecord(LOOKUP, 1, 0.015, [4], [1]))  # 2 tokens in 1.5 plain steps' time: 1.33x
+    c.current = LOOKUP
+    for _ in range(28):
+        c.observe(StepRecord("la", 1, 0.012, [4], [2]))  # 3 tokens in 1.2 plain steps' time: 2.5x
+    assert c.plan(1).drafter == "la" and c.current == "la"

@@ -49,10 +49,15 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   time times the share of speed it would lose against the current choice, beside another drafter at
   its estimate raised by its spread over the rows it rests on, `_hopeful`), never sooner than
   `probe_every` steps nor later than `max_probe_wait`: no choice is permanent, and a hopeless one
-  costs little. A drafter whose estimate beats the current choice's by more than the hysteresis, on
-  too few row steps to switch to it, is on trial instead: it runs step after step until its evidence
-  switches to it or its estimate falls back (a Lookahead first explored with a cold trie, then
-  probed at 2.0x beside prompt lookup's 1.8x, gathered one row step per probe and was never chosen);
+  costs little. A drafter whose estimate so raised beats the current choice's by more than the
+  hysteresis, on too few row steps to switch to it, is on trial instead: it runs step after step until
+  its evidence switches to it or its raised estimate falls back (a Lookahead first explored with a
+  cold trie, then probed at 2.0x beside prompt lookup's 1.8x, gathered one row step per probe and was
+  never chosen). The rows an estimate rests on are those it was measured over, but for a drafter that
+  learns from what every row emits (a Lookahead trie, `DraftLimits.learns`) they halve every
+  `idle_half_life_rows` row steps decoded while it does not run, and its τ's average forgets as
+  much (`_evidence`): what it was measured at while cold is asked again. Options are weighed before
+  probes run, so that a switch rests on the step just taken;
 - turns drafting off for a row whose drafts were rejected `row_patience` steps in a row, for
   `row_cooldown` steps, when the batch has other rows;
 - sizes drafts per batch for the most tokens per second: where the cost model covers the plan's
@@ -125,6 +130,9 @@ class ControllerSettings:
     # Row steps of a tree drafter at other budgets that halve what τ at a budget rests on
     # (`_tree_evidence`): at batch 1, a pass over 16 HumanEval prompts is some 400.
     tree_half_life_rows: int = 512
+    # Row steps decoded while a drafter that learns from what is emitted (a Lookahead trie) does not run
+    # that halve the evidence behind its estimate (`_evidence`): its τ rises while it is idle.
+    idle_half_life_rows: int = 512
     # Drafted row steps between draft-size decisions: at batch 1, 16 were a quarter of one prompt, and a
     # chain sized on them swung to a single token on a prompt that copied little.
     resize_rows: int = 64
@@ -203,6 +211,9 @@ class AdaptiveController:
         self.limits: dict[str, DraftLimits] = {}
         self.current = AUTOREGRESSIVE
         self.step = 0  # steps observed
+        self.row_steps = 0  # row steps observed, of every option
+        # A learning drafter -> the row steps its estimate rests on (`_evidence`), and `row_steps` then.
+        self.evidence: dict[str, tuple[float, int]] = {}
         self.last_used: dict[str, int] = {}
         self.events: list[dict] = []
         self.failed: set[str] = set()
@@ -274,10 +285,14 @@ class AdaptiveController:
         unconfirmed = self._unconfirmed_best(options, b)
         if unconfirmed is not None:
             return self._plan_for(unconfirmed, b)
+        # Weighed before probes: a switch rests on the step just taken (`_choose`), and a probe of another
+        # option in between would take that step's freshness away. Traced at batch 1, a Jacobi trial's
+        # steps fell after each probe of Lookahead, which had read 2.7x beside prompt lookup's 1.4x for 240
+        # steps, and kept it from being chosen.
+        self._choose(options, b)
         due = [o for o in options if o != self.current and o not in unexplored and self._probe_due(o, b)]
         if due:
             return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)), b)
-        self._choose(options, b)
         plan = self._plan_for(self.current, b)
         if self.current != AUTOREGRESSIVE:
             self.standing = (batch_size, self.step + self.settings.replan_rows // batch_size, plan)
@@ -323,12 +338,18 @@ class AdaptiveController:
                 host = max(0.0, record.wall_s - record.forward_s) / record.batch_size
                 key = (record.drafter, b, record.width)
                 self.host_time.setdefault(key, RecentTime(s.time_window)).update(host / plain.value)
+        aged, evidence = self._aged(record.drafter), self._evidence(record.drafter)
         steps, rows = self.measured.get(record.drafter, (0, 0))
         self.measured[record.drafter] = (steps + 1, rows + record.batch_size)
+        self.row_steps += record.batch_size
         self.memo.clear()
         self.last_used[record.drafter] = self.step
         if record.drafter == AUTOREGRESSIVE:
             return
+        if self._learns(record.drafter):
+            self.evidence[record.drafter] = (evidence + record.batch_size, self.row_steps)
+            if record.drafter in self.tau:  # what it was measured at while idle counts as the evidence does
+                self.tau[record.drafter].seen *= aged
         # A batch ends with its slowest rows: a drafter that speeds up half the rows leaves the other
         # half to tail steps that cost about as much as full ones. τ is the slower half's mean gain.
         gained = sorted(a + 1 for a in record.accepted)[: max(1, len(record.accepted) // 2)]
@@ -482,18 +503,20 @@ class AdaptiveController:
         plain steps a probe's deficit is weighed as it is: where nothing pays, probing must stay cheap."""
         if AUTOREGRESSIVE in (option, self.current):
             return estimate
-        rows = max(1, self.measured.get(option, (0, 0))[1])
-        return estimate * (1 + self.settings.probe_spread / math.sqrt(rows))
+        return estimate * (1 + self.settings.probe_spread / math.sqrt(max(1.0, self._evidence(option))))
 
     def _on_trial(self, option: str, estimate: float, current_estimate: float) -> bool:
-        """Whether drafter `option` beats the current drafter's estimate by more than the hysteresis on
-        too few row steps to switch to it (`_weighed`, as `_choose` weighs it): probed one step at a
-        time it would gather a row step per probe at batch 1, never the hundreds a switch needs, so it
-        runs at once instead, until its evidence switches to it or its estimate falls back."""
+        """Whether drafter `option`, its estimate raised by its spread (`_hopeful`), beats the current
+        drafter's by more than the hysteresis on too few row steps to switch to it (`_weighed`, as
+        `_choose` weighs it): probed one step at a time it would gather a row step per probe at batch 1,
+        never the hundreds a switch needs, so it runs at once instead, until its evidence switches to it
+        or its raised estimate falls back (a few row steps where its estimate is what was measured).
+        Traced cold at batch 1 over 16 HumanEval prompts, Lookahead was chosen over prompt lookup after a
+        median of some 400 steps with trials on the estimate as measured, 120 on the raised one."""
         if AUTOREGRESSIVE in (option, self.current):  # plain steps turn speculation on unweighed
             return False
         bar = current_estimate * (1 + self.settings.hysteresis)
-        return estimate > bar >= self._weighed(option, estimate)
+        return self._hopeful(option, estimate) > bar >= self._weighed(option, estimate)
 
     def _probe_due(self, option: str, b: int) -> bool:
         return self._since(option) >= self.probe_wait(option, b)
@@ -705,8 +728,30 @@ class AdaptiveController:
     def _weighed(self, drafter: str, estimate: float) -> float:
         """`estimate` of `drafter` shrunk toward 1 (plain decoding) by the evidence behind it: the row
         steps it was measured over (`evidence_rows`)."""
-        rows = self.measured.get(drafter, (0, 0))[1]
+        rows = self._evidence(drafter)
         return 1 + (estimate - 1) * rows / (rows + self.settings.evidence_rows)
+
+    def _learns(self, drafter: str) -> bool:
+        return drafter in self.limits and self.limits[drafter].learns
+
+    def _aged(self, drafter: str) -> float:
+        """What the evidence behind the estimate of `drafter` still counts for: halved every
+        `idle_half_life_rows` row steps decoded since it last ran, if it learns from what every row emits
+        (a Lookahead trie, `DraftLimits.learns`); whole otherwise."""
+        if not self._learns(drafter):
+            return 1.0
+        idle = self.row_steps - self.evidence.get(drafter, (0.0, 0))[1]
+        return 0.5 ** (idle / self.settings.idle_half_life_rows)
+
+    def _evidence(self, drafter: str) -> float:
+        """Row steps the estimate of `drafter` rests on (`_weighed`, `_hopeful`): those it was measured over,
+        each counted as `_aged` says. Traced at batch 1 under `auto`, Lookahead was measured on a cold trie
+        in the job's first steps, below prompt lookup; its trie went on learning from what prompt lookup
+        emitted, and its estimate, resting on those first steps, kept it idle for 850 steps."""
+        if not self._learns(drafter):
+            return self.measured.get(drafter, (0, 0))[1]
+        rows = self.evidence[drafter][0] if drafter in self.evidence else self.measured.get(drafter, (0, 0))[1]
+        return rows * self._aged(drafter)
 
     def draft_size(self, drafter: str, b: int | None = None) -> tuple[int, int]:
         """The (depth, nodes) the next step of `drafter` asks for, within its limits. Where the cost model

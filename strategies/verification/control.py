@@ -37,6 +37,7 @@ class DraftLimits:
     start_depth: int | None = None  # a chain's length before the controller sizes it; None: max_depth
     per_depth: bool = False  # its drafting runs a model once per draft depth (`Proposer.drafts_per_depth`)
     sizes_own: bool = False  # it sizes its drafts itself (`Proposer.sizes_own_drafts`): ask for max_depth
+    learns: bool = False  # it learns from what every row emits, drafting or not (a Lookahead trie)
 
 
 @dataclass

@@ -122,6 +122,7 @@ class SpeculativeStrategy:
                     d.start_depth,
                     d.proposer.drafts_per_depth,
                     d.proposer.sizes_own_drafts,
+                    d.learns,
                 )
                 for name, d in run.live.items()
             }
