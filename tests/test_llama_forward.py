@@ -66,7 +66,8 @@ def _gpt2():
 @pytest.mark.parametrize("model", [*_models(), _gpt2()], ids=["llama", "qwen2", "gpt2"])
 def test_a_prefill_in_chunks_leaves_what_one_forward_over_the_prompts_leaves(model, monkeypatch):
     """Logits, hidden states and the cache after a prefill of mixed lengths in chunks of 2 columns (one
-    row's prompt is all padding in the first chunks), then a step over that cache: as one forward's."""
+    row's prompt is all padding in the first chunks), then a step over that cache: as one forward's.
+    A padding slot's hidden state is nobody's: compared at valid slots only."""
     from strategies.runtime import runner as runner_module
 
     prompts = [list(range(3, 13)), [8, 9], list(range(20, 27))]
@@ -84,14 +85,73 @@ def test_a_prefill_in_chunks_leaves_what_one_forward_over_the_prompts_leaves(mod
 
         monkeypatch.setattr(runner, "forward", counted)
         first = runner.prefill(kv, prompts, want_hidden=True)
+        hidden = first.hidden.masked_fill(~kv.valid[..., None], 0)  # [B, L, H]
         nodes = torch.tensor([[30], [31], [32]])
         step = forward(kv, nodes, kv.next_pos[:, None], torch.ones_like(nodes, dtype=torch.bool))
-        results.append((calls, first.logits, first.hidden, kv.valid.clone(), kv.next_pos.clone(), step.logits))
+        results.append((calls, first.logits, hidden, kv.valid.clone(), kv.next_pos.clone(), step.logits))
     (whole_calls, *whole), (chunk_calls, *chunked) = results
     assert whole_calls == [10] and chunk_calls == [2, 2, 2, 2, 2]
     for a, b in zip(whole, chunked, strict=True):
         assert a.shape == b.shape
         assert torch.allclose(a.double(), b.double(), atol=1e-10)
+
+
+def test_slots_computed_are_the_valid_ones_rounded_up_to_a_warmed_row_count():
+    """Up to `exact_up_to` valid slots run as they are; more are rounded up to a multiple of the rows
+    (a padded forward's row count), with the first padding slots; a grid nearly full runs whole."""
+    valid = torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)  # 7 of 15
+    exact = llama_forward.Slots.of(valid, exact_up_to=8)
+    assert exact.grid == (3, 5) and exact.index.tolist() == [0, 1, 5, 10, 11, 12, 13]
+    rounded = llama_forward.Slots.of(valid, exact_up_to=4)  # 7 -> 9, the padding slots 2 and 3 computed
+    assert rounded.index.tolist() == [0, 1, 2, 3, 5, 10, 11, 12, 13]
+    x = torch.arange(15.0).view(3, 5, 1)
+    assert rounded.take(x).flatten().tolist() == [0, 1, 2, 3, 5, 10, 11, 12, 13]
+    assert rounded.spread(rounded.take(x)).flatten().tolist() == [0, 1, 2, 3, 0, 5, 0, 0, 0, 0, 10, 11, 12, 13, 0]
+    nearly_full = torch.ones(3, 5, dtype=torch.bool)
+    nearly_full[0, 4] = False  # 14 of 15: above `PACK_BELOW_FILL`
+    assert llama_forward.Slots.of(nearly_full, exact_up_to=20) is None
+    assert llama_forward.Slots.of(valid.to("meta"), exact_up_to=8) is None  # off the CPU: padded
+
+
+@pytest.mark.parametrize("model", _models(), ids=["llama", "qwen2"])
+def test_a_ragged_forward_over_its_valid_slots_alone_gives_what_the_padded_one_gives(model, monkeypatch):
+    """A chain of ragged drafts (rows of 1, 3 and 5 valid slots, 5 wide) and a tree over them, in
+    float64: logits and hidden states at the valid slots, and the step after, as the padded forward's."""
+    runner = ModelRunner(model)
+    prompts = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    new_valid = torch.arange(5)[None, :] < torch.tensor([[1], [3], [5]])  # [3, 5]: 9 of 15 valid
+    ids = torch.tensor([[20, 0, 0, 0, 0], [21, 22, 23, 0, 0], [24, 25, 26, 27, 28]])
+    tree = torch.tensor(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 1]], dtype=torch.bool
+    )
+    results = []
+    for fill in (-1.0, llama_forward.PACK_BELOW_FILL):  # padded, then over the valid slots
+        monkeypatch.setattr(llama_forward, "PACK_BELOW_FILL", fill)
+        packed = []
+        monkeypatch.setattr(
+            llama_forward.LlamaForward, "_packed_layer", _spy(llama_forward.LlamaForward._packed_layer, packed)
+        )
+        outs = []
+        for attend in (None, tree.expand(3, 5, 5)):
+            kv = runner.new_kv(3)
+            runner.prefill(kv, prompts)
+            depth = torch.arange(5) if attend is None else torch.tensor([0, 1, 1, 2, 2])
+            out = runner.forward(kv, ids, kv.next_pos[:, None] + depth, new_valid, attend, want_hidden=True)
+            after = torch.tensor([[30], [31], [32]])
+            step = runner.forward(kv, after, kv.next_pos[:, None], torch.ones_like(after, dtype=torch.bool))
+            outs += [out.logits[new_valid], out.hidden[new_valid], step.logits]
+        results.append(outs)
+        assert bool(packed) == (fill > 0)
+    for padded, packed in zip(*results, strict=True):
+        assert torch.allclose(padded, packed, atol=1e-10)
+
+
+def _spy(method, calls: list):
+    def spied(*args, **kwargs):
+        calls.append(1)
+        return method(*args, **kwargs)
+
+    return spied
 
 
 def test_unsupported_architectures_take_the_transformers_path():

@@ -21,6 +21,8 @@ from strategies.runtime.kv_cache import SlotLayer
 from strategies.runtime.linear import linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# A forward whose valid slots are at most this share of its grid runs its token-wise matmuls over them alone (`Slots`).
+PACK_BELOW_FILL = 0.9
 _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -118,9 +120,21 @@ class LayerMath:
         sin: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A layer's rotated queries [B, Hq, n, hd], keys and values [B, Hkv, n, hd] of `x`."""
-        b, n, _ = x.shape
+        return self.heads(self.qkv(x, norm, w_qkv, b_qkv), cos, sin)
+
+    def qkv(self, x: torch.Tensor, norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None) -> torch.Tensor:
+        """The fused Q/K/V projection of the normed stream `x` [..., D]: [..., (Hq+2Hkv) hd]."""
+        return linear(self.norm(x, norm), w_qkv, b_qkv)
+
+    def heads(
+        self,
+        qkv: torch.Tensor,  # [B, n, (Hq+2Hkv) hd]
+        cos: torch.Tensor,  # [B, 1, n, hd]
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`qkv` split into rotated queries [B, Hq, n, hd], keys and values [B, Hkv, n, hd]."""
+        b, n, _ = qkv.shape
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qkv = linear(self.norm(x, norm), w_qkv, b_qkv)  # [B, n, (Hq+2Hkv) hd]
         qk, v = qkv.split_with_sizes([q_width + kv_width, kv_width], dim=-1)  # not `split`: its Python wrapper costs
         # Queries and keys rotate together: one rotation for all Hq + Hkv heads.
         qk = self.rotate(qk.view(b, n, -1, self.head_dim).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, n, hd]
@@ -149,7 +163,19 @@ class LayerMath:
     ) -> torch.Tensor:
         """The rest of a layer after attention: output projection and MLP, each added to the stream."""
         r, n, _ = x.shape
-        x = x + linear(attn.transpose(1, 2).reshape(r, n, self.num_heads * self.head_dim), w_o)
+        return self.mix_flat(x, attn.transpose(1, 2).reshape(r, n, -1), w_o, norm_mlp, w_gate_up, w_down)
+
+    def mix_flat(
+        self,
+        x: torch.Tensor,  # [..., D]
+        attn: torch.Tensor,  # [..., Hq hd] the attention output, heads side by side
+        w_o: torch.Tensor,
+        norm_mlp: torch.Tensor,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+    ) -> torch.Tensor:
+        """`mix` over tokens in any layout: each token's output projection and MLP are its own."""
+        x = x + linear(attn, w_o)
         gate, up = linear(self.norm(x, norm_mlp), w_gate_up).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, w_down)
 
@@ -247,8 +273,9 @@ class LlamaForward(LayerMath):
         1 are specialized: a few compiles per actor). Compiling the whole forward, cache included, also
         gives the same tokens but compiled longer and saved less (`jobs/bench/compile.py`, README).
         """
-        self.project = torch.compile(self.project, dynamic=True)
-        self.mix = torch.compile(self.mix, dynamic=True)
+        self.qkv = torch.compile(self.qkv, dynamic=True)
+        self.heads = torch.compile(self.heads, dynamic=True)
+        self.mix_flat = torch.compile(self.mix_flat, dynamic=True)
 
     def final_state(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm of the last layer's output `x` [..., D]: what the LM head reads."""
@@ -268,8 +295,84 @@ class LlamaForward(LayerMath):
         mask: torch.Tensor | None,  # [B, 1, n, S + n] additive; None: every slot visible
         caches: list[SlotLayer],
         logits_to_keep: int,
+        slots: Slots | None = None,  # the slots whose token-wise matmuls run; None: every slot
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [B, n_kept, V], last hidden states [B, n, D])."""
+        """(logits [B, n_kept, V], last hidden states [B, n, D]).
+
+        With `slots`, every token-wise matmul runs over those slots only and attention over the whole
+        grid; another slot's keys, values, hidden state and logits are zeros (it must be padding, whose
+        keys and values the cache marks invalid, never attended to)."""
         x = self.embed(input_ids)  # [B, n, D]
-        x = self.run_layers(x, self.rope(positions, x.dtype), mask, caches, 0, len(self.layers))
-        return self.head(x, logits_to_keep)
+        rope = self.rope(positions, x.dtype)
+        if slots is None:
+            x = self.run_layers(x, rope, mask, caches, 0, len(self.layers))
+            return self.head(x, logits_to_keep)
+        packed = slots.take(x)  # [N, D]
+        for layer, cache in zip(self.layers, caches, strict=True):
+            packed = self._packed_layer(layer, packed, rope, mask, cache, slots)
+        normed = self.final_state(packed)  # [N, D]
+        hidden = slots.spread(normed)  # [B, n, D]
+        if logits_to_keep:
+            return linear(hidden[:, -logits_to_keep:], self.lm_head), hidden
+        return slots.spread(linear(normed, self.lm_head)), hidden
+
+    def _packed_layer(
+        self,
+        layer: LayerWeights,
+        packed: torch.Tensor,  # [N, D] the stream of the computed slots
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: SlotLayer,
+        slots: Slots,
+    ) -> torch.Tensor:
+        """`_layer` with its matmuls over `slots` alone; attention and the cache see the whole grid."""
+        q, k, v = self.heads(slots.spread(self.qkv(packed, layer.norm_attn, layer.w_qkv, layer.b_qkv)), *rope)
+        keys, values = cache.update(k, v)
+        attn = self.attend(q, keys, values, mask).transpose(1, 2).reshape(*slots.grid, -1)  # [B, n, Hq hd]
+        return self.mix_flat(packed, slots.take(attn), layer.w_o, layer.norm_mlp, layer.w_gate_up, layer.w_down)
+
+
+@dataclass
+class Slots:
+    """The slots of a forward's [B, n] grid whose token-wise matmuls run, the others being padding.
+
+    Why: a batch's verify forward is as wide as its longest draft, so rows that drafted less, and rows
+    already finished, fill it with padding; at 8 rows a prompt lookup verify grid held 36-58% valid
+    slots, a ragged prefill 53-76%. On a CPU the matmuls cost about what their tokens do; gathering
+    the computed ones costs a copy of the stream per layer. On other devices a small forward is bound
+    by launches, not arithmetic, and counting the slots would wait for the device: there it runs padded.
+
+    oneDNN builds a kernel for each row count it first meets (some 17 ms for the shipped target's
+    weights here), and decoding warms up only the row counts of padded steps (`ModelRunner.warm_up`).
+    So a count above `exact_up_to` (those one row's steps warm) is rounded up to a multiple of B, the
+    row count of a padded forward that much narrower, with padding slots computed to fill it.
+    """
+
+    index: torch.Tensor  # [N] flat indices of the computed slots in the [B * n] grid
+    grid: tuple[int, int]  # (B, n)
+
+    @staticmethod
+    def of(valid: torch.Tensor, exact_up_to: int) -> Slots | None:
+        """The slots to compute of a grid whose valid slots are `valid` [B, n], or None where the whole
+        grid runs: one at least `PACK_BELOW_FILL` computed, or one off the CPU."""
+        if valid.device.type != "cpu":
+            return None
+        rows, width = valid.shape
+        flat = valid.reshape(-1)
+        count = int(flat.sum())
+        if count > exact_up_to:
+            count = -(-count // rows) * rows
+        if count > PACK_BELOW_FILL * flat.numel():
+            return None
+        computed = flat.clone()
+        computed[(~flat).nonzero().squeeze(1)[: count - int(flat.sum())]] = True  # padding to fill the count
+        return Slots(computed.nonzero().squeeze(1), (rows, width))
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, n, ...] -> [N, ...]: the computed slots' rows."""
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.index)
+
+    def spread(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [B, n, ...], zeros at the slots not computed."""
+        full = x.new_zeros(self.grid[0] * self.grid[1], *x.shape[1:])
+        return full.index_copy_(0, self.index, x).view(*self.grid, *x.shape[1:])

@@ -135,7 +135,8 @@ class ModelRunner:
         lengths = [layer.length for layer in kv.layers]
         try:
             if self._fast is not None:
-                logits, hidden = self._fast(input_ids, positions, mask, kv.layers, logits_to_keep)
+                slots = llama_forward.Slots.of(new_valid, WARM_WIDTHS)
+                logits, hidden = self._fast(input_ids, positions, mask, kv.layers, logits_to_keep, slots)
             else:
                 out = self.model(
                     input_ids=input_ids,
