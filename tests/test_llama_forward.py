@@ -124,13 +124,14 @@ def test_a_ragged_forward_over_its_valid_slots_alone_gives_what_the_padded_one_g
     tree = torch.tensor(
         [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 1]], dtype=torch.bool
     )
+    packed_layers, real = [], llama_forward.LlamaForward._packed_layer
+    monkeypatch.setattr(
+        llama_forward.LlamaForward, "_packed_layer", lambda *a, **k: packed_layers.append(1) or real(*a, **k)
+    )
     results = []
     for fill in (-1.0, llama_forward.PACK_BELOW_FILL):  # padded, then over the valid slots
         monkeypatch.setattr(llama_forward, "PACK_BELOW_FILL", fill)
-        packed = []
-        monkeypatch.setattr(
-            llama_forward.LlamaForward, "_packed_layer", _spy(llama_forward.LlamaForward._packed_layer, packed)
-        )
+        packed_layers.clear()
         outs = []
         for attend in (None, tree.expand(3, 5, 5)):
             kv = runner.new_kv(3)
@@ -141,17 +142,9 @@ def test_a_ragged_forward_over_its_valid_slots_alone_gives_what_the_padded_one_g
             step = runner.forward(kv, after, kv.next_pos[:, None], torch.ones_like(after, dtype=torch.bool))
             outs += [out.logits[new_valid], out.hidden[new_valid], step.logits]
         results.append(outs)
-        assert bool(packed) == (fill > 0)
+        assert bool(packed_layers) == (fill > 0)
     for padded, packed in zip(*results, strict=True):
         assert torch.allclose(padded, packed, atol=1e-10)
-
-
-def _spy(method, calls: list):
-    def spied(*args, **kwargs):
-        calls.append(1)
-        return method(*args, **kwargs)
-
-    return spied
 
 
 def test_unsupported_architectures_take_the_transformers_path():

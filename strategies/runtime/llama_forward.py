@@ -338,7 +338,7 @@ class Slots:
 
     Why: a batch's verify forward is as wide as its longest draft, so rows that drafted less, and rows
     already finished, fill it with padding; at 8 rows a prompt lookup verify grid held 36-58% valid
-    slots, a ragged prefill 53-76%. On a CPU the matmuls cost about what their tokens do; gathering
+    slots, a HumanEval prefill 53-87%. On a CPU the matmuls cost about what their tokens do; gathering
     the computed ones costs a copy of the stream per layer. On other devices a small forward is bound
     by launches, not arithmetic, and counting the slots would wait for the device: there it runs padded.
 
@@ -359,13 +359,12 @@ class Slots:
             return None
         rows, width = valid.shape
         flat = valid.reshape(-1)
-        count = int(flat.sum())
-        if count > exact_up_to:
-            count = -(-count // rows) * rows
+        filled = int(flat.sum())
+        count = -(-filled // rows) * rows if filled > exact_up_to else filled
         if count > PACK_BELOW_FILL * flat.numel():
             return None
         computed = flat.clone()
-        computed[(~flat).nonzero().squeeze(1)[: count - int(flat.sum())]] = True  # padding to fill the count
+        computed[(~flat).nonzero().squeeze(1)[: count - filled]] = True  # padding slots to fill the count
         return Slots(computed.nonzero().squeeze(1), (rows, width))
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
