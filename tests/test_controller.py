@@ -907,6 +907,20 @@ def test_a_self_sizing_drafter_is_told_depths_beyond_the_widest_forward_measured
     assert c.plan(1).step_costs[-1] == pytest.approx(2.0)
 
 
+def test_a_ragged_forward_is_priced_at_the_width_of_the_full_grid_computing_as_many_slots():
+    """Batch 8, forwards of 2.0 ms at width 1 and 3.0 at width 2. A step 6 wide whose matmuls computed
+    16 slots (`computed_width` 2) measures the forward at width 2, not 6: timed at 2.4 ms four times,
+    width 2 then costs the median of its seven samples (3.0 x 3, 2.4 x 4: 2.4) and width 6 is unmeasured."""
+    c = AdaptiveController(ControllerSettings(explore_budget=1.0))
+    c.warm_start(Learned(row_time={(AUTOREGRESSIVE, 8): ([0.002], 9)}, forward_time=_kept({(8, 1): 2.0, (8, 2): 3.0})))
+    c.start_batch({LOOKUP: DraftLimits(5, 5, sizes_own=True)}, batch_size=8)
+    for _ in range(4):
+        drafted = [5, 1, 1, 1, 0, 0, 0, 0]
+        c.observe(StepRecord(LOOKUP, 8, 0.004, drafted, [0] * 8, 6, 8 * 0.0024, computed_width=2))
+    assert c.forward.widths(8) == [1, 2]
+    assert c.forward.row_seconds(8, 2) == pytest.approx(0.0024)
+
+
 def test_drafting_costs_are_weighed_against_the_plain_forward_of_now_not_the_plain_steps_of_earlier_prompts():
     """Plain steps of 3 ms, taken over earlier (longer) prompts; the forward now 2.0 ms at width 1 and
     2.4 at width 2: a step drafting one token costs 1.2 plain steps of now, not 2.4 / 3 = 0.8, which

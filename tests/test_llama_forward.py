@@ -138,6 +138,7 @@ def test_a_ragged_forward_over_its_valid_slots_alone_gives_what_the_padded_one_g
             runner.prefill(kv, prompts)
             depth = torch.arange(5) if attend is None else torch.tensor([0, 1, 1, 2, 2])
             out = runner.forward(kv, ids, kv.next_pos[:, None] + depth, new_valid, attend, want_hidden=True)
+            assert out.computed == (9 if fill > 0 else None)  # what the controller prices the forward by
             after = torch.tensor([[30], [31], [32]])
             step = runner.forward(kv, after, kv.next_pos[:, None], torch.ones_like(after, dtype=torch.bool))
             outs += [out.logits[new_valid], out.hidden[new_valid], step.logits]

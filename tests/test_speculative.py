@@ -203,7 +203,11 @@ def test_verify_inputs_and_emitting_logits_on_literal_drafts():
 
     logits = torch.arange(6, dtype=torch.float64).reshape(2, 3, 1)  # [B, W, 1]: 3 row + slot
     checked = Verification(
-        [Verdict([2], [11, 12]), Verdict([1, 2], [20, 21, 22])], states=None, logits=logits, forward_s=0.0
+        [Verdict([2], [11, 12]), Verdict([1, 2], [20, 21, 22])],
+        states=None,
+        logits=logits,
+        forward_s=0.0,
+        computed_width=3,
     )
     assert checked.emitting_logits()[:, 0].tolist() == [0, 2, 3, 4, 5]
 

@@ -333,7 +333,8 @@ class AdaptiveController:
             self.exploring_s += record.setup_s + record.wall_s
         self.exploring = None
         if record.forward_s is not None:
-            self.forward.observe(b, record.width, record.forward_s / record.batch_size)
+            forward_width = record.computed_width or record.width  # what the forward's time was spent on
+            self.forward.observe(b, forward_width, record.forward_s / record.batch_size)
             if record.drafter != AUTOREGRESSIVE and plain is not None:
                 host = max(0.0, record.wall_s - record.forward_s) / record.batch_size
                 key = (record.drafter, b, record.width)

@@ -53,6 +53,8 @@ def decode_row_counts(batch_size: int) -> list[int]:
 class ForwardOutput:
     logits: torch.Tensor  # [B, n_kept, V]
     hidden: torch.Tensor | None  # [B, n, H] last hidden states (after the final norm), when asked for
+    # Slots of the [B, n] grid its token-wise matmuls ran over (`llama_forward.Slots`); None: all of them.
+    computed: int | None = None
 
 
 class ModelRunner:
@@ -133,6 +135,7 @@ class ModelRunner:
         want_hidden: bool,
     ) -> ForwardOutput:
         lengths = [layer.length for layer in kv.layers]
+        slots = None
         try:
             if self._fast is not None:
                 slots = llama_forward.Slots.of(new_valid, WARM_WIDTHS)
@@ -154,7 +157,14 @@ class ModelRunner:
             _restore(kv, lengths)
             raise
         kv.append(new_valid)
-        return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
+        computed = None if slots is None else int(slots.index.numel())
+        return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None, computed=computed)
+
+    @property
+    def computes_valid_slots(self) -> bool:
+        """Whether a ragged forward's matmuls leave its padding out (`llama_forward.Slots`): then a row
+        drafting less than the widest costs less, and drafts are sized row by row (`draft_sizing`)."""
+        return self._fast is not None and llama_forward.computes_valid_slots_on(self.device)
 
     @property
     def _forward_packs(self) -> bool:

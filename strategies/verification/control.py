@@ -54,6 +54,9 @@ class StepRecord:
     # Starting the drafter for this batch and its rows' one-time setup (a draft model's prefill, a trie's
     # prompts): not in `wall_s`, which is what its steps cost from then on, but paid all the same.
     setup_s: float = 0.0
+    # New tokens per row the forward computed (`Verification.computed_width`): a ragged grid whose
+    # padding was left out of the matmuls costs what a full grid that narrow costs; None: `width`.
+    computed_width: int | None = None
 
 
 class Controller(Protocol):

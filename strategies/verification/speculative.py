@@ -160,6 +160,7 @@ class SpeculativeStrategy:
             keys=batch.keys,
             states=batch.states if drafter.proposer.wants_hidden_states else None,
             step_costs=plan.step_costs,
+            rows_pay_own_tokens=self.runner.computes_valid_slots,
         )
         if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
             self._plain(run, 1)
@@ -262,7 +263,17 @@ class SpeculativeStrategy:
                 still.append(b)
         drafted, accepted = [len(d) for d in drafts], [len(v.accepted_slots) for v in verdicts]
         wall_s, width = time.perf_counter() - began, 1 + max(drafted)
-        record = StepRecord(drafter, len(batch.active), wall_s, drafted, accepted, width, checked.forward_s, setup_s)
+        record = StepRecord(
+            drafter,
+            len(batch.active),
+            wall_s,
+            drafted,
+            accepted,
+            width,
+            checked.forward_s,
+            setup_s,
+            checked.computed_width,
+        )
         self._after_step(run, [v.tokens for v in verdicts], still, [record], checked.states)
 
     def _plain(

@@ -46,6 +46,9 @@ class Verification:
     states: TargetStates | None
     logits: torch.Tensor  # [B, W, V] the target's logits at every slot
     forward_s: float  # the forward and the rule, until its verdicts were on the host (the controller's cost model)
+    # New tokens per row the forward computed: its grid's width, or, where it left padding out of its
+    # matmuls, the width of a full grid computing as many slots (rounded up). What its time is the cost of.
+    computed_width: int
 
     def emitting_logits(self) -> torch.Tensor:
         """[M, V]: the logits at the slot that chose each emitted token, row after row. Token j of a
@@ -116,4 +119,5 @@ def verify(
     kv.invalidate(torch.tensor(off_path, device=kv.valid.device), first=first_slot)
     kv.compact_if_wasteful()
     states = TargetStates(out.hidden, kept, out.logits) if want_hidden or want_logits else None
-    return Verification(verdicts=verdicts, states=states, logits=out.logits, forward_s=forward_s)
+    computed_width = width if out.computed is None else -(-out.computed // len(drafts))
+    return Verification(verdicts, states, out.logits, forward_s, computed_width)
