@@ -63,26 +63,6 @@ def test_a_batch_drafts_as_deep_as_its_mean_tokens_pay_for_since_every_row_pays_
     assert record.depth([], 3, costs) == 0
 
 
-def test_where_rows_pay_their_own_tokens_a_step_holds_the_likeliest_tokens_of_the_whole_batch():
-    """The batch above, each row paying its own tokens: a step of K holds the 4 K likeliest tokens. At
-    K = 1, strong's four: (4 + 0.95 + 0.91 + 0.87 + 0.83) / (4 x 1.3) = 1.45 tokens per plain step; at
-    K = 2 the weak rows' first tokens join, (7.72) / (4 x 1.6) = 1.21. So the strong row drafts 4 and
-    the weak ones none, where sized on the mean the batch drafted nothing. Weak rows alone draft none
-    (4.18 / 5.2 = 0.80); one row alone is `depth`'s."""
-    record = AcceptanceRecord()
-    for _ in range(20):
-        record.record("strong", drafted=4, accepted=4)
-        record.record("weak", drafted=1, accepted=0)
-    costs = linear_step_costs(1.3, 0.3, 4)
-    assert record.row_depths([("strong", 4), ("weak", 4), ("weak", 4), ("weak", 4)], costs) == [4, 0, 0, 0]
-    assert record.row_depths([("weak", 4), None, ("weak", 4), ("weak", 4)], costs) == [0, 0, 0, 0]
-    # Two strong rows among four: 4 slots hold the first two of each, (4 + 3.73) / 5.2 = 1.49, against
-    # all six in 8, (4 + 5.43) / 6.4 = 1.47.
-    assert record.row_depths([None, ("strong", 4), None, ("strong", 2)], costs) == [0, 2, 0, 2]
-    assert record.row_depths([("strong", 3)], costs) == [record.depth([("strong", 3)], 1, costs)] == [3]
-    assert record.row_depths([None, None], costs) == [0, 0]
-
-
 def test_a_continuation_that_runs_into_the_suffix_copies_on_from_what_it_drafted():
     index = NgramIndex([9, 5, 6, 7, 5, 6], min_n=1, max_n=3)  # suffix [5, 6] last seen at 1: period 3
     assert index.match() == (2, 1)
@@ -115,10 +95,3 @@ def test_prompt_lookup_sizes_drafts_by_their_kinds_and_learns_from_what_the_rows
     assert (record.tried[(False, 1)], record.accepted[(False, 1)]) == ([31], [0])
     assert record.tried[(True, 2)][:5] == [31, 31, 31, 31, 30]
     assert record.accepted[(True, 2)][:5] == [31, 31, 31, 30, 30]
-    # Where each row pays its own tokens, row 0 pays for its unlikely ones: a step of 2 x 3 slots holds
-    # row 1's six, (2 + 5.38) / (2 x 1.4) = 2.63 per plain step, where 2 x 4 adding row 0's first two
-    # gives (2 + 5.42) / (2 x 1.45) = 2.56.
-    proposer = PromptLookupProposer(1, 2, record, costs)
-    proposer.start([[5, 6, 7, 8, 6], [1, 2, 3, 4, 5, 4, 5]], None, None)
-    context = ProposalContext([1, 4], [6, 6], 6, torch.zeros(2), rows_pay_own_tokens=True)
-    assert [d.tokens for d in proposer.propose(context)] == [[], [4, 5, 4, 5, 4, 5]]

@@ -13,12 +13,6 @@ plain-width forward). The costs are the controller's
 cost model where it has one (`ProposalContext.step_costs`). The controller's chain sizing is the
 same rule with P(a >= j) = alpha^j (`workers.cost_model.best_chain_depth`).
 
-Where the forward leaves a ragged grid's padding out of its matmuls, a row pays its own tokens, and
-a step computing as many slots as a full grid 1 + K wide costs cost(K) (`Verification.computed_width`,
-what the controller measures): at each K the step holds the rows × K likeliest draft tokens of the
-whole batch, and rows draft unequally (`AcceptanceRecord.row_depths`). At 8 rows a prompt lookup
-step had drafted every row to the depth its mean paid for, most rows' tokens unlikely, or none.
-
 Only positions that were verified are counted (a token after a rejected one says nothing), and a
 kind starts from a prior of `prior_accepted` in `prior_tried`, so an unseen kind is tried.
 """
@@ -27,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
 
 
 def linear_step_costs(first: float, per_token: float, depth: int) -> list[float]:
@@ -86,63 +79,17 @@ class AcceptanceRecord:
         if not depth:
             return 0
         mean = [0.0] * depth  # P(a >= j), summed over the rows' drafts, over all rows
-        curves = self._curves(drafts, depth)
+        curves: dict[Hashable, list[float]] = {}
         for kind, room in drafts:
+            if kind not in curves:
+                curves[kind] = self.survival(kind, depth)
             for j, p in enumerate(curves[kind][: min(room, depth)]):
                 mean[j] += p / rows
-        chosen = best_length(mean, step_costs, None if self._probing(drafts) else 1.0)
-        self._refusals({kind: chosen > 0 for kind, _ in drafts})
+        probe = any(self.refused.get(kind, 0) + 1 >= self.probe_every for kind, _ in drafts)
+        chosen = best_length(mean, step_costs, None if probe else 1.0)
+        for kind, _ in drafts:
+            self.refused[kind] = 0 if chosen else self.refused.get(kind, 0) + 1
         return chosen
-
-    def row_depths(self, drafts: Sequence[tuple[Hashable, int] | None], step_costs: Sequence[float]) -> list[int]:
-        """Per row of a step, its draft depth, `drafts` holding each row's (kind, tokens available), None
-        where it found none, when each row pays its own tokens (module docstring): a step of K takes
-        the rows × K draft tokens likeliest to be accepted, each row's in order (P(a >= j) falls with j),
-        and the K with the most tokens per cost wins; the smaller of equals, none where no K beats a
-        plain step. At batch 1 it is `depth`."""
-        rows, found = len(drafts), [d for d in drafts if d is not None]
-        limit = min(max((room for _, room in found), default=0), len(step_costs))
-        if not limit:
-            return [0] * rows
-        curves = self._curves(found, limit)
-        tokens = [  # (P(a >= j), j, row)
-            (p, j, row)
-            for row, draft in enumerate(drafts)
-            if draft is not None
-            for j, p in enumerate(curves[draft[0]][: min(draft[1], limit)])
-        ]
-        tokens.sort(key=lambda t: (-t[0], t[1], t[2]))  # likeliest first, so each row's in order of depth
-        expected = list(accumulate(p for p, _, _ in tokens))
-        taken, best_rate = (0, 1.0) if not self._probing(found) else (None, -1.0)
-        for k in range(1, limit + 1):
-            count = min(rows * k, len(tokens))
-            rate = (rows + expected[count - 1]) / (rows * step_costs[k - 1])
-            if rate > best_rate:
-                taken, best_rate = count, rate
-            if count == len(tokens):  # deeper steps hold no more tokens
-                break
-        depths = [0] * rows
-        for _, _, row in tokens[:taken]:
-            depths[row] += 1
-        drafted: dict[Hashable, bool] = {}
-        for draft, d in zip(drafts, depths, strict=True):
-            if draft is not None:
-                drafted[draft[0]] = drafted.get(draft[0], False) or d > 0
-        self._refusals(drafted)
-        return depths
-
-    def _curves(self, drafts: Sequence[tuple[Hashable, int]], depth: int) -> dict[Hashable, list[float]]:
-        """P(a >= j) for j = 1..depth of each kind among `drafts`."""
-        return {kind: self.survival(kind, depth) for kind in {kind for kind, _ in drafts}}
-
-    def _probing(self, drafts: Sequence[tuple[Hashable, int]]) -> bool:
-        """Whether a kind among `drafts` has been refused `probe_every` steps running: this step drafts."""
-        return any(self.refused.get(kind, 0) + 1 >= self.probe_every for kind, _ in drafts)
-
-    def _refusals(self, drafted: dict[Hashable, bool]) -> None:
-        """Count a step's refusals: per kind, whether a row of that kind drafted."""
-        for kind, any_drafted in drafted.items():
-            self.refused[kind] = 0 if any_drafted else self.refused.get(kind, 0) + 1
 
     def _counts(self, kind: Hashable, depth: int) -> tuple[list[int], list[int]]:
         tried, hits = self.tried.setdefault(kind, []), self.accepted.setdefault(kind, [])

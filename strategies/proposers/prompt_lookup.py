@@ -76,9 +76,8 @@ class PromptLookupProposer(Proposer[LookupRow]):
     """Each row's record is the n-gram index of its context.
 
     With `sizing` (`draft_sizing.AcceptanceRecord`), the batch's drafts are cut to the depth their
-    kinds pay for (each row to its own where rows pay their own tokens, `ProposalContext`): a draft's
-    kind is whether the match lies in the row's own output or in its prompt, and the match's length n.
-    Without, every draft is as long as the step asks.
+    kinds pay for: a draft's kind is whether the match lies in the row's own output or in its prompt,
+    and the match's length n. Without, every draft is as long as the step asks.
     """
 
     name = "prompt_lookup"
@@ -102,13 +101,8 @@ class PromptLookupProposer(Proposer[LookupRow]):
             found.append((tokens, (match[1] >= len(row.index.tokens) - generated, match[0]) if tokens else None))
         if self.sizing is not None:
             costs = context.step_costs or self.step_costs
-            if context.rows_pay_own_tokens:
-                drafts = [(kind, len(tokens)) if tokens else None for tokens, kind in found]
-                depths = self.sizing.row_depths(drafts, costs)
-            else:
-                drafted = [(kind, len(tokens)) for tokens, kind in found if tokens]
-                depths = [self.sizing.depth(drafted, len(found), costs)] * len(found)
-            found = [(tokens[:depth], kind) for (tokens, kind), depth in zip(found, depths, strict=True)]
+            depth = self.sizing.depth([(kind, len(tokens)) for tokens, kind in found if tokens], len(found), costs)
+            found = [(tokens[:depth], kind) for tokens, kind in found]
             for row, (tokens, kind) in zip(self.rows, found, strict=True):
                 row.pending = (kind, tokens) if tokens else None
         return [Draft.chain(tokens) for tokens, _ in found]

@@ -332,11 +332,6 @@ class LlamaForward(LayerMath):
         return self.mix_flat(packed, slots.take(attn), layer.w_o, layer.norm_mlp, layer.w_gate_up, layer.w_down)
 
 
-def computes_valid_slots_on(device: torch.device) -> bool:
-    """Whether forwards on `device` run their matmuls over a ragged grid's valid slots (`Slots`)."""
-    return device.type == "cpu"
-
-
 @dataclass
 class Slots:
     """The slots of a forward's [B, n] grid whose token-wise matmuls run, the others being padding.
@@ -360,7 +355,7 @@ class Slots:
     def of(valid: torch.Tensor, exact_up_to: int) -> Slots | None:
         """The slots to compute of a grid whose valid slots are `valid` [B, n], or None where the whole
         grid runs: one at least `PACK_BELOW_FILL` computed, or one off the CPU."""
-        if not computes_valid_slots_on(valid.device):
+        if valid.device.type != "cpu":
             return None
         rows, width = valid.shape
         flat = valid.reshape(-1)

@@ -161,12 +161,6 @@ class ModelRunner:
         return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None, computed=computed)
 
     @property
-    def computes_valid_slots(self) -> bool:
-        """Whether a ragged forward's matmuls leave its padding out (`llama_forward.Slots`): then a row
-        drafting less than the widest costs less, and drafts are sized row by row (`draft_sizing`)."""
-        return self._fast is not None and llama_forward.computes_valid_slots_on(self.device)
-
-    @property
     def _forward_packs(self) -> bool:
         """Whether this model's matmuls go through `linear`'s packed weights: the lean forward's only."""
         return self._fast is not None and linear.packs_on(self.device, self.dtype)

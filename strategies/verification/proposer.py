@@ -47,9 +47,6 @@ class ProposalContext:
     # For a proposer that sizes its own drafts: what a step drafting k = 1, 2, ... tokens costs, in plain
     # steps, by the controller's cost model; None: it has none yet (the proposer's own defaults).
     step_costs: list[float] | None = None
-    # Whether a row's draft costs its own tokens (the forward leaves padding out of its matmuls:
-    # `ModelRunner.computes_valid_slots`), not the widest draft's width as every row's.
-    rows_pay_own_tokens: bool = False
 
 
 class Proposer(Generic[RowState]):

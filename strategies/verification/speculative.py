@@ -160,7 +160,6 @@ class SpeculativeStrategy:
             keys=batch.keys,
             states=batch.states if drafter.proposer.wants_hidden_states else None,
             step_costs=plan.step_costs,
-            rows_pay_own_tokens=self.runner.computes_valid_slots,
         )
         if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
             self._plain(run, 1)
