@@ -280,6 +280,20 @@ def test_options_share_the_probe_budget():
     assert waits == [10, 20]  # two options not in use: each may lose half of the 10%
 
 
+def test_a_probe_that_starts_a_drafter_again_is_spaced_by_the_start_too_unless_the_drafter_learns():
+    """A draft model's probe in a new batch prefills its rows first: that start is part of what a probe
+    costs. A Lookahead's counting of what was emitted while it rested is learning, paid wherever it runs."""
+    waits = []
+    for limits in (DraftLimits(4, 4), DraftLimits(4, 4, learns=True)):
+        c = AdaptiveController(ControllerSettings(probe_every=1, probe_budget=0.1, max_probe_wait=1000))
+        c.start_batch({LOOKUP: limits}, 2)
+        c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
+        # Loses 0.01 s in its step, and its start took two plain steps' time (0.02 s over 2 rows).
+        c.observe(StepRecord(LOOKUP, 2, 0.02, [4, 4], [0, 0], setup_s=0.02))
+        waits.append(c.probe_wait(LOOKUP, 2))
+    assert waits == [30, 10]  # 3 plain steps lost a probe in 10% of the time; the learning one's start not counted
+
+
 def test_a_hopeless_option_is_probed_rarely_with_default_settings():
     c = AdaptiveController()
     c.start_batch({LOOKUP: DraftLimits(4, 4)}, 2)
@@ -713,6 +727,18 @@ def test_starting_a_drafter_to_explore_it_counts_against_the_budget_but_not_in_i
     c.observe(StepRecord(LOOKUP, 2, 0.010, [4, 4], [4, 4], setup_s=0.1))  # paid: 5 tokens a plain step
     assert c.decode_s == pytest.approx(0.12) and c.exploring_lost_s == pytest.approx(0.1)
     assert c.speedup(LOOKUP, 2) == pytest.approx(5.0)
+
+
+def test_an_exploring_step_loses_what_plain_steps_moving_the_batch_end_as_far_would_not():
+    """Two of four rows took 5 tokens, two took 1: the batch still ends with the slow pair, so the step
+    counts as one plain step's worth (its slower half's gain, as τ counts it), not three."""
+    c = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1, time_window=1))
+    c.start_batch({LOOKUP: CHAIN_OF_4}, batch_size=4)
+    c.observe(StepRecord(AUTOREGRESSIVE, 4, 0.010, [0] * 4, [0] * 4))
+    assert c.plan(4).drafter == LOOKUP
+    c.observe(StepRecord(LOOKUP, 4, 0.020, [4] * 4, [4, 4, 0, 0]))  # two plain steps' time
+    assert c.exploring_lost_s == pytest.approx(0.010)
+    assert c.speedup(LOOKUP, 4) == pytest.approx(0.5)
 
 
 def test_drain_exploring_gives_the_seconds_since_the_last_drain_of_exploring_losing_and_all_steps():

@@ -33,9 +33,10 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
   never tried; one at a time: a narrower drafter does not cut in while the budget refills for one
   whose exploration has begun), and only while what exploring steps lost against plain steps over
-  the tokens they emitted (a step's time beyond theirs, and the drafter's start when it started it: a
-  draft model's prefill of the batch) is at most `explore_budget` (3%) of the decode time so far (the
-  step about to run counts, as it may lose all but a plain step's worth; one wider than any measured at its bucket
+  the tokens their slower half of rows emitted, as τ counts them (a step's time beyond theirs, and
+  the drafter's start when it started it: a draft model's prefill of the batch) is at most
+  `explore_budget` (3%) of the decode time so far (the step about to run counts, as it may lose all
+  but a plain step's worth, and its start as the last ones took; one wider than any measured at its bucket
   as dear as forwards of the widest measured width laid side by side, as many plain steps as its
   width where only plain steps ran): a cold job pays for exploration as it decodes. Then it follows
   the best estimate, with hysteresis: speculation goes off when the best falls below 1 − h and comes
@@ -46,8 +47,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   luck, and the next prompt is another);
 - probes an option it is not using again after a wait sized so that probes cost at most
   `probe_budget` of the time in all (each option an equal share; a probe costs the option's step
-  time times the share of speed it would lose against the current choice, beside another drafter at
-  its estimate raised by its spread over the rows it rests on, `_hopeful`), never sooner than
+  time times the share of speed it would lose against the current choice, plus starting it again
+  where it does not learn, `_resume_cost`: a draft model's prefill in a new batch; beside another
+  drafter at its estimate raised by its spread over the rows it rests on, `_hopeful`), never sooner than
   `probe_every` steps nor later than `max_probe_wait`: no choice is permanent, and a hopeless one
   costs little. A drafter whose estimate so raised beats the current choice's by more than the
   hysteresis, on too few row steps to switch to it, is on trial instead: it runs step after step until
@@ -188,6 +190,14 @@ class RowDrafting:
     off_until: int = 0
 
 
+def _slower_half_gain(accepted: list[int]) -> float:
+    """Tokens a step moved its batch's end by: the mean gain of its slower half of rows. A batch ends with
+    its slowest rows: a drafter that speeds up half the rows leaves the other half to tail steps that cost
+    about as much as full ones."""
+    gained = sorted(a + 1 for a in accepted)[: max(1, len(accepted) // 2)]
+    return sum(gained) / len(gained)
+
+
 def bucket(batch_size: int) -> int:
     """Batch sizes share statistics within powers of two."""
     return 1 << max(0, batch_size - 1).bit_length()
@@ -222,6 +232,9 @@ class AdaptiveController:
         # (drafter, bucket, width) -> step − forward, per row, over a plain step's time there when it ran
         # (as the cost model keeps wide forwards: the machine's speed drifts, ratios hold).
         self.host_time: dict[tuple[str, int, int], RecentTime] = {}
+        # (drafter, bucket) -> a drafter that does not learn (`_learns`): what starting it took, per row over
+        # a plain step's time, at each of its last steps after another option's (`_resume_cost`).
+        self.resume_setup: dict[tuple[str, int], deque[float]] = {}
         self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         # (drafter, budget) -> the drafter's row steps measured (`measured`) when τ at that budget last moved
@@ -321,14 +334,20 @@ class AdaptiveController:
         elif plain is not None:  # plain steps run first at every bucket: a drafter's has one to relate to
             self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
         self.decode_s += record.wall_s + record.setup_s
+        gain = _slower_half_gain(record.accepted)
+        resumed = self.last_used.get(record.drafter) != self.step - 1
+        if resumed and plain is not None and record.drafter != AUTOREGRESSIVE and not self._learns(record.drafter):
+            setups = self.resume_setup.setdefault(key, deque(maxlen=s.time_window))
+            setups.append(record.setup_s / record.batch_size / plain.value)
         if record.drafter == self.exploring:
-            # A step exploring a drafter loses what it took beyond plain steps emitting its tokens (each
-            # row's accepted draft tokens and the target's own), and starting the drafter for it (a draft
-            # model's prefill of the batch: ten plain steps at batch 8); one that paid lost nothing.
-            # Counted whole, a step of prompt lookup that found no match, a plain step but for some
-            # microseconds, cost the budget a plain step: traced cold at batch 1, its eight exploring
-            # steps took 296 steps, plain all but those eight, before it could be chosen.
-            plain_s = plain.value * (len(record.accepted) + sum(record.accepted)) if plain is not None else 0.0
+            # A step exploring a drafter loses what it took beyond plain steps moving the batch's end as far
+            # (its slower half's tokens, as τ counts them: the faster rows' extra tokens leave the batch to
+            # end as late), and starting the drafter for it (a draft model's prefill of the batch: ten plain
+            # steps at batch 8); one that paid lost nothing. Counted whole, a step of prompt lookup that
+            # found no match, a plain step but for some microseconds, cost the budget a plain step: traced
+            # cold at batch 1, its eight exploring steps took 296 steps, plain all but those eight, before
+            # it could be chosen.
+            plain_s = plain.value * len(record.accepted) * gain if plain is not None else 0.0
             self.exploring_lost_s += record.setup_s + max(0.0, record.wall_s - plain_s)
             self.exploring_s += record.setup_s + record.wall_s
         self.exploring = None
@@ -351,17 +370,14 @@ class AdaptiveController:
             self.evidence[record.drafter] = (evidence + record.batch_size, self.row_steps)
             if record.drafter in self.tau:  # what it was measured at while idle counts as the evidence does
                 self.tau[record.drafter].seen *= aged
-        # A batch ends with its slowest rows: a drafter that speeds up half the rows leaves the other
-        # half to tail steps that cost about as much as full ones. τ is the slower half's mean gain.
-        gained = sorted(a + 1 for a in record.accepted)[: max(1, len(record.accepted) // 2)]
         share = min(1.0, len(record.accepted) / s.smoothing_rows)
         weight = 1 - (1 - s.smoothing) ** share
-        self.tau.setdefault(record.drafter, Ema()).update(sum(gained) / len(gained), weight, share)
+        self.tau.setdefault(record.drafter, Ema()).update(gain, weight, share)
         if self.limits.get(record.drafter, DraftLimits(0, 0)).trees:
             budget = self.planned_nodes.get(record.drafter, max(record.drafted))
             ema = self.tree_tau.setdefault(record.drafter, {}).setdefault(budget, Ema())
             ema.seen = self._tree_evidence(record.drafter, budget, ema)  # what it has seen since counts more
-            ema.update(sum(gained) / len(gained), weight, share)
+            ema.update(gain, weight, share)
             self.tree_tau_at[(record.drafter, budget)] = self.measured[record.drafter][1]
         self._resize(record)
         self.memo.clear()  # sizes may have changed
@@ -491,6 +507,7 @@ class AdaptiveController:
         if self._on_trial(option, estimate, current_estimate):
             return 1
         lost = own * max(0.0, 1 - self._hopeful(option, estimate) / current_estimate)  # in plain steps
+        lost += self._resume_cost(option, b)
         share = s.probe_budget / max(1, len(self.limits) - len(self.failed))  # options besides the current
         return int(min(s.max_probe_wait, max(s.probe_every, lost / (share * current))))
 
@@ -650,7 +667,8 @@ class AdaptiveController:
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
         """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
         what exploring steps lost against plain steps (`exploring_lost_s`) and what this one may lose (its
-        time beyond the plain step that emits each row's own token), against all steps' time; 0: it fits
+        time beyond the plain step that emits each row's own token, and its start as `_resume_cost` has
+        seen it), against all steps' time; 0: it fits
         now, or its cost is unknown. Probes are not counted here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
         width = 1 + self.draft_size(drafter, b)[1]
@@ -663,7 +681,7 @@ class AdaptiveController:
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
-        may_lose = max(0.0, step - plain * batch_size)
+        may_lose = max(0.0, step - plain * batch_size) + self._resume_cost(drafter, b) * plain * batch_size
         deficit = (self.exploring_lost_s + may_lose) / budget - step - self.decode_s
         if deficit <= 0:
             return 0
@@ -731,6 +749,15 @@ class AdaptiveController:
         steps it was measured over (`evidence_rows`)."""
         rows = self._evidence(drafter)
         return 1 + (estimate - 1) * rows / (rows + self.settings.evidence_rows)
+
+    def _resume_cost(self, drafter: str, b: int) -> float:
+        """What running `drafter` again at bucket `b` after another option costs in starting it, in plain
+        steps: the mean of its last such steps' starts (a draft model's prefill of its rows, when a probe
+        falls in a new batch), 0 until one is seen. A drafter that learns from every row (a Lookahead trie)
+        pays its counting wherever it runs, as learning: not counted. Probes of a draft model at batch 1,
+        each a new prompt, started it at some 2.5 plain steps a probe, weighed at none."""
+        setups = self.resume_setup.get((drafter, b))
+        return math.fsum(setups) / len(setups) if setups else 0.0
 
     def _learns(self, drafter: str) -> bool:
         return drafter in self.limits and self.limits[drafter].learns
