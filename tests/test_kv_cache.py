@@ -135,6 +135,24 @@ def test_rollback_waste_and_compaction_on_literal_slots():
     assert kv.next_pos.tolist() == [2, 2] and kv.waste() == 0.0
 
 
+def test_keeping_paths_moves_each_rows_kept_slots_to_the_front_of_the_block_and_cuts_it():
+    kv = RaggedKV(num_layers=2, batch_size=2, device=torch.device("cpu"))
+    _forward(kv, [[1, 2], [3, 4]])
+    _forward(kv, [[10, 11, 12, 13], [20, 21, 22, 23]], valid=[[T, T, T, T], [T, T, F, F]])  # row 1: 1 node
+    kv.keep_paths(2, [[0, 2, 3], [0]])  # row 0 kept a tree path through nodes 2 and 3; row 1 its pending token
+    assert kv.num_slots == 5 and kv.next_pos.tolist() == [5, 3]
+    assert kv.valid.tolist() == [[T, T, T, T, T], [T, T, T, F, F]]
+    assert [row[:n] for row, n in zip(_codes(kv), (5, 3), strict=True)] == [[1, 2, 10, 12, 13], [3, 4, 20]]
+    # Chains keep the block's first slots: a cut, and rows that kept all leave no dead slot.
+    _forward(kv, [[30, 31, 32], [40, 41, 42]])
+    kv.keep_paths(5, [[0, 1], [0, 1, 2]])
+    assert kv.num_slots == 8 and kv.next_pos.tolist() == [7, 6]
+    assert kv.valid.tolist() == [[T] * 7 + [F], [T, T, T, F, F, T, T, T]]
+    assert [row[5:] for row in _codes(kv)] == [[30, 31, 32], [40, 41, 42]]
+    for layer in kv.layers:
+        assert layer.get_seq_length() == 8
+
+
 def test_compaction_keeps_the_longest_row_and_pads_the_others():
     kv = RaggedKV(num_layers=2, batch_size=2, device=torch.device("cpu"))
     _forward(kv, [[1, 2, 3, 4], [5, 6, 7, 8]], valid=[[F, T, F, T], [T, T, F, T]])

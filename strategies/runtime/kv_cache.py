@@ -105,6 +105,20 @@ class SlotLayer(CacheLayerMixin):
         self._v = torch.cat([_pad_slots(v, pad), _pad_slots(other_v, other_pad)])
         self.length = self._k.shape[2]
 
+    def keep_block(self, first: int, width: int, index: torch.Tensor | None) -> None:
+        """Keep `width` slots from `first` on and drop the rest: per row, slots `first + index[b]`
+        ([B, width], in order) moved there; `index=None`: the slots already there (a cut)."""
+        if self._k is None:
+            return
+        if index is not None:
+            at = index[:, None, :, None]  # [B, 1, width, 1]
+            for storage in (self._k, self._v):
+                block = storage[:, :, first : self.length]  # [B, H, W, D]
+                # Gathered into a new tensor before the write: the slots written may be among those read.
+                moved = block.gather(2, at.expand(-1, block.shape[1], -1, block.shape[3]))  # [B, H, width, D]
+                storage[:, :, first : first + width] = moved
+        self.length = first + width
+
     def _held(self, rows: int, like: SlotLayer) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [rows, H, length, D]; [rows, H, 0, D] shaped as `like`'s before a forward."""
         if self._k is not None:
@@ -201,6 +215,29 @@ class RaggedKV:
         tail = self.valid[:, first:]  # [B, S - first] a view: the mask is updated in place
         self.next_pos -= (slots & tail).sum(dim=1)
         tail &= ~slots
+
+    @torch.inference_mode()
+    def keep_paths(self, first: int, kept: list[list[int]]) -> None:
+        """Roll rows back to the slots `kept` names of the block a forward wrote from slot `first` on
+        (per row, increasing offsets into the block, at least one), each row's moved to the block's
+        front in order and the block cut to the longest row's: a rolled-back row leaves no dead slots
+        behind it. One row's verify step then leaves the cache dense, and a plain step over a dense
+        cache of one row needs no mask: at batch 1 on a 2-core CPU a forward over a cache with holes
+        took 1.88 ms against 1.75 dense. A chain's kept slots are the block's first ones: a cut,
+        nothing copied. Attention sees a row's slots as a set (each key carries its own rotation), so
+        moving them changes no logit."""
+        self.drop_provisional()
+        width = max(len(slots) for slots in kept)
+        index = None
+        if any(slots != list(range(len(slots))) for slots in kept):  # a shorter row repeats its last slot
+            index = [slots + slots[-1:] * (width - len(slots)) for slots in kept]
+            index = torch.tensor(index, device=self.valid.device)
+        for layer in self.layers:
+            layer.keep_block(first, width, index)
+        block = torch.tensor([[True] * len(slots) + [False] * (width - len(slots)) for slots in kept])
+        block = block.to(self.valid.device)
+        self.next_pos -= self.valid[:, first:].sum(dim=1) - block.sum(dim=1)
+        self.valid = torch.cat([self.valid[:, :first], block], dim=1)
 
     def truncate(self, num_slots: int) -> None:
         """Drop every slot from `num_slots` on: a forward that was only read (a masked LM's block pass)."""

@@ -7,8 +7,9 @@ built with (`acceptance`), the verifier brings the forward, the cache and the bo
 Inputs (`verify_inputs`): per row `[pending, node_0, …, node_{N-1}]`, right-padded to the widest
 row. Slot 0 is the pending token, slot i+1 node i, at position `next_pos + depth` (`tree_depths`);
 each slot sees the row's cache, its ancestors and itself (`tree_attention`; chains need no mask).
-After the rule picks each row's path, the slots off it are invalidated in the ragged cache
-(`kv_cache.RaggedKV`), so rows of one forward keep different numbers of tokens.
+After the rule picks each row's path, each row's kept slots move to the front of the step's block
+and the block is cut to the longest row's (`kv_cache.RaggedKV.keep_paths`), so rows of one forward keep
+different numbers of tokens and no row leaves dead slots behind it.
 """
 
 from __future__ import annotations
@@ -112,11 +113,7 @@ def verify(
         raise
     kept = [[0, *v.accepted_slots] for v in verdicts]
     width = inputs.ids.shape[1]
-    off_path = [[True] * width for _ in kept]  # [B, W]: the step's slots off each row's accepted path
-    for row, slots_kept in enumerate(kept):
-        for slot in slots_kept:
-            off_path[row][slot] = False
-    kv.invalidate(torch.tensor(off_path, device=kv.valid.device), first=first_slot)
+    kv.keep_paths(first_slot, kept)
     kv.compact_if_wasteful()
     states = TargetStates(out.hidden, kept, out.logits) if want_hidden or want_logits else None
     computed_width = width if out.computed is None else -(-out.computed // len(drafts))
