@@ -668,8 +668,8 @@ class AdaptiveController:
         """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
         what exploring steps lost against plain steps (`exploring_lost_s`) and what this one may lose (its
         time beyond the plain step that emits each row's own token, and its start as `_resume_cost` has
-        seen it), against all steps' time; 0: it fits
-        now, or its cost is unknown. Probes are not counted here: `probe_budget` bounds what they lose."""
+        seen it), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not counted
+        here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
         width = 1 + self.draft_size(drafter, b)[1]
         step = self._step_row_s(drafter, b, width)
