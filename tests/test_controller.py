@@ -741,6 +741,26 @@ def test_an_exploring_step_loses_what_plain_steps_moving_the_batch_end_as_far_wo
     assert c.speedup(LOOKUP, 4) == pytest.approx(0.5)
 
 
+def test_a_drafter_hopeless_after_its_first_exploring_steps_is_not_explored_further_unless_it_learns():
+    """At batch 1 exploring asks for 8 row steps; a drafter at a third of plain speed after two, raised
+    by its spread (0.8 / √2), still reads 0.52x: the rest could not make it the choice. One that learns
+    from every row (a cold trie) is explored in full."""
+    explored = {}
+    for learns in (False, True):
+        settings = ControllerSettings(explore_steps=2, explore_rows=8, explore_budget=1.0, probe_every=1000)
+        c = AdaptiveController(dataclasses.replace(settings, max_probe_wait=1000))
+        c.start_batch({LOOKUP: DraftLimits(4, 4, learns=learns)}, 1)
+        steps = 0
+        for _ in range(40):
+            if c.plan(1).drafter == AUTOREGRESSIVE:
+                c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.01, [0], [0]))
+            else:
+                steps += 1
+                c.observe(StepRecord(LOOKUP, 1, 0.03, [4], [0]))  # one token in three plain steps' time
+        explored[learns] = steps
+    assert explored == {False: 2, True: 8}
+
+
 def test_drain_exploring_gives_the_seconds_since_the_last_drain_of_exploring_losing_and_all_steps():
     """A job's records add these up: every exploring step's time, those that lost, and all steps'."""
     c = AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1, time_window=1))
@@ -794,15 +814,16 @@ def test_a_first_step_that_pays_for_one_time_work_does_not_rule_a_drafter_out_be
 
 
 def test_a_drafter_whose_exploration_has_begun_is_explored_before_a_narrower_one_cuts_in():
-    """Cold at batch 1, plain steps of 2 ms. A 10-token chain's exploring steps lose (3 ms, nothing
-    accepted) and each waits for the budget to refill; a 2-token chain would fit the budget sooner. It
+    """Cold at batch 1, plain steps of 2 ms. A 10-token chain's exploring steps lose (2.5 ms, nothing
+    accepted: 0.8x, which raised by its spread might still pay, so it is not written off) and each
+    waits for the budget to refill; a 2-token chain would fit the budget sooner. It
     waits all the same until the first is explored (`explore_steps` steps and `explore_rows` row
     steps): one drafter at a time, so that the first can be chosen as soon as its exploration ends."""
     c = AdaptiveController()
     c.start_batch({"wide": DraftLimits(10, 10), "narrow": DraftLimits(2, 2)}, batch_size=1)
 
     def step(plan: Plan, planned: list[str]) -> StepRecord:
-        wall = 0.003 if plan.drafter == "wide" else 0.0022
+        wall = 0.0025 if plan.drafter == "wide" else 0.0022
         return StepRecord(plan.drafter, 1, wall, [plan.depth], [0], 1 + plan.depth, wall)
 
     planned = _planned_at_batch_1(c, 3000, step)

@@ -28,7 +28,9 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
   time, against a plain step, not above 1 + h. It says so once per bucket, in an event of scope
   `explore`;
 - explores each option for a few steps (plain steps at every batch size; a drafter once, for
-  `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch;
+  `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch, or
+  only `explore_steps` where even its estimate raised by its spread loses to plain steps and the
+  current choice, unless it learns, `_written_off`;
   its cost at a batch size it has not run at modelled as above), cheapest first (its first step
   teaches the model what a wider forward costs there, and drafters whose best case then loses are
   never tried; one at a time: a narrower drafter does not cut in while the budget refills for one
@@ -545,12 +547,29 @@ class AdaptiveController:
 
     def _unexplored(self, option: str, b: int) -> bool:
         """Plain steps are measured at every bucket; a drafter until it has a few measurements anywhere
-        (a new bucket borrows its cost from the nearest measured one, `cost_ratio`)."""
+        (a new bucket borrows its cost from the nearest measured one, `cost_ratio`), or has shown on its
+        first steps that it cannot win (`_written_off`)."""
         s = self.settings
         if option == AUTOREGRESSIVE:
             times = self.row_time.get((option, b))
             return times is None or times.count < s.explore_steps
-        return not self._measured_enough(option) or self.speedup(option, b) is None
+        if self.speedup(option, b) is None:
+            return True
+        return not self._measured_enough(option) and not self._written_off(option, b)
+
+    def _written_off(self, drafter: str, b: int) -> bool:
+        """Whether `drafter`, after `explore_steps` steps, is explored enough because even its estimate
+        raised by its spread over the row steps behind it (`probe_spread` / √rows) stays below plain steps
+        and the current choice: the rest of its exploring steps could not make it the choice, and
+        probes ask again. Not a drafter that learns from every row (a Lookahead trie): its first steps
+        run cold. At batch 1 each drafter explored for all 8 row steps: a self-speculative step cost
+        some 5.5 plain steps, at 0.6x after two of them."""
+        s = self.settings
+        steps, rows = self.measured.get(drafter, (0, 0))
+        if steps < s.explore_steps or self._learns(drafter):
+            return False
+        bar = max(1.0, self.speedup(self.current, b) or 1.0)
+        return self.speedup(drafter, b) * (1 + s.probe_spread / math.sqrt(rows)) < bar
 
     def _measured_enough(self, drafter: str) -> bool:
         """Whether `drafter` has run the steps and row steps that exploring asks for, anywhere."""
