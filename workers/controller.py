@@ -336,9 +336,10 @@ class AdaptiveController:
         elif plain is not None:  # plain steps run first at every bucket: a drafter's has one to relate to
             self.row_time.setdefault(key, RecentTime(self._row_window(key))).update(row_time / plain.value)
         self.decode_s += record.wall_s + record.setup_s
-        gain = _slower_half_gain(record.accepted)
+        drafting = record.drafter != AUTOREGRESSIVE
+        gain = _slower_half_gain(record.accepted) if drafting else 1.0  # a plain step moves every row by one
         resumed = self.last_used.get(record.drafter) != self.step - 1
-        if resumed and plain is not None and record.drafter != AUTOREGRESSIVE and not self._learns(record.drafter):
+        if drafting and resumed and plain is not None and not self._learns(record.drafter):
             setups = self.resume_setup.setdefault(key, deque(maxlen=s.time_window))
             setups.append(record.setup_s / record.batch_size / plain.value)
         if record.drafter == self.exploring:
@@ -523,7 +524,11 @@ class AdaptiveController:
         plain steps a probe's deficit is weighed as it is: where nothing pays, probing must stay cheap."""
         if AUTOREGRESSIVE in (option, self.current):
             return estimate
-        return estimate * (1 + self.settings.probe_spread / math.sqrt(max(1.0, self._evidence(option))))
+        return self._raised(option, estimate)
+
+    def _raised(self, drafter: str, estimate: float) -> float:
+        """`estimate` of `drafter` raised by its spread: `probe_spread` / √rows over the row steps it rests on."""
+        return estimate * (1 + self.settings.probe_spread / math.sqrt(max(1.0, self._evidence(drafter))))
 
     def _on_trial(self, option: str, estimate: float, current_estimate: float) -> bool:
         """Whether drafter `option`, its estimate raised by its spread (`_hopeful`), beats the current
@@ -564,12 +569,9 @@ class AdaptiveController:
         probes ask again. Not a drafter that learns from every row (a Lookahead trie): its first steps
         run cold. At batch 1 each drafter explored for all 8 row steps: a self-speculative step cost
         some 5.5 plain steps, at 0.6x after two of them."""
-        s = self.settings
-        steps, rows = self.measured.get(drafter, (0, 0))
-        if steps < s.explore_steps or self._learns(drafter):
+        if self.measured.get(drafter, (0, 0))[0] < self.settings.explore_steps or self._learns(drafter):
             return False
-        bar = max(1.0, self.speedup(self.current, b) or 1.0)
-        return self.speedup(drafter, b) * (1 + s.probe_spread / math.sqrt(rows)) < bar
+        return self._raised(drafter, self.speedup(drafter, b)) < max(1.0, self.speedup(self.current, b) or 1.0)
 
     def _measured_enough(self, drafter: str) -> bool:
         """Whether `drafter` has run the steps and row steps that exploring asks for, anywhere."""

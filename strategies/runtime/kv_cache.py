@@ -234,8 +234,8 @@ class RaggedKV:
             index = torch.tensor(index, device=self.valid.device)
         for layer in self.layers:
             layer.keep_block(first, width, index)
-        block = torch.tensor([[True] * len(slots) + [False] * (width - len(slots)) for slots in kept])
-        block = block.to(self.valid.device)
+        block = [[True] * len(slots) + [False] * (width - len(slots)) for slots in kept]
+        block = torch.tensor(block, device=self.valid.device)  # [B, width] each row's kept slots
         self.next_pos -= self.valid[:, first:].sum(dim=1) - block.sum(dim=1)
         self.valid = torch.cat([self.valid[:, :first], block], dim=1)
 
