@@ -107,25 +107,37 @@ class EagleProposer(Proposer[_EagleRow]):
 
     def _feed_target_features(self) -> torch.Tensor:
         """Feed every row's waiting (true feature, next token) pairs to the head's cache: [B, H], per
-        row the predicted feature of the pending token's position."""
+        row the predicted feature of the pending token's position. Where every row waits with as many
+        (batch 1 always), nothing is padded or masked between them."""
         rows, kv, device = self.rows, self.kv, self.device
         counts = [len(row.features) for row in rows]
         width = max(counts)
-        features = pad_sequence([row.features for row in rows], batch_first=True)  # [B, n, H] zeros past a row's
-        tokens, positions = [], []
-        for row, n in zip(rows, counts, strict=True):
-            first = len(row.context) - 1 - n  # the position of the first waiting feature
-            tokens.append(row.context[first + 1 :] + [0] * (width - n))
-            positions.append(list(range(first, first + n)) + [0] * (width - n))
+        ragged = min(counts) < width
+        # [B, n, H]; ragged: zeros past a row's own
+        features = pad_sequence([row.features for row in rows], batch_first=True) if ragged else None
+        if features is None:
+            features = rows[0].features[None] if len(rows) == 1 else torch.stack([row.features for row in rows])
+        # Per row, the tokens after its waiting features (the pending one last), and the position of the
+        # first; a padding slot takes the positions after its row's, which no slot ever sees.
+        tokens = [row.context[len(row.context) - n :] + [0] * (width - n) for row, n in zip(rows, counts, strict=True)]
+        first = torch.tensor([len(row.context) - 1 - n for row, n in zip(rows, counts, strict=True)], device=device)
+        for row in rows:
             row.features = row.features[:0]
-        count = torch.tensor(counts, device=device)
-        valid = torch.arange(width, device=device) < count[:, None]  # [B, n]
         causal, eye = square_masks(width, device)
-        among = (causal & valid[:, None, :]) | eye  # [B, n, n] a padding slot sees only itself
+        if ragged:
+            count = torch.tensor(counts, device=device)
+            valid = torch.arange(width, device=device) < count[:, None]  # [B, n]
+            among = (causal & valid[:, None, :]) | eye  # [B, n, n] a padding slot sees only itself
+        else:
+            valid = torch.ones(len(rows), width, dtype=torch.bool, device=device)
+            among = causal.expand(len(rows), width, width)
         allowed = torch.cat([kv.valid[:, None, :].expand(-1, width, -1), among], dim=2)  # [B, n, S+n]
+        positions = first[:, None] + torch.arange(width, device=device)  # [B, n]
         tokens_t = torch.tensor(tokens, device=device)
-        out = self.head(features, tokens_t, torch.tensor(positions, device=device), allowed, kv.layers[0], self.weights)
+        out = self.head(features, tokens_t, positions, allowed, kv.layers[0], self.weights)
         kv.append(valid)
+        if not ragged:
+            return out[:, -1]
         return out[torch.arange(len(rows), device=device), count - 1]
 
     def _log_confidence(self, features: torch.Tensor) -> torch.Tensor:

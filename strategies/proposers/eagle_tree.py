@@ -104,11 +104,13 @@ def static_rank_prior(rank: int) -> float:
 class StaticLevel:
     """The nodes of one depth of a static tree, and how they hang below the previous depth."""
 
-    nodes: torch.Tensor  # [n] their indices in the tree
-    slots: torch.Tensor  # [n] each one's parent's index in the previous depth's frontier (0 at depth 1)
-    ranks: torch.Tensor  # [n] each one's rank among its parent's children
-    frontier: torch.Tensor  # [F] which of the n have children (indices into `nodes`): the next call's inputs
-    top: int  # 1 + the highest of `ranks`: the children a parent's distribution is ranked for
+    slots: torch.Tensor  # [n] each node's parent's index in the previous depth's frontier (0 at depth 1)
+    frontier: torch.Tensor  # [F] which of the n have children (their indices among the n): the next call's inputs
+    top: int  # 1 + the highest rank of a node among its parent's children: the children a parent is ranked for
+    # [n] slots · top + ranks: each node's place among its parents' ranked children laid side by side
+    picks: torch.Tensor
+    # [F] each frontier node's parent's index in the previous depth's frontier (-1 at depth 1: the root)
+    frontier_parents: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,10 @@ class StaticTree:
     paths: tuple[tuple[int, ...], ...]
     parents: tuple[int, ...]  # per node, its parent's index; -1: the pending token
     levels: tuple[StaticLevel, ...]  # depth 1 first
+    # [N] per node, its place among the levels' nodes laid side by side (depth 1 first): growing builds
+    # each depth's nodes whole and puts them in the tree's order with one gather
+    order: torch.Tensor
+    depths: torch.Tensor  # [N] per node, its depth (1: the pending token's children)
 
 
 @lru_cache(maxsize=64)
@@ -143,45 +149,57 @@ def _shape(paths: tuple[tuple[int, ...], ...]) -> StaticTree:
     parents = tuple(index.get(path[:-1], -1) for path in paths)
     has_children = set(parents)
     levels, previous_frontier = [], {-1: 0}  # node -> its index in the frontier of its depth
+    laid_out: list[int] = []  # the levels' nodes side by side, depth 1 first
     for level in range(1, max(map(len, paths)) + 1):
         nodes = [n for n, path in enumerate(paths) if len(path) == level]
         frontier = [i for i, n in enumerate(nodes) if n in has_children]
+        slots = [previous_frontier[parents[n]] for n in nodes]
+        ranks = [paths[n][-1] for n in nodes]
+        top = 1 + max(ranks)
         levels.append(
             StaticLevel(
-                nodes=torch.tensor(nodes),
-                slots=torch.tensor([previous_frontier[parents[n]] for n in nodes]),
-                ranks=torch.tensor([paths[n][-1] for n in nodes]),
+                slots=torch.tensor(slots),
                 frontier=torch.tensor(frontier, dtype=torch.long),
-                top=1 + max(paths[n][-1] for n in nodes),
+                top=top,
+                picks=torch.tensor([slot * top + rank for slot, rank in zip(slots, ranks, strict=True)]),
+                frontier_parents=torch.tensor([slots[i] if level > 1 else -1 for i in frontier], dtype=torch.long),
             )
         )
+        laid_out += nodes
         previous_frontier = {nodes[i]: f for f, i in enumerate(frontier)}
-    return StaticTree(paths, parents, tuple(levels))
+    place = {node: i for i, node in enumerate(laid_out)}
+    order = torch.tensor([place[n] for n in range(len(paths))])
+    return StaticTree(paths, parents, tuple(levels), order, torch.tensor([len(path) for path in paths]))
 
 
 def grow_static(root: torch.Tensor, tree: StaticTree, expand: Expand) -> Grown:
     """The static `tree` below each row's pending token, whose next-token log-probabilities are `root`
     [B, V]: a node is its parent's child of its rank. `expand` is called once per depth that has
-    children, on every node of it that has some."""
-    b, count = root.shape[0], len(tree.paths)
-    tokens = torch.zeros(b, count, dtype=torch.long, device=root.device)
-    values = torch.zeros(b, count, dtype=root.dtype, device=root.device)
-    depths = torch.zeros(b, count, dtype=torch.long, device=root.device)
-    log_probs, parent_values = root[:, None], values[:, :1]  # [B, F, V], [B, F]: the frontier's
+    children, on every node of it that has some. Each depth's nodes are taken in one gather from their
+    parents' ranked children, and the whole tree put in order at the end: a step's host work is a few
+    operations a depth, whatever the tree's shape."""
+    b, device = root.shape[0], root.device
+    tokens, values = [], []  # per depth: [B, n]
+    log_probs, parent_values = root[:, None], root.new_zeros(b, 1)  # [B, F, V], [B, F]: the frontier's
     for level, shape in enumerate(tree.levels, start=1):
-        placed = (shape.nodes, shape.slots, shape.ranks, shape.frontier)
-        nodes, slots, ranks, below = (t.to(root.device) for t in placed)
+        picks, slots, frontier = (t.to(device) for t in (shape.picks, shape.slots, shape.frontier))
         top_log_probs, top_tokens = log_probs.topk(shape.top, dim=-1)  # [B, F, k]
-        tokens[:, nodes] = top_tokens[:, slots, ranks]  # [B, n]
-        values[:, nodes] = parent_values[:, slots] + top_log_probs[:, slots, ranks]
-        depths[:, nodes] = level
-        if len(below):
-            frontier = nodes[below]  # [F]
-            parents_in_frontier = slots[below] if level > 1 else torch.full_like(frontier, -1)
-            log_probs = expand(tokens[:, frontier], parents_in_frontier.expand(b, -1), level)
-            parent_values = values[:, frontier]
-    parents = torch.tensor(tree.parents, device=root.device).expand(b, -1)
-    return Grown(tokens, parents, values, depths)
+        level_tokens = top_tokens.flatten(1).index_select(1, picks)  # [B, n]
+        level_values = parent_values.index_select(1, slots) + top_log_probs.flatten(1).index_select(1, picks)
+        tokens.append(level_tokens)
+        values.append(level_values)
+        if len(frontier):
+            parents_in_frontier = shape.frontier_parents.to(device).expand(b, -1)
+            log_probs = expand(level_tokens.index_select(1, frontier), parents_in_frontier, level)
+            parent_values = level_values.index_select(1, frontier)
+    order = tree.order.to(device)
+    parents = torch.tensor(tree.parents, device=device).expand(b, -1)
+    return Grown(
+        torch.cat(tokens, dim=1).index_select(1, order),
+        parents,
+        torch.cat(values, dim=1).index_select(1, order),
+        tree.depths.to(device).expand(b, -1),
+    )
 
 
 def first_nodes(grown: Grown, budgets: list[int], max_nodes: int) -> list[Draft]:

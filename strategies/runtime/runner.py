@@ -460,9 +460,13 @@ def synthetic_contexts(rows: int, length: int, vocab_size: int) -> list[list[int
     return [[(row + t) % vocab_size for t in range(length)] for row in range(rows)]
 
 
+@functools.lru_cache(maxsize=64)
 def square_masks(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, n] bool: a causal chain's mask and the identity, made once per width and device (to be read only)."""
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril(), torch.eye(n, dtype=torch.bool, device=device)
+    """[n, n] bool: a causal chain's mask and the identity, made once per width and device (to be read
+    only): every masked forward and every EAGLE draft depth asks for them. Made outside inference mode,
+    so that a cached pair serves any caller."""
+    with torch.inference_mode(False):
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril(), torch.eye(n, dtype=torch.bool, device=device)
 
 
 def _restore(kv: RaggedKV, lengths: list[int]) -> None:
