@@ -391,3 +391,25 @@ def test_the_shipped_head_on_the_shipped_target_equals_greedy(prompts):
         out = registry.create(options, models).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
         assert out.stats["accepted_tokens"] > 0  # a trained head's drafts are accepted
+
+
+def test_a_proposer_fuses_the_heads_weights_once_and_again_only_after_they_change(target, tiny_model_dir):
+    """Fused for every batch, the weights were new tensors that `linear` packed again at every prompt;
+    a training step changes the parameters in place, and the next batch must draft with the new ones."""
+    head = tiny_eagle(target, tiny_model_dir)
+    proposer = EagleProposer(head, 3)
+    context = list(PROMPTS[0])
+    with torch.inference_mode():
+        kv = target.new_kv(1)
+        hidden = target.prefill(kv, [context[:-1]], want_hidden=True).hidden
+    states = TargetStates(hidden, [list(range(len(context) - 1))])
+    proposer.start([context], _params(), states)
+    first = proposer.weights
+    proposer.start([context], _params(), states)
+    assert proposer.weights is first
+    with torch.no_grad():
+        head.q_proj.weight.add_(1.0)
+    proposer.start([context], _params(), states)
+    assert proposer.weights is not first
+    q_rows = head.q_proj.weight.shape[0]
+    assert torch.equal(proposer.weights.w_qkv[:q_rows], head.q_proj.weight)

@@ -180,12 +180,36 @@ def test_a_runner_warms_its_lean_forwards_weights_at_the_row_counts_of_its_batch
     warmed = []
     monkeypatch.setattr(packed, "warm_up", lambda weights, rows: warmed.append((list(weights), list(rows))))
     llama = LlamaForCausalLM(LlamaConfig(**SMALL)).eval()
+    prepacked = []
+    monkeypatch.setattr(packed, "prepack", lambda weights: prepacked.append(list(weights)))
     ModelRunner(llama).warm_up(4)
     ((weights, rows),) = warmed
+    assert prepacked == [weights]  # after the kernels are chosen: the copies the first steps would make
     assert rows == decode_row_counts(4)
     assert len(weights) == 1 + 4 * SMALL["num_hidden_layers"] and weights[0] is llama.lm_head.weight
     ModelRunner(llama.double()).warm_up(4)  # float64 does not pack: nothing to warm
     assert len(warmed) == 1
+
+
+@needs_onednn
+def test_prepack_makes_the_copies_of_the_packing_kernels_the_choice_runs_and_no_other(monkeypatch):
+    """A weight's first matmul at a row count whose kernel packs would pack it there, on the step that
+    meets it (a drafter's first, which the controller explores with): `prepack` makes them ahead."""
+    weight, _ = _weights()
+    made = []
+    real = packed._packed_copy
+    monkeypatch.setattr(packed, "_packed_copy", lambda w, k: made.append(k) or real(w, k))
+    packed.pack_by_rows({1: packed.F_LINEAR})  # nothing packs: nothing to make
+    packed.prepack([weight])
+    assert made == []
+    packing = packed.MKL if packed.MKL in packed.kernels() else packed.ONEDNN
+    packed.pack_by_rows({1: packed.F_LINEAR, 8: packing})
+    packed.prepack([weight, weight.double()])  # float64 never packs
+    assert made == [packing]
+    with torch.inference_mode():
+        linear(torch.randn(9, 32), weight)  # the copy is there: looked up, not made again
+    assert made == [packing, packing]
+    assert len([key for key in packed._packed if key[0] == packing]) == 1
 
 
 def test_a_row_count_takes_the_kernel_of_the_nearest_row_count_timed():
@@ -304,3 +328,20 @@ def test_a_runner_gives_each_row_count_the_kernel_whose_whole_forwards_ran_faste
     assert {kernel for _, _, kernel in calls} == {f, dnn}
     assert {(rows, widths) for rows, widths, _ in calls} == {(1, (*PACKING_WIDTHS, 64)), (PACKING_MAX_ROWS, (1,))}
     assert PACKING_MAX_ROWS in wide and 4 * PACKING_MAX_ROWS not in wide and mkl not in wide.values()
+
+
+@needs_onednn
+def test_a_draft_model_is_packed_as_it_loads_for_the_kernels_the_choice_runs(tiny_model_dir, tiny_draft_dir):
+    """Packed on its first draft, the draft model's weights cost that step some 25 packs: the step the
+    controller explores it with. Loaded for a strategy (after the target's warm-up chose the kernels),
+    its lean forward's weights are packed already; a float64 draft packs nothing."""
+    from workers.model_loading import load_models
+
+    packed.pack_by_rows({1: packed.F_LINEAR, 8: packed.ONEDNN})
+    cpu = torch.device("cpu")
+    draft = load_models(str(tiny_model_dir), torch.float32, cpu, {"draft": str(tiny_draft_dir)}).models.get("draft")
+    weights = draft._lean_weights()
+    assert all((packed.ONEDNN, w.data_ptr(), tuple(w.shape), w.stride()) in packed._packed for w in weights)
+    before = len(packed._packed)
+    load_models(str(tiny_model_dir), torch.float64, cpu, {"draft": str(tiny_draft_dir)}).models.get("draft")
+    assert len(packed._packed) == before

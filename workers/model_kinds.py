@@ -66,7 +66,9 @@ def _load_draft(folder: Path, url: str, at: Loading) -> ModelRunner:
             f"model.draft {url} has a different tokenizer than model.target {at.target_url}: "
             "a draft must share the target's vocabulary"
         )
-    return ModelRunner(model)
+    runner = ModelRunner(model)
+    runner.prepack()  # loaded as its strategy is made, before decoding: not on its first draft
+    return runner
 
 
 def _load_heads(folder: Path, url: str, at: Loading) -> DraftHeads:

@@ -26,7 +26,8 @@ never drafted, only emitted by the target.
 
 The layer runs the target forward's own arithmetic (`llama_forward.LayerMath`: Q/K/V and gate/up each
 one matmul, queries and keys rotated together), its norms in the head's dtype as trained. A drafter
-takes the fused weights once per batch (`layer_weights`) and the rotary tables once per proposal:
+takes the fused weights once, again only after they change (`layer_weights`), and the rotary tables
+once per proposal:
 at batch 1 on a CPU a pass is mostly per-operation host work and reading its weights, so each
 operation saved per depth counts.
 
@@ -125,7 +126,7 @@ class EagleHead(torch.nn.Module):
 
     def layer_weights(self) -> LayerWeights:
         """The decoder layer's weights with Q/K/V and gate/up each in one matrix: concatenated from the
-        parameters (differentiable while training); a drafter takes them once per batch (`detach`)."""
+        parameters (differentiable while training); a drafter fuses them once, again after they change."""
         return LayerWeights(
             norm_attn=self.attn_norm,
             w_qkv=torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),

@@ -33,7 +33,9 @@ from torch.nn.utils.rnn import pad_sequence
 from strategies.artifacts.eagle import EagleHead
 from strategies.base import GenerationParams
 from strategies.proposers.eagle_tree import Grown, first_nodes, grow, grow_static, rerank, static_tree
+from strategies.runtime import linear
 from strategies.runtime.kv_cache import RaggedKV
+from strategies.runtime.llama_forward import LayerWeights
 from strategies.runtime.runner import square_masks
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
@@ -59,15 +61,33 @@ class EagleProposer(Proposer[_EagleRow]):
         self.head = head
         self.top_k = top_k  # children per expanded node, and nodes expanded per level; 1: a chain
         self.static_nodes = static_nodes  # > 0: EAGLE-1's static tree of that many nodes, ranks below top_k
+        self._fused: tuple[tuple[int, ...], LayerWeights] | None = None  # parameter versions, fused weights
+        self.weights = self._fused_weights()  # as its strategy is made, before decoding
 
     @property
     def device(self) -> torch.device:
         return self.head.fc.weight.device
 
+    def _fused_weights(self) -> LayerWeights:
+        """The head's layer weights fused (`EagleHead.layer_weights`), fused again only when a parameter
+        has changed since (a training step updates them in place), with their packed copies made now
+        (`linear.prepack`). Fused anew for every batch, they were new tensors that `linear` packed again
+        at the batch's first draft: at batch 1, at every prompt. Packed at the first batch's start, in a
+        job's actor they took 19 ms (six MKL packs, some eight plain steps at one thread), charged to
+        the step the controller explored EAGLE with."""
+        versions = tuple(0 if p.is_inference() else p._version for p in self.head.parameters())
+        if self._fused is None or self._fused[0] != versions:
+            with torch.no_grad():
+                weights = self.head.layer_weights()
+            linear.prepack([weights.w_qkv, weights.w_o, weights.w_gate_up, weights.w_down, self.head.fc.weight])
+            if self.head.draft_lm_head is not None:
+                linear.prepack([self.head.draft_lm_head])
+            self._fused = (versions, weights)
+        return self._fused[1]
+
     def start(self, contexts: list[list[int]], params: GenerationParams, states: TargetStates | None) -> None:
         super().start(contexts, params, states)
-        with torch.no_grad():
-            self.weights = self.head.layer_weights()  # fused once per batch, not per draft step
+        self.weights = self._fused_weights()
         self.kv = RaggedKV(1, len(contexts), self.device)
         for b, row in enumerate(self.rows):
             row.features = _kept_features(states, b)

@@ -180,11 +180,25 @@ class ModelRunner:
         model whose forward does not pack."""
         if not self._forward_packs:
             return
+        weights = self._lean_weights()
+        linear.warm_up(weights, decode_row_counts(batch_size))
+        linear.pack_by_rows(self.pack_where_faster(batch_size))
+        self.prepack()
+
+    def prepack(self) -> None:
+        """Pack the lean forward's weights now for every kernel the current choice runs (`linear.prepack`),
+        not at the first step that needs each: for the target, its first drafting step; for a draft
+        model, its first draft, which the adaptive controller explores it with. Nothing for a model whose
+        forward does not pack."""
+        if self._forward_packs:
+            linear.prepack(self._lean_weights())
+
+    def _lean_weights(self) -> list[torch.Tensor]:
+        """The lean forward's matmul weights: the LM head, then each layer's."""
         weights = [self._fast.lm_head]
         for layer in self._fast.layers:
             weights += [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down]
-        linear.warm_up(weights, decode_row_counts(batch_size))
-        linear.pack_by_rows(self.pack_where_faster(batch_size))
+        return weights
 
     def pack_where_faster(self, batch_size: int) -> dict[int, str]:
         """Per row count of `PACKING_WIDTHS`-wide forwards over `batch_size` rows and over one, and of a
