@@ -330,18 +330,40 @@ def test_a_runner_gives_each_row_count_the_kernel_whose_whole_forwards_ran_faste
     assert PACKING_MAX_ROWS in wide and 4 * PACKING_MAX_ROWS not in wide and mkl not in wide.values()
 
 
+@pytest.fixture(scope="module")
+def cmlm_dir(tiny_model_dir, tmp_path_factory):
+    """An untrained CMLM of the tiny target, saved as `train cmlm` saves one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from jobs.train.cmlm import cmlm_from_target, cmlm_tokenizer_and_config
+    from strategies.artifacts.cmlm import write_config
+
+    out = tmp_path_factory.mktemp("cmlm")
+    tokenizer, config = cmlm_tokenizer_and_config(AutoTokenizer.from_pretrained(tiny_model_dir), 4)
+    cmlm_from_target(AutoModelForCausalLM.from_pretrained(tiny_model_dir), 1, len(tokenizer), seed=0).save_pretrained(
+        out
+    )
+    tokenizer.save_pretrained(out)
+    write_config(out, config)
+    return out
+
+
 @needs_onednn
-def test_a_draft_model_is_packed_as_it_loads_for_the_kernels_the_choice_runs(tiny_model_dir, tiny_draft_dir):
-    """Packed on its first draft, the draft model's weights cost that step some 25 packs: the step the
-    controller explores it with. Loaded for a strategy (after the target's warm-up chose the kernels),
-    its lean forward's weights are packed already; a float64 draft packs nothing."""
+@pytest.mark.parametrize("kind", ["draft", "cmlm"])
+def test_a_drafting_model_is_packed_as_it_loads_for_the_kernels_the_choice_runs(
+    kind, tiny_model_dir, tiny_draft_dir, cmlm_dir
+):
+    """Packed on its first draft, a draft model's (or CMLM's) weights cost that step some 25 packs: the
+    step the controller explores it with. Loaded for a strategy (after the target's warm-up chose the
+    kernels), its lean forward's weights are packed already; in float64 it packs nothing."""
     from workers.model_loading import load_models
 
     packed.pack_by_rows({1: packed.F_LINEAR, 8: packed.ONEDNN})
-    cpu = torch.device("cpu")
-    draft = load_models(str(tiny_model_dir), torch.float32, cpu, {"draft": str(tiny_draft_dir)}).models.get("draft")
-    weights = draft._lean_weights()
+    cpu, folder = torch.device("cpu"), {"draft": tiny_draft_dir, "cmlm": cmlm_dir}[kind]
+    model = load_models(str(tiny_model_dir), torch.float32, cpu, {kind: str(folder)}).models.get(kind)
+    runner = model if kind == "draft" else model.runner
+    weights = runner._lean_weights()
     assert all((packed.ONEDNN, w.data_ptr(), tuple(w.shape), w.stride()) in packed._packed for w in weights)
     before = len(packed._packed)
-    load_models(str(tiny_model_dir), torch.float64, cpu, {"draft": str(tiny_draft_dir)}).models.get("draft")
+    load_models(str(tiny_model_dir), torch.float64, cpu, {kind: str(folder)}).models.get(kind)
     assert len(packed._packed) == before

@@ -102,7 +102,9 @@ def _load_cmlm(folder: Path, url: str, at: Loading) -> CMLM:
 
     model, tokenizer = load_model(folder, at.dtype, at.device, at.trust_remote_code)
     check_extends_vocabulary(tokenizer, at.tokenizer, f"model.cmlm {url}", f"model.target {at.target_url}")
-    return CMLM(ModelRunner(model), read_config(folder))
+    runner = ModelRunner(model)
+    runner.prepack()  # as the draft model's: before decoding, not on its first draft
+    return CMLM(runner, read_config(folder))
 
 
 def _load_eagle(folder: Path, url: str, at: Loading) -> EagleHead:
