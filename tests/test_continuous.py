@@ -136,6 +136,15 @@ def test_a_row_decodes_the_same_joining_mid_batch_as_alone(name, models):
         assert joined == [r.tokens for r in greedy.generate(_requests(PROMPTS), _params()).rows]
 
 
+def test_rows_joining_a_finished_batch_are_told_to_start_a_new_one(models):
+    strategy = _strategy("prompt_lookup", models)
+    decoding = strategy.open(_requests(PROMPTS[:1]), _params())
+    while decoding.active():
+        decoding.step()
+    with pytest.raises(ValueError, match="whose rows have all finished; start a new batch"):
+        decoding.admit(_requests(PROMPTS[1:2], first_key=1))
+
+
 @pytest.mark.parametrize("name", ["calm", "mask_predict", "prompt_lookup", "auto"])
 def test_what_a_strategy_counts_per_row_stays_with_its_row_as_rows_join_and_finish(name, models):
     """A row's own columns are what it had alone, and each of its tokens is counted once, under an

@@ -97,7 +97,7 @@ class Batch:
         its requests are numbered after this batch's, its active rows follow this batch's. This batch
         must have active rows (one with none ends; the caller starts a new one instead)."""
         if not self.active:
-            raise ValueError("rows join a batch that still decodes; start a new batch instead")
+            raise ValueError("rows cannot join a batch whose rows have all finished; start a new batch instead")
         for row in joining.unreported:  # a just-started batch has told nothing: these are all its rows
             row.number += self.count
         self.count += joining.count
