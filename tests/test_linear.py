@@ -288,13 +288,14 @@ def test_mkl_is_never_chosen_where_its_one_copy_does_not_compute_f_linear(monkey
     assert packed.mkl_agrees(weight, [1, 4])
     assert not packed.mkl_agrees(weight, [1, 5])
     packed.warm_up([weight], rows=[1, 8])  # a runner's warm-up finds it: MKL leaves the kernels timed
-    assert packed.kernels() == (packed.F_LINEAR, packed.ONEDNN)
+    assert packed.kernels() == (packed.F_LINEAR, packed.ONEDNN, packed.TRANSPOSED)
 
 
 def test_a_runner_gives_each_row_count_the_kernel_whose_whole_forwards_ran_fastest(monkeypatch):
     """Timed as whole forwards with each kernel (scripted here: F.linear fastest below 4 rows, MKL's from
-    4 to 32, oneDNN's beyond), over the batch and over one row, with a prefill-like width at one row;
-    none wider over the batch than `PACKING_MAX_ROWS` rows."""
+    4 to 32, oneDNN's beyond, the transposed copy's never; one noisy forward of a slower kernel does not
+    make it win), over the batch and over one row, with a prefill-like width at one row; none wider over
+    the batch than `PACKING_MAX_ROWS` rows."""
     from test_llama_forward import SMALL
 
     from strategies.runtime.runner import PACKING_MAX_ROWS, PACKING_ROUNDS, PACKING_WIDTHS
@@ -308,26 +309,74 @@ def test_a_runner_gives_each_row_count_the_kernel_whose_whole_forwards_ran_faste
     def fastest(rows):
         return f if rows < 4 else mkl if rows <= 32 else dnn
 
-    def scripted(contexts, widths, repeats):
-        kernel = packed.kernel_nearest(packed._by_rows, 1)  # one kernel for every row count while timed
-        calls.append((len(contexts), tuple(widths), kernel))
+    def scripted(contexts, widths, kernels, rounds):
+        calls.append((len(contexts), tuple(widths), tuple(kernels), rounds))
         rows = len(contexts)
-        return {w: [1.0 if fastest(rows * w) == kernel else 2.0] * repeats for w in widths}
+        # The fastest kernel's forwards take 1.0 s; another's 2.0, but for one lucky 1.5.
+        return {(w, k): [1.0] * rounds if fastest(rows * w) == k else [2.0, 1.5] for w in widths for k in kernels}
 
-    monkeypatch.setattr(runner, "forward_seconds", scripted)
-    packed.pack_by_rows({1: f})
+    monkeypatch.setattr(runner, "kernel_seconds", scripted)
     choice = runner.pack_where_faster(4)
     timed_rows = {w for w in (*PACKING_WIDTHS, 64)} | {4 * w for w in PACKING_WIDTHS}
     assert choice == {rows: fastest(rows) for rows in timed_rows}
-    assert len(calls) == 2 * 3 * PACKING_ROUNDS  # two shapes, three kernels, each round
-    assert {(rows, widths) for rows, widths, _ in calls} == {(1, (*PACKING_WIDTHS, 64)), (4, PACKING_WIDTHS)}
-    assert packed._by_rows == ()  # timing leaves no choice behind: warm_up sets the one made
+    assert calls == [
+        (1, (*PACKING_WIDTHS, 64), packed.kernels(), PACKING_ROUNDS),
+        (4, PACKING_WIDTHS, packed.kernels(), PACKING_ROUNDS),
+    ]
+    assert mkl in packed.kernels() and packed.TRANSPOSED in packed.kernels()
     calls.clear()
-    monkeypatch.setattr(packed, "_mkl_ok", False)  # not built in, or found to differ: two kernels timed
+    monkeypatch.setattr(packed, "_mkl_ok", False)  # not built in, or found to differ: MKL is not timed
     wide = runner.pack_where_faster(PACKING_MAX_ROWS)  # only its one-token forward fits over the batch
-    assert {kernel for _, _, kernel in calls} == {f, dnn}
-    assert {(rows, widths) for rows, widths, _ in calls} == {(1, (*PACKING_WIDTHS, 64)), (PACKING_MAX_ROWS, (1,))}
+    assert {kernel for _, _, kernels, _ in calls for kernel in kernels} == {f, dnn, packed.TRANSPOSED}
+    assert [(rows, widths) for rows, widths, _, _ in calls] == [(1, (*PACKING_WIDTHS, 64)), (PACKING_MAX_ROWS, (1,))]
     assert PACKING_MAX_ROWS in wide and 4 * PACKING_MAX_ROWS not in wide and mkl not in wide.values()
+
+
+@needs_onednn
+def test_kernels_timed_take_turns_forward_by_forward_and_leave_the_choice_and_cache_as_they_were(monkeypatch):
+    """The machine drifts: a kernel timed after another in a block of its own would carry the drift.
+    Each kernel runs once untimed per width (its copies made there, not in a timed forward)."""
+    from test_llama_forward import SMALL
+
+    runner = ModelRunner(LlamaForCausalLM(LlamaConfig(**SMALL)).eval())
+    packed.pack_by_rows({1: packed.F_LINEAR, 8: packed.ONEDNN})
+    before = packed.choice()
+    order = []
+    real = runner._timed_forward
+
+    def spy(kv, ids, positions, valid):
+        order.append((ids.shape[1], packed.kernel_nearest(packed._by_rows, 1), kv.num_slots))
+        return real(kv, ids, positions, valid)
+
+    monkeypatch.setattr(runner, "_timed_forward", spy)
+    kernels = (packed.F_LINEAR, packed.ONEDNN, packed.TRANSPOSED)
+    seconds = runner.kernel_seconds([[1, 2, 3], [4, 5, 6]], [1, 3], kernels, rounds=2)
+    assert sorted(seconds) == sorted((w, k) for w in (1, 3) for k in kernels)
+    assert all(len(times) == 2 and min(times) > 0 for times in seconds.values())
+    assert [(width, kernel) for width, kernel, _ in order] == [
+        (w, k) for w in (1, 3) for _ in range(3) for k in kernels
+    ]
+    assert {slots for _, _, slots in order} == {3}  # every forward over the prefilled cache alone
+    assert packed.choice() == before
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 2, 7, 40])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_transposed_copy_computes_f_linear_at_any_row_count(rows, with_bias):
+    weight, bias = _weights()
+    bias = bias if with_bias else None
+    packed.pack_by_rows({1: packed.TRANSPOSED})
+    x = torch.randn(rows, 3, 32)
+    with torch.inference_mode():
+        out = linear(x, weight, bias)
+    assert out.shape == (rows, 3, 48)
+    assert torch.allclose(out, F.linear(x, weight, bias), atol=1e-5)
+    assert list(packed._packed) == [(packed.TRANSPOSED, weight.data_ptr(), (48, 32), (32, 1))]
+    copy = next(iter(packed._packed.values()))[2]
+    assert copy.shape == (32, 48) and copy.is_contiguous()
+    packed.pack_by_rows({1: packed.ONEDNN})
+    assert not packed._packed  # no row count runs it now: its copy goes
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,10 +28,15 @@ from strategies.runtime.kv_cache import Provisional, RaggedKV
 # Widths of the verify forwards warmed up: one plus the largest tree a strategy's options commonly ask for (16 nodes).
 WARM_WIDTHS = 17
 # Each of `linear.kernels()` is timed with whole forwards of these widths over the batch and over one row
-# (the last, one row only, stands for a prefill's row counts), over this many cached tokens, in alternated
-# rounds. Widths a factor of 2 apart: MKL's packed sgemm loses to `F.linear` at 1-3 rows and wins by a
-# third from 5 to 32 on an Intel Xeon, the widths of verify forwards at batch 1; where rows are many the
-# kernels come within a few percent of each other, so a finer grid costs start-up time for little.
+# (the last, one row only, stands for a prefill's row counts), over this many cached tokens, the kernels
+# taking turns for `PACKING_ROUNDS` rounds; each row count takes the kernel of the fastest forward (the
+# machine's noise only ever adds time). Widths a factor of 2 apart: MKL's packed sgemm loses to `F.linear`
+# at 1-3 rows and wins by a third from 5 to 32 on an Intel Xeon, the widths of verify forwards at batch 1;
+# where rows are many the kernels come within a few percent of each other, so a finer grid costs start-up
+# time for little. On a 2-core AMD EPYC, with the kernels timed each in a block of its own over two rounds
+# and the median taken, six warm-ups of one runner gave one row F.linear's kernel once, MKL's twice and the
+# transposed copy's three times, and greedy decoding at batch 1 with F.linear's ran 12% slower than with
+# the transposed copy's (16 HumanEval prompts, 4 alternated passes).
 PACKING_WIDTHS = (1, 2, 4, 8, 16)
 PACKING_MAX_ROWS = 256  # wider forwards over the batch are not timed: their row counts take the nearest timed one's
 # A prefill runs as forwards over chunks of its columns, some this many tokens each (rows × chunk width),
@@ -41,7 +45,7 @@ PREFILL_CHUNK_TOKENS = 2048
 PREFILL_MIN_CHUNK = 32
 PACKING_PREFILL_WIDTH = 64
 PACKING_CONTEXT = 16
-PACKING_ROUNDS = 2
+PACKING_ROUNDS = 3
 
 
 def decode_row_counts(batch_size: int) -> list[int]:
@@ -203,8 +207,9 @@ class ModelRunner:
     def pack_where_faster(self, batch_size: int) -> dict[int, str]:
         """Per row count of `PACKING_WIDTHS`-wide forwards over `batch_size` rows and over one, and of a
         prefill-like one-row forward: the kernel of `linear.kernels()` (F.linear, oneDNN's packed weights,
-        MKL's) whose whole forwards ran fastest (medians of alternated rounds; `linear.pack_by_rows` takes
-        it). Measured, not assumed: which wins depends on the CPU and the row count (`strategies/runtime/linear.py`)."""
+        MKL's, F.linear's arithmetic over a transposed copy) whose whole forwards ran fastest
+        (`kernel_seconds`; `linear.pack_by_rows` takes it). Measured, not assumed: which wins depends on
+        the CPU and the row count (`strategies/runtime/linear.py`)."""
         one_row = (*PACKING_WIDTHS, PACKING_PREFILL_WIDTH)
         if self.max_context < PACKING_CONTEXT + PACKING_PREFILL_WIDTH:
             one_row = PACKING_WIDTHS  # a model of few positions: no prefill-like forward
@@ -214,20 +219,39 @@ class ModelRunner:
         shapes = {1: one_row}  # rows -> widths
         if batch_size > 1:
             shapes[batch_size] = tuple(w for w in PACKING_WIDTHS if w == 1 or batch_size * w <= PACKING_MAX_ROWS)
+        choice: dict[int, str] = {}
+        for rows, widths in shapes.items():
+            contexts = synthetic_contexts(rows, context, self.vocab_size)
+            timed = self.kernel_seconds(contexts, widths, linear.kernels(), PACKING_ROUNDS)
+            for width in widths:
+                choice[rows * width] = min(linear.kernels(), key=lambda kernel: min(timed[width, kernel]))
+        return choice
+
+    @torch.inference_mode()
+    def kernel_seconds(
+        self, contexts: list[list[int]], widths: Sequence[int], kernels: Sequence[str], rounds: int
+    ) -> dict[tuple[int, str], list[float]]:
+        """Per width n and kernel of `kernels`, the seconds of `rounds` forwards of n new tokens per row
+        (as `forward_seconds`) with that kernel at every row count. The kernels take turns forward by
+        forward over one cache, so that the machine's drift falls on each alike, and each first runs once
+        untimed at each width (allocations, and a kernel's first copy of a weight). The kernel choice in
+        force before is in force after, the copies it runs kept."""
+        before_choice = linear.choice()
+        kv = self.new_kv(len(contexts))
+        self.prefill(kv, contexts)
         seconds: dict[tuple[int, str], list[float]] = {}
-        for _ in range(PACKING_ROUNDS):
-            for kernel in linear.kernels():
-                linear.pack_by_rows({1: kernel})  # one choice for every row count: this kernel alone
-                for rows, widths in shapes.items():
-                    timed = self.forward_seconds(synthetic_contexts(rows, context, self.vocab_size), widths, 1)
-                    for width, times in timed.items():
-                        seconds.setdefault((rows * width, kernel), []).extend(times)
-        linear.pack_by_rows({})
-        return {
-            rows: min(linear.kernels(), key=lambda kernel: statistics.median(seconds[rows, kernel]))
-            for rows, kernel in seconds
-            if kernel == linear.F_LINEAR
-        }
+        try:
+            for width in widths:
+                chain = self._chain(kv, width)
+                for turn in range(rounds + 1):
+                    for kernel in kernels:
+                        linear.pack_by_rows({1: kernel}, keep_copies=True)  # this kernel alone, every row count
+                        spent = self._timed_forward(kv, *chain)
+                        if turn:
+                            seconds.setdefault((width, kernel), []).append(spent)
+        finally:
+            linear.pack_by_rows(before_choice)
+        return seconds
 
     @torch.inference_mode()
     def forward_seconds(self, contexts: list[list[int]], widths: Sequence[int], repeats: int) -> dict[int, list[float]]:
@@ -236,22 +260,30 @@ class ModelRunner:
         a first forward of each width, which allocates, runs untimed."""
         kv = self.new_kv(len(contexts))
         self.prefill(kv, contexts)
-        before = kv.num_slots
         seconds: dict[int, list[float]] = {}
         for width in widths:
-            ids = torch.randint(0, min(100, self.vocab_size), (len(contexts), width), device=self.device)
-            valid = torch.ones(len(contexts), width, dtype=torch.bool, device=self.device)
-            times = []
-            for _ in range(repeats + 1):
-                positions = kv.next_pos[:, None] + torch.arange(width, device=self.device)
-                synchronize(self.device)
-                started = time.perf_counter()
-                self.forward(kv, ids, positions, valid)
-                synchronize(self.device)
-                times.append(time.perf_counter() - started)
-                kv.truncate(before)
-            seconds[width] = times[1:]
+            chain = self._chain(kv, width)
+            seconds[width] = [self._timed_forward(kv, *chain) for _ in range(repeats + 1)][1:]
         return seconds
+
+    def _chain(self, kv: RaggedKV, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Inputs of a timed forward: `width` new tokens per row of `kv` as a chain (ids, positions, valid)."""
+        rows = kv.valid.shape[0]
+        ids = torch.randint(0, min(100, self.vocab_size), (rows, width), device=self.device)
+        positions = kv.next_pos[:, None] + torch.arange(width, device=self.device)
+        valid = torch.ones(rows, width, dtype=torch.bool, device=self.device)
+        return ids, positions, valid
+
+    def _timed_forward(self, kv: RaggedKV, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> float:
+        """Seconds of one forward of `ids` over `kv`, which is rolled back to its slots before it after."""
+        before = kv.num_slots
+        synchronize(self.device)
+        started = time.perf_counter()
+        self.forward(kv, ids, positions, valid)
+        synchronize(self.device)
+        spent = time.perf_counter() - started
+        kv.truncate(before)
+        return spent
 
     def compile(self) -> None:
         """`torch.compile` of the lean forward's layers (`model.compile`); a ValueError naming the model otherwise."""
