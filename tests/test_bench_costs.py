@@ -94,3 +94,14 @@ def test_the_cost_table_times_each_batch_size_after_the_runner_warmed_up_for_it(
     args += ["strategies=[autoregressive]", "batch_sizes=[1,2]", "cost_new_tokens=[1]", "cost_cache_tokens=8"]
     assert cli(["bench", *args, "max_new_tokens=4", "repeats=1", f"report={tmp_path / 'costs.json'}"]) == 0
     assert events == [("warm_up", 1), ("forwards", 1), ("warm_up", 2), ("forwards", 2)]
+
+
+def test_a_drafters_ceiling_is_its_speed_with_the_target_forward_alone():
+    """τ 3 at a 2 ms plain step: a 5 ms step of which 4 ms is the forward gives 1.2x, and no cut of its
+    1 ms of host work takes it past 3 × 2 / 4 = 1.5x."""
+    phases = {"propose": 0.0005, "verify_inputs": 0.0, "forward": 0.004, "accept": 0.0005, "rollback": 0.0}
+    run = {"drafting_steps": 1, "tau": 3.0, "totals_s": {**phases, "bookkeeping": 0.0, "step": 0.005}}
+    row = costs._drafter_row("lookup", [run], plain_ms=2.0)
+    assert row["x_plain"] == pytest.approx(1.2)
+    assert row["x_ceiling"] == pytest.approx(1.5)
+    assert row["host_over_plain"] == pytest.approx(0.5)

@@ -249,8 +249,9 @@ def measure(bench: Bench) -> dict:
 
 
 def _drafter_row(name: str, runs: list[dict], plain_ms: float) -> dict:
-    """Per-step ms of each phase (the median run by step time), host time over a plain step, and the
-    speed a step of this cost and τ gives over plain decoding."""
+    """Per-step ms of each phase (the median run by step time), host time over a plain step, the speed
+    a step of this cost and τ gives over plain decoding, and the speed it would give with its target
+    forward alone (its ceiling)."""
     steps = [r for r in runs if r["drafting_steps"]]
     if not steps:
         return {"strategy": name, "drafting_steps": 0}
@@ -265,6 +266,9 @@ def _drafter_row(name: str, runs: list[dict], plain_ms: float) -> dict:
         "ms": {p: round(v, 3) for p, v in per_step.items()},
         "host_over_plain": round(host / plain_ms, 3),
         "x_plain": round(tau * plain_ms / per_step["step"], 3) if tau else None,
+        # The same step with no host work at all: no cut of host work passes it, only a higher τ or a
+        # cheaper verify forward does.
+        "x_ceiling": round(tau * plain_ms / per_step["forward"], 3) if tau and per_step["forward"] else None,
     }
 
 
@@ -284,7 +288,7 @@ def print_table(table: dict) -> None:
             print(
                 f"  {'strategy':<18} {'tau':>5} {'step':>7} "
                 + " ".join(f"{p:>13}" for p in PHASES)
-                + f" {'host/plain':>10} {'x plain':>8}"
+                + f" {'host/plain':>10} {'x plain':>8} {'ceiling':>8}"
             )
         for d in entry["drafters"]:
             if not d["drafting_steps"]:
@@ -294,7 +298,8 @@ def print_table(table: dict) -> None:
             print(
                 f"  {d['strategy']:<18} {d['tau'] or 0:>5.2f} {ms['step']:>7.2f} "
                 + " ".join(f"{ms[p]:>13.2f}" for p in PHASES)
-                + f" {d['host_over_plain']:>10.2f} {d['x_plain'] or 0:>8.2f}"
+                + f" {d['host_over_plain']:>10.2f} {d['x_plain'] or 0:>8.2f} {d['x_ceiling'] or 0:>8.2f}"
             )
     print("\nms per drafting step; host/plain: the step's time outside the target forward over a plain step;")
-    print("x plain: tau x plain step / drafting step, the speed-up this step cost and tau give.")
+    print("x plain: tau x plain step / drafting step, the speed-up this step cost and tau give;")
+    print("ceiling: tau x plain step / its forward, the speed-up with no host work: only tau or the forward move it.")
