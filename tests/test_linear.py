@@ -181,10 +181,11 @@ def test_a_runner_warms_its_lean_forwards_weights_at_the_row_counts_of_its_batch
     monkeypatch.setattr(packed, "warm_up", lambda weights, rows: warmed.append((list(weights), list(rows))))
     llama = LlamaForCausalLM(LlamaConfig(**SMALL)).eval()
     prepacked = []
-    monkeypatch.setattr(packed, "prepack", lambda weights: prepacked.append(list(weights)))
+    monkeypatch.setattr(packed, "prepack", lambda weights: prepacked.append((list(weights), packed.choice())))
     ModelRunner(llama).warm_up(4)
     ((weights, rows),) = warmed
-    assert prepacked == [weights]  # after the kernels are chosen: the copies the first steps would make
+    # Last, under the choice made: the copies the first steps would make (before it, each timed kernel's).
+    assert prepacked[-1] == (weights, packed.choice()) and packed.choice()
     assert rows == decode_row_counts(4)
     assert len(weights) == 1 + 4 * SMALL["num_hidden_layers"] and weights[0] is llama.lm_head.weight
     ModelRunner(llama.double()).warm_up(4)  # float64 does not pack: nothing to warm
@@ -333,9 +334,11 @@ def test_a_runner_gives_each_row_count_the_kernel_whose_whole_forwards_ran_faste
 
 
 @needs_onednn
-def test_kernels_timed_take_turns_forward_by_forward_and_leave_the_choice_and_cache_as_they_were(monkeypatch):
-    """The machine drifts: a kernel timed after another in a block of its own would carry the drift.
-    Each kernel runs once untimed per width (its copies made there, not in a timed forward)."""
+def test_kernels_timed_take_turns_with_one_kernels_copies_at_a_time(monkeypatch):
+    """The machine drifts: a kernel timed after another in a block of its own would carry the drift. A
+    kernel's first turn runs each width once untimed; its copies exist during its turns only (four
+    kernels' copies of a large model's weights at once would not fit where one does), made before its
+    forwards; the choice and the cache are as they were after."""
     from test_llama_forward import SMALL
 
     runner = ModelRunner(LlamaForCausalLM(LlamaConfig(**SMALL)).eval())
@@ -345,7 +348,9 @@ def test_kernels_timed_take_turns_forward_by_forward_and_leave_the_choice_and_ca
     real = runner._timed_forward
 
     def spy(kv, ids, positions, valid):
-        order.append((ids.shape[1], packed.kernel_nearest(packed._by_rows, 1), kv.num_slots))
+        kernel = packed.kernel_nearest(packed._by_rows, 1)
+        copies = {key[0] for key in packed._packed}
+        order.append((ids.shape[1], kernel, kv.num_slots, copies))
         return real(kv, ids, positions, valid)
 
     monkeypatch.setattr(runner, "_timed_forward", spy)
@@ -353,10 +358,10 @@ def test_kernels_timed_take_turns_forward_by_forward_and_leave_the_choice_and_ca
     seconds = runner.kernel_seconds([[1, 2, 3], [4, 5, 6]], [1, 3], kernels, rounds=2)
     assert sorted(seconds) == sorted((w, k) for w in (1, 3) for k in kernels)
     assert all(len(times) == 2 and min(times) > 0 for times in seconds.values())
-    assert [(width, kernel) for width, kernel, _ in order] == [
-        (w, k) for w in (1, 3) for _ in range(3) for k in kernels
-    ]
-    assert {slots for _, _, slots in order} == {3}  # every forward over the prefilled cache alone
+    first = [(w, k) for k in kernels for w in (1, 3) for _ in range(2)]  # untimed, then timed
+    assert [(width, kernel) for width, kernel, _, _ in order] == first + [(w, k) for k in kernels for w in (1, 3)]
+    assert {slots for _, _, slots, _ in order} == {3}  # every forward over the prefilled cache alone
+    assert all(copies == ({k} - {packed.F_LINEAR}) for _, k, _, copies in order)
     assert packed.choice() == before
 
 

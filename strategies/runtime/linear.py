@@ -87,15 +87,12 @@ def packing() -> bool:
     return _enabled
 
 
-def pack_by_rows(choices: dict[int, str], keep_copies: bool = False) -> None:
+def pack_by_rows(choices: dict[int, str]) -> None:
     """Run the matmuls of each row count with the kernel of the nearest of `choices` ({rows: kernel});
-    {}: oneDNN's at every row count. Whether packing is on at all stays `set_packing`'s. The copies of
-    kernels no row count runs now are dropped, unless `keep_copies` (kernels taking turns while timed)."""
+    {}: oneDNN's at every row count. Whether packing is on at all stays `set_packing`'s."""
     global _by_rows
     _by_rows = tuple(sorted(choices.items()))
     _chosen.clear()
-    if keep_copies:
-        return
     kept = _kernels_in_use()
     for key in [key for key in _packed if key[0] not in kept]:
         del _packed[key]  # no row count runs that kernel: its copies' memory goes back

@@ -33,10 +33,11 @@ WARM_WIDTHS = 17
 # machine's noise only ever adds time). Widths a factor of 2 apart: MKL's packed sgemm loses to `F.linear`
 # at 1-3 rows and wins by a third from 5 to 32 on an Intel Xeon, the widths of verify forwards at batch 1;
 # where rows are many the kernels come within a few percent of each other, so a finer grid costs start-up
-# time for little. On a 2-core AMD EPYC, with the kernels timed each in a block of its own over two rounds
-# and the median taken, six warm-ups of one runner gave one row F.linear's kernel once, MKL's twice and the
-# transposed copy's three times, and greedy decoding at batch 1 with F.linear's ran 12% slower than with
-# the transposed copy's (16 HumanEval prompts, 4 alternated passes).
+# time for little. On a 2-core AMD EPYC, with the kernels timed in blocks over a fresh cache each, two
+# rounds and the median taken, six warm-ups of one runner gave one row F.linear's kernel once, MKL's twice
+# and the transposed copy's three times, and greedy decoding at batch 1 with F.linear's ran 12% slower
+# than with the transposed copy's (16 HumanEval prompts, 4 alternated passes); with turns (`kernel_seconds`)
+# and the fastest forward kept, six warm-ups gave the transposed copy's five times and MKL's once.
 PACKING_WIDTHS = (1, 2, 4, 8, 16)
 PACKING_MAX_ROWS = 256  # wider forwards over the batch are not timed: their row counts take the nearest timed one's
 # A prefill runs as forwards over chunks of its columns, some this many tokens each (rows × chunk width),
@@ -232,25 +233,28 @@ class ModelRunner:
         self, contexts: list[list[int]], widths: Sequence[int], kernels: Sequence[str], rounds: int
     ) -> dict[tuple[int, str], list[float]]:
         """Per width n and kernel of `kernels`, the seconds of `rounds` forwards of n new tokens per row
-        (as `forward_seconds`) with that kernel at every row count. The kernels take turns forward by
-        forward over one cache, so that the machine's drift falls on each alike, and each first runs once
-        untimed at each width (allocations, and a kernel's first copy of a weight). The kernel choice in
-        force before is in force after, the copies it runs kept."""
-        before_choice = linear.choice()
+        (as `forward_seconds`) with that kernel at every row count, over one cache. The kernels take
+        turns, a forward of each width at a turn, so that the machine's drift falls on each alike. A
+        kernel's copies are made as its turn begins and dropped as it ends (one copy of the weights in
+        memory besides them, as in decoding: a model of some GB has no room for four), and at its first
+        turn each width runs once untimed (allocations, oneDNN's build of a row count). The kernel choice
+        in force before is in force after."""
+        before = linear.choice()
         kv = self.new_kv(len(contexts))
         self.prefill(kv, contexts)
+        chains = {width: self._chain(kv, width) for width in widths}
         seconds: dict[tuple[int, str], list[float]] = {}
         try:
-            for width in widths:
-                chain = self._chain(kv, width)
-                for turn in range(rounds + 1):
-                    for kernel in kernels:
-                        linear.pack_by_rows({1: kernel}, keep_copies=True)  # this kernel alone, every row count
-                        spent = self._timed_forward(kv, *chain)
-                        if turn:
-                            seconds.setdefault((width, kernel), []).append(spent)
+            for turn in range(rounds):
+                for kernel in kernels:
+                    linear.pack_by_rows({1: kernel})  # this kernel alone, at every row count
+                    self.prepack()
+                    for width, chain in chains.items():
+                        if turn == 0:
+                            self._timed_forward(kv, *chain)
+                        seconds.setdefault((width, kernel), []).append(self._timed_forward(kv, *chain))
         finally:
-            linear.pack_by_rows(before_choice)
+            linear.pack_by_rows(before)
         return seconds
 
     @torch.inference_mode()
