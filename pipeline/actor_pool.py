@@ -170,7 +170,7 @@ class ActorPool:
             except (RayActorError, RayTaskError) as exc:
                 raise JobError(f"generator actor {refs[ref]} failed to start: {_cause(exc)}") from None
             mb = info["packed_bytes"] / 1e6
-            packed = f", weights packed for oneDNN: {mb:.1f} MB more" if mb else ""
+            packed = f", weights packed for their matmul kernels: {mb:.1f} MB more" if mb else ""
             print(
                 f"actor {info['actor']} ready on {info['device']} "
                 f"({info['dtype']}, {info['torch_threads']} threads{packed})"

@@ -93,9 +93,10 @@ def _model_config() -> type:
             bool,
             option(
                 True,
-                "Float32 on CPU: matmuls through weights packed once for oneDNN at the row counts where whole "
-                "forwards timed faster so as the actor starts (a second copy of the weights in memory). False: "
-                "F.linear everywhere (README, 'Weights packed for oneDNN').",
+                "Float32 on CPU: matmuls through a copy of the weights made once for the kernel (oneDNN's, MKL's, "
+                "or F.linear's sgemm over the weights transposed) whose whole forwards timed fastest at each row "
+                "count as the actor started (a second copy of the weights in memory). False: F.linear everywhere "
+                "(README, 'Weights packed for oneDNN').",
             ),
         ),
         ("cache_dir", str, option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")),

@@ -97,8 +97,8 @@ class _BenchSettings:
     )
     pack_weights: bool = option(
         True,
-        "Float32 on CPU: matmuls through weights packed for oneDNN where timed faster (`model.pack_weights`); "
-        "false: F.linear.",
+        "Float32 on CPU: matmuls through packed weights (oneDNN, MKL, a transposed copy) where timed faster "
+        "(`model.pack_weights`); false: F.linear.",
     )
     compare_f_linear: bool = option(
         False,
