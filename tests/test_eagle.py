@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM
 from jobs.shipped import SHIPPED_TARGET, shipped
 from strategies import registry
 from strategies.artifacts.configs import EagleConfig
-from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, EagleHead, load_eagle, save_draft_vocab
+from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE, save_draft_vocab
+from strategies.artifacts.eagle import EagleHead, load_eagle
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions

@@ -329,3 +329,61 @@ def test_medusa_job_equals_greedy_and_its_heads_are_part_of_its_identity(tmp_pat
             run_job(job_config(tmp_path, tiny_model_dir, *medusa))
     finally:
         ray.shutdown()
+
+
+class RecordingHeads(HeadsProposer):
+    """Keeps the tokens of every draft it proposes."""
+
+    drafted: list[int]
+
+    def propose(self, context):
+        drafts = super().propose(context)
+        self.drafted = getattr(self, "drafted", []) + [t for d in drafts for t in d.tokens]
+        return drafts
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
+def test_a_draft_vocabulary_drafts_only_its_tokens_and_the_output_is_greedy(target, tiny_model_dir, prompts):
+    """The heads score the draft vocabulary's rows of the LM head alone and draft target ids from them; the
+    target verifies with its whole vocabulary, so the tokens are greedy decoding's whatever the vocabulary."""
+    params = _params()
+    reference = _tokens(AutoregressiveStrategy(target), prompts, params)
+    heads = tiny_heads(target, tiny_model_dir)
+    full = heads.draft_logits(torch.randn(3, heads.config.hidden_size, dtype=torch.float64))
+    subset = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(0))[:40]
+    heads.use_draft_vocab(subset)
+    assert heads.drafted_tokens == 40
+    hidden = torch.randn(3, heads.config.hidden_size, dtype=torch.float64)
+    assert torch.allclose(heads.draft_logits(hidden), heads(hidden)[..., subset])  # [K, 3, 40]: those rows alone
+    assert full.shape[-1] == target.vocab_size  # without a vocabulary: every token
+    for choices in (TREE, chain_choices(K)):
+        proposer = RecordingHeads("recording", heads, choices)
+        assert _tokens(_scripted(target, proposer, choices), prompts, params) == reference
+        assert proposer.drafted and set(proposer.drafted) <= set(subset.tolist())
+    heads.use_draft_vocab(torch.tensor([5, 9]))
+    with pytest.raises(ValueError, match="ranks 3 tokens of a head, the heads draft over 2"):
+        HeadsProposer("medusa", heads, TREE)
+
+
+def test_heads_load_their_draft_vocabulary_and_refuse_one_that_is_missing(tmp_path, tiny_model_dir, target):
+    from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE, save_draft_vocab
+    from strategies.artifacts.heads import load_heads
+
+    heads = tiny_heads(target, tiny_model_dir)
+    heads.config.draft_vocab_size = 4
+    heads.save(tmp_path)
+    token_ids = torch.tensor([7, 3, 25, 0])
+    save_draft_vocab(tmp_path, token_ids, torch.tensor([9, 5, 2, 1]))
+    loaded = load_heads(tmp_path, torch.float64, torch.device("cpu"))
+    loaded.use_lm_head(target.model.get_output_embeddings().weight)
+    assert torch.equal(loaded.draft_ids, token_ids)
+    assert torch.equal(loaded.draft_lm_head, target.model.get_output_embeddings().weight[token_ids])
+    assert loaded.to_target(torch.tensor([[2, 0]])).tolist() == [[25, 7]]
+    assert load_heads(tmp_path, torch.float64, torch.device("cpu"), draft_vocab=False).draft_ids is None
+    (tmp_path / DRAFT_VOCAB_FILE).unlink()
+    missing = r"draft_vocab_size=4 but .* is missing: write it again with `accelgen train heads"
+    with pytest.raises(ValueError, match=missing):
+        load_heads(tmp_path, torch.float64, torch.device("cpu"))
+    own = DraftHeads(HeadsConfig(K, heads.config.hidden_size, target.vocab_size, shared_lm_head=False))
+    with pytest.raises(ValueError, match="needs heads that share the target's LM head"):
+        own.use_draft_vocab(token_ids)

@@ -15,11 +15,12 @@ from safetensors.torch import load_file
 from jobs.train.cli import main
 from jobs.train.config import CorpusConfig
 from jobs.train.corpus import load_corpus
-from jobs.train.eagle import most_frequent
+from jobs.train.draft_vocab import most_frequent
 from jobs.train.heads import SequenceSampler
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from strategies.artifacts.configs import read_eagle_config
-from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, load_eagle
+from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE
+from strategies.artifacts.eagle import load_eagle
 from workers.model_files import weights_sha256
 
 TINY_EAGLE = [

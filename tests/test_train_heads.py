@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,13 @@ from transformers import AutoModelForCausalLM
 
 from jobs.train import checkpoint
 from jobs.train.cli import main
-from jobs.train.config import TrainConfig
+from jobs.train.config import CorpusConfig, TrainConfig
+from jobs.train.corpus import load_corpus
+from jobs.train.draft_vocab import most_frequent
 from jobs.train.heads import DATA_SUBDIR, IGNORE, SequenceSampler, head_labels, heads_loss, hidden_windows
+from jobs.train.tokenizer import encode_documents, load_tokenizer
 from strategies.artifacts.configs import HeadsConfig, read_heads_config
+from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE
 from strategies.artifacts.heads import CONFIG_FILE, WEIGHTS_FILE, DraftHeads, load_heads
 from workers.model_files import weights_sha256
 
@@ -142,11 +147,39 @@ def test_heads_refuse_another_target(heads_dir: Path, tiny_draft_dir: Path, caps
         ("data.sequences=0", "data.sequences"),
         ("loss_decay=0", "loss_decay"),
         ("train.precision=fp8", "train.precision"),
+        ("draft_vocab=100000", "draft_vocab"),
+        ("heads.shared_lm_head=false draft_vocab=8", "heads.shared_lm_head"),
     ],
 )
 def test_user_errors_name_the_key(
     override: str, key: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    assert main(["heads", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_HEADS, override]) == 2
+    args = ["heads", f"target={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_HEADS, *override.split()]
+    assert main(args) == 2
     assert key in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before anything was generated or written
+
+
+def test_draft_vocab_only_writes_the_corpus_most_frequent_tokens_and_never_the_weights(
+    heads_dir: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Heads trained without a draft vocabulary are given one, and their held-out accuracy is measured
+    again among its tokens; the weights stay as trained. 0 takes it away again."""
+    out = tmp_path / "heads"
+    shutil.copytree(heads_dir, out, ignore=shutil.ignore_patterns("checkpoint"))
+    weights = (out / WEIGHTS_FILE).read_bytes()
+    args = ["heads", f"target={tiny_model_dir}", f"output_dir={out}", *TINY_HEADS, "draft_vocab_only=true"]
+    assert main([*args, "draft_vocab=32"]) == 0
+    config = read_heads_config(out)
+    corpus = load_corpus(CorpusConfig(max_files=40, heldout_percent=25))
+    tokens = encode_documents(load_tokenizer(str(tiny_model_dir)), corpus.train)
+    expected, _ = most_frequent(tokens, config.vocab_size, 32)
+    assert config.draft_vocab_size == 32 and torch.equal(load_file(out / DRAFT_VOCAB_FILE)["token_ids"], expected)
+    assert torch.equal(load_heads(out, torch.float32, torch.device("cpu")).draft_ids, expected)
+    accuracy = config.training["heldout_accuracy"]
+    assert len(accuracy) == NUM_HEADS and all(0.0 <= a["top1"] <= a["top5"] <= 1.0 for a in accuracy)
+    assert config.training["draft_vocab"]["size"] == 32
+    assert config.training["train_loss"] == read_heads_config(heads_dir).training["train_loss"]  # the record is kept
+    assert (out / WEIGHTS_FILE).read_bytes() == weights
+    assert main([*args, "draft_vocab=0"]) == 0
+    assert read_heads_config(out).draft_vocab_size == 0 and not (out / DRAFT_VOCAB_FILE).exists()

@@ -27,7 +27,7 @@ _NOT_FINGERPRINTED = {
     "train.checkpoint_every",
     "train.checkpoint_dir",
     "corpus.storage_options",
-    "draft_vocab",  # EAGLE's draft vocabulary: written beside the head, never trained
+    "draft_vocab",  # a head's draft vocabulary (EAGLE's, the heads'): written beside it, never trained
     "draft_vocab_only",
 }
 

@@ -240,6 +240,16 @@ class HeadsJobConfig:
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=50, weight_decay=0.0, grad_clip=1.0)
     )
+    draft_vocab: int = option(
+        0,
+        "Draft vocabulary: the N tokens most frequent in the corpus' training split, the only ones shared heads "
+        "draft (scoring N rows of the LM head, not all; the target still verifies with all). 0: the whole vocabulary.",
+    )
+    draft_vocab_only: bool = option(
+        False,
+        "Only count the corpus and write the draft vocabulary (draft_vocab) into the heads already trained in "
+        "output_dir, then measure their held-out accuracy again: their weights are not touched.",
+    )
 
 
 @dataclass
@@ -273,8 +283,21 @@ def check_sequences(
         )
 
 
-def check_heads(config: HeadsJobConfig, context: int) -> None:
-    """Value checks of `train heads` against its target's `context`, before any sequence is generated."""
+def check_draft_vocab(size: int, vocab_size: int) -> None:
+    """A JobError unless `draft_vocab` is 0 (the whole vocabulary) or at most the target's `vocab_size`."""
+    if not 0 <= size <= vocab_size:
+        raise JobError(f"draft_vocab={size}: use 0 (the whole vocabulary) or at most the target's {vocab_size} tokens")
+
+
+def check_heads(config: HeadsJobConfig, context: int, vocab_size: int) -> None:
+    """Value checks of `train heads` against its target's `context` and `vocab_size`, before any sequence is
+    generated."""
+    check_draft_vocab(config.draft_vocab, vocab_size)
+    if config.draft_vocab and not config.heads.shared_lm_head:
+        raise JobError(
+            f"draft_vocab={config.draft_vocab} needs heads that share the target's LM head: set "
+            "heads.shared_lm_head=true, or draft_vocab=0"
+        )
     data = config.data
     counts = {"sequences": data.sequences, "batch_size": data.batch_size, "eval_sequences": data.eval_sequences}
     check_sequences("data.", counts, data.prompt_tokens, data.continuation_tokens, context)
@@ -329,11 +352,7 @@ class EagleJobConfig:
 def check_eagle(config: EagleJobConfig, context: int, vocab_size: int) -> None:
     """Value checks of `train eagle` against its target's `context` and `vocab_size`, before any sequence is
     generated."""
-    if not 0 <= config.draft_vocab <= vocab_size:
-        raise JobError(
-            f"draft_vocab={config.draft_vocab}: use 0 (the whole vocabulary) or at most the target's "
-            f"{vocab_size} tokens"
-        )
+    check_draft_vocab(config.draft_vocab, vocab_size)
     data = config.data
     counts = {"sequences": data.sequences, "batch_size": data.batch_size, "eval_sequences": data.eval_sequences}
     check_sequences("data.", counts, data.prompt_tokens, data.continuation_tokens, context)

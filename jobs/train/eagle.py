@@ -12,10 +12,8 @@ The noise U(−a, a) on the input features (a = `noise`, 0.1 in the paper) makes
 own errors, which it reads back when it drafts further than one token. It is drawn from torch's global
 generator, which the loop's checkpoints carry, so a resumed run is bit-identical.
 
-The head's draft vocabulary (`strategies.artifacts.eagle`) is the `draft_vocab` tokens most frequent
-in the corpus' training split, counted after training and written beside the head with their counts.
-`draft_vocab_only=true` does only that, for a head already trained (the shipped one): its weights are
-not read for anything but the held-out measurement, nor written.
+The head's draft vocabulary is the `draft_vocab` tokens most frequent in the corpus' training split
+(`jobs.train.draft_vocab`); `draft_vocab_only=true` writes only that, for a head already trained.
 
 The run ends by decoding held-out prompts with the head, chain, static and dynamic tree, and records the
 acceptance at each draft depth and τ (tokens per verify step) in `eagle.json`.
@@ -23,7 +21,6 @@ acceptance at each draft depth and τ (tokens per verify step) in `eagle.json`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +28,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
+from jobs.train import draft_vocab
 from jobs.train.config import EagleJobConfig, check_eagle
 from jobs.train.corpus import Corpus, Document, load_corpus
+from jobs.train.draft_vocab import check_target, use_draft_vocab
 from jobs.train.heads import save_trained, train_on_sequences, training_sequences
 from jobs.train.loop import Objective
 from jobs.train.on_target import start_on_target
@@ -41,8 +40,8 @@ from jobs.train.tokenizer import encode_documents
 from pipeline.errors import JobError
 from pipeline.report import acceptance_by_position, tau_by_drafter
 from strategies import registry
-from strategies.artifacts.configs import EAGLE_KIND, EagleConfig, write_weights_config
-from strategies.artifacts.eagle import DRAFT_VOCAB_FILE, EagleHead, load_eagle, save_draft_vocab
+from strategies.artifacts.configs import EAGLE_KIND, EagleConfig
+from strategies.artifacts.eagle import EagleHead, load_eagle
 from strategies.base import GenerationParams, RowRequest
 from strategies.options import EAGLE_TREES, StrategyOptions
 from strategies.runtime.runner import ModelRunner
@@ -66,53 +65,13 @@ def train_eagle(config: EagleJobConfig) -> Path:
     summary = train_on_sequences("eagle", config, run, head, loss, positions)
     del features, loss
     head.eval()
-    vocab = use_draft_vocab(head, config.draft_vocab, tokenizer, corpus)
+    vocab = use_draft_vocab(EAGLE_KIND, head, config.draft_vocab, tokenizer, corpus)
     acceptance = heldout_acceptance(head, target, tokenizer, corpus.heldout, config)
     out = save_trained(
         "eagle", config, run, head, summary, {"heldout_acceptance": acceptance, "draft_vocab": vocab.record}
     )
     vocab.save(out)
     return out
-
-
-@dataclass
-class DraftVocab:
-    """A head's draft vocabulary as counted, and what `eagle.json` records of it."""
-
-    token_ids: torch.Tensor  # [N] most frequent first
-    counts: torch.Tensor  # [N]
-    record: dict[str, Any]  # size, tokens counted, coverage, corpus
-
-    def save(self, directory: Path) -> None:
-        """Write `draft_vocab.safetensors`, or remove a stale one when the head drafts over every token."""
-        if len(self.token_ids):
-            save_draft_vocab(directory, self.token_ids, self.counts)
-        else:
-            (directory / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
-
-
-def most_frequent(tokens: torch.Tensor, vocab_size: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `size` most frequent ids among `tokens` [M] (ties: the lower id first) and their counts: [size] each."""
-    counts = torch.bincount(tokens.long(), minlength=vocab_size)  # [V]
-    order = torch.argsort(counts, descending=True, stable=True)[:size]
-    return order, counts[order]
-
-
-def use_draft_vocab(head: EagleHead, size: int, tokenizer: PreTrainedTokenizerBase, corpus: Corpus) -> DraftVocab:
-    """Count the corpus' training split and make its `size` most frequent tokens `head`'s draft vocabulary
-    (0: the whole vocabulary); printed."""
-    if not size:
-        head.use_draft_vocab(None)
-        head.config.draft_vocab_size = 0
-        return DraftVocab(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), {"size": 0})
-    tokens = encode_documents(tokenizer, corpus.train)  # [M]
-    token_ids, counts = most_frequent(tokens, head.config.vocab_size, size)
-    coverage = round(counts.sum().item() / len(tokens), 4)
-    head.use_draft_vocab(token_ids)
-    head.config.draft_vocab_size = size
-    print(f"eagle: draft vocabulary of {size} tokens, {coverage:.1%} of the {len(tokens)} training-split tokens")
-    record = {"size": size, "tokens_counted": len(tokens), "coverage": coverage, "corpus": corpus.source}
-    return DraftVocab(token_ids, counts, record)
 
 
 def write_draft_vocab(
@@ -128,21 +87,13 @@ def write_draft_vocab(
         head = load_eagle(out, torch.float32, target.lm_head.weight.device, draft_vocab=False)
     except ValueError as exc:
         raise JobError(f"draft_vocab_only=true needs the head trained in output_dir={out}: {exc}") from None
-    wanted = weights_sha256(Path(config.target))
-    if head.config.target_weights_sha256 != wanted:
-        raise JobError(
-            f"the head in output_dir={out} was trained for the target at {head.config.target_path} "
-            f"(weights sha256 {head.config.target_weights_sha256[:12]}), not target={config.target} ({wanted[:12]})"
-        )
+    check_target(head, out, config.target)
     head.use_target(target)
-    vocab = use_draft_vocab(head, config.draft_vocab, tokenizer, corpus)
-    training = head.config.training
-    training["heldout_acceptance"] = heldout_acceptance(head, target, tokenizer, corpus.heldout, config)
-    training["draft_vocab"] = vocab.record
-    vocab.save(out)
-    write_weights_config(out, EAGLE_KIND, head.config)
-    print(f"eagle: draft vocabulary and held-out acceptance written to {out / 'eagle.json'}")
-    return out
+
+    def measure() -> dict[str, Any]:
+        return {"heldout_acceptance": heldout_acceptance(head, target, tokenizer, corpus.heldout, config)}
+
+    return draft_vocab.write_draft_vocab(EAGLE_KIND, head, out, config.draft_vocab, tokenizer, corpus, measure)
 
 
 def new_head(config: EagleJobConfig, target: torch.nn.Module) -> EagleHead:

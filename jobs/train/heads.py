@@ -36,6 +36,7 @@ from jobs.train.config import (
     check_sequences,
 )
 from jobs.train.corpus import Corpus, Document, load_corpus
+from jobs.train.draft_vocab import check_target, use_draft_vocab, write_draft_vocab
 from jobs.train.loop import Objective, TrainSummary, pick_device, single_phase, train, versions
 from jobs.train.model import count_parameters, load_float32
 from jobs.train.on_target import TargetRun, start_on_target
@@ -78,9 +79,12 @@ class SequenceSampler:
 def train_heads(config: HeadsJobConfig) -> Path:
     """Train the heads described by `config` on its frozen target; returns the heads' directory."""
     on_target = start_on_target(config, frozen=True)
-    target = on_target.target
-    check_heads(config, target.config.max_position_embeddings)
-    run = training_sequences(config, on_target, load_corpus(config.corpus))
+    target, tokenizer = on_target.target, on_target.tokenizer
+    check_heads(config, target.config.max_position_embeddings, target.get_output_embeddings().weight.shape[0])
+    corpus = load_corpus(config.corpus)
+    if config.draft_vocab_only:
+        return write_heads_draft_vocab(config, target, tokenizer, corpus, on_target.output_dir)
+    run = training_sequences(config, on_target, corpus)
     heads = new_heads(config, target)
     data, num_heads = config.data, config.heads.num_heads
     hidden = hidden_windows(target, run.sequences, data.prompt_tokens, num_heads, data.batch_size)  # [N, W, H]
@@ -88,8 +92,40 @@ def train_heads(config: HeadsJobConfig) -> Path:
     loss = heads_loss(hidden, labels, config.loss_decay)
     summary = train_on_sequences("heads", config, run, heads, loss, data.continuation_tokens)
     del hidden, labels, loss  # the training set's states: free them before the held-out ones
-    accuracy = heldout_accuracy(heads, target, on_target.tokenizer, run.corpus.heldout, eval_config(config))
-    return save_trained("heads", config, run, heads, summary, {"heldout_accuracy": accuracy})
+    vocab = use_draft_vocab("heads", heads, config.draft_vocab, tokenizer, corpus)
+    accuracy = heldout_accuracy(heads, target, tokenizer, corpus.heldout, eval_config(config))
+    measured = {"heldout_accuracy": accuracy, "draft_vocab": vocab.record}
+    out = save_trained("heads", config, run, heads, summary, measured)
+    vocab.save(out)
+    return out
+
+
+def write_heads_draft_vocab(
+    config: HeadsJobConfig,
+    target: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: Corpus,
+    out: Path,
+) -> Path:
+    """`draft_vocab_only`: the draft vocabulary of the heads trained in `out`, and their held-out accuracy
+    with it, written to `heads.json` and `draft_vocab.safetensors`; `heads.safetensors` is left as it is."""
+    try:
+        heads = load_heads(out, torch.float32, target.lm_head.weight.device, draft_vocab=False)
+    except ValueError as exc:
+        raise JobError(f"draft_vocab_only=true needs the heads trained in output_dir={out}: {exc}") from None
+    check_target(heads, out, config.target)
+    if config.draft_vocab and heads.projections is not None:
+        raise JobError(
+            f"the heads in output_dir={out} have projections of their own: a draft vocabulary needs shared ones "
+            "(draft_vocab=0)"
+        )
+    if heads.projections is None:
+        heads.use_lm_head(target.lm_head.weight)
+
+    def measure() -> dict[str, Any]:
+        return {"heldout_accuracy": heldout_accuracy(heads, target, tokenizer, corpus.heldout, eval_config(config))}
+
+    return write_draft_vocab("heads", heads, out, config.draft_vocab, tokenizer, corpus, measure)
 
 
 @dataclass
@@ -315,14 +351,15 @@ def heads_loss(hidden: torch.Tensor, labels: torch.Tensor, decay: float) -> Obje
 def heads_accuracy(
     heads: DraftHeads, target: torch.nn.Module, sequences: torch.Tensor, prompt_tokens: int, batch_size: int
 ) -> list[dict[str, Any]]:
-    """Per head: the share of generated labels in `sequences` [N, L] that are its top-1 guess, and its top-5."""
+    """Per head: the share of generated labels in `sequences` [N, L] that are its top-1 guess, and its top-5,
+    among the tokens it drafts (its draft vocabulary's, where it has one)."""
     k = heads.num_heads
     hidden = hidden_windows(target, sequences, prompt_tokens, k, batch_size)  # [N, W, H]
     labels = head_labels(sequences, prompt_tokens, k).transpose(0, 1).to(hidden.device)  # [K, N, W]
     top1 = torch.zeros(k, device=hidden.device)
     top5 = torch.zeros(k, device=hidden.device)
     for rows in torch.arange(len(sequences), device=hidden.device).split(batch_size):
-        guesses = heads(hidden[rows]).topk(TOP_K, dim=-1).indices  # [K, b, W, 5]
+        guesses = heads.to_target(heads.draft_logits(hidden[rows]).topk(TOP_K, dim=-1).indices)  # [K, b, W, 5]
         hits = guesses == labels[:, rows, :, None]  # [K, b, W, 5]; IGNORE never matches a token
         top1 += hits[..., 0].sum((1, 2))
         top5 += hits.any(-1).sum((1, 2))

@@ -51,6 +51,7 @@ class HeadsConfig:
     vocab_size: int
     num_layers: int = 1
     shared_lm_head: bool = True  # False: each head has its own projection [V, H]
+    draft_vocab_size: int = 0  # tokens of the draft vocabulary the heads draft over (`draft_vocab`); 0: all V
     target_path: str = ""  # where the target was when the heads were trained (informative)
     target_weights_sha256: str = ""  # `model_files.weights_sha256` of that target
     training: dict[str, Any] = field(default_factory=dict)  # what produced the heads (informative)

@@ -18,11 +18,9 @@ folder (`strategies.artifacts.weights_folder`):
     eagle.safetensors          the projection and the decoder layer
     draft_vocab.safetensors    the draft vocabulary: `token_ids` [N], most frequent first, and their `counts`
 
-The draft vocabulary (FR-Spec, Zhao et al. 2025; EAGLE-3) is the N tokens most frequent in the
+The draft vocabulary (`strategies.artifacts.draft_vocab`) is the N tokens most frequent in the
 training corpus. Drafting scores only those (`draft_logits`: an N-row slice of the LM head instead of
-all V rows, and a softmax over N), which is most of a draft step's cost at a small head; the target
-still verifies with its whole vocabulary, so the output is unchanged: a token outside the N is
-never drafted, only emitted by the target.
+all V rows, and a softmax over N), which is most of a draft step's cost at a small head.
 
 The layer runs the target forward's own arithmetic (`llama_forward.LayerMath`: Q/K/V and gate/up each
 one matmul, queries and keys rotated together), its norms in the head's dtype as trained. A drafter
@@ -40,16 +38,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from strategies.artifacts.configs import EAGLE_KIND, EagleConfig, read_eagle_config
+from strategies.artifacts.draft_vocab import draft_rows, read_draft_vocab, to_target
 from strategies.artifacts.weights_folder import load_weights, save_weights_folder
 from strategies.runtime.kv_cache import SlotLayer
 from strategies.runtime.linear import linear
 from strategies.runtime.llama_forward import LayerMath, LayerWeights
-
-DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
 
 class EagleHead(torch.nn.Module):
@@ -105,7 +100,7 @@ class EagleHead(torch.nn.Module):
 
     def _slice_draft_lm_head(self) -> None:
         if self.lm_head is not None:
-            self.draft_lm_head = self.lm_head if self.draft_ids is None else self.lm_head[self.draft_ids].contiguous()
+            self.draft_lm_head = draft_rows(self.lm_head, self.draft_ids)
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's LM head on (predicted) features, over the draft vocabulary: [..., H] -> [..., N];
@@ -116,7 +111,7 @@ class EagleHead(torch.nn.Module):
 
     def to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
         """Target ids of indices into the draft vocabulary (any shape); the ids themselves without one."""
-        return draft_tokens if self.draft_ids is None else self.draft_ids[draft_tokens]
+        return to_target(self.draft_ids, draft_tokens)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's LM head on (predicted) features: [..., H] -> [..., V]."""
@@ -165,43 +160,8 @@ class EagleHead(torch.nn.Module):
 
     def save(self, directory: Path) -> None:
         """Write `eagle.json` and `eagle.safetensors` (float32) to `directory` (the draft vocabulary is
-        written apart, with its counts: `save_draft_vocab`)."""
+        written apart, with its counts: `draft_vocab.save_draft_vocab`)."""
         save_weights_folder(directory, EAGLE_KIND, self.config, self)
-
-
-def save_draft_vocab(directory: Path, token_ids: torch.Tensor, counts: torch.Tensor) -> None:
-    """Write `draft_vocab.safetensors`: the draft vocabulary's target ids [N] and their corpus counts [N]."""
-    tensors = {"token_ids": token_ids.long().cpu().contiguous(), "counts": counts.long().cpu().contiguous()}
-    save_file(tensors, str(directory / DRAFT_VOCAB_FILE))
-
-
-def read_draft_vocab(directory: Path, config: EagleConfig) -> torch.Tensor | None:
-    """The draft vocabulary's target ids [N] that `eagle.json` announces (None for draft_vocab_size 0);
-    a ValueError naming the file and the fix when it is missing or does not fit."""
-    path = directory / DRAFT_VOCAB_FILE
-    if not config.draft_vocab_size:
-        if path.exists():
-            raise ValueError(
-                f"{path} exists but {directory / 'eagle.json'} says draft_vocab_size=0: delete the file, or set "
-                "draft_vocab_size to its length"
-            )
-        return None
-    redo = "write it again with `accelgen train eagle CONFIG draft_vocab_only=true`"
-    if not path.exists():
-        raise ValueError(
-            f"{directory / 'eagle.json'} says draft_vocab_size={config.draft_vocab_size} but {path} is missing: {redo}"
-        )
-    try:
-        token_ids = load_file(str(path)).get("token_ids")
-    except SafetensorError as exc:
-        raise ValueError(f"{path} is not a safetensors file ({exc}): {redo}") from None
-    if token_ids is None or token_ids.dim() != 1 or len(token_ids) != config.draft_vocab_size:
-        found = "no token_ids" if token_ids is None else f"token_ids of shape {tuple(token_ids.shape)}"
-        raise ValueError(f"{path} holds {found}, eagle.json says draft_vocab_size={config.draft_vocab_size}: {redo}")
-    fits = token_ids.min() >= 0 and token_ids.max() < config.vocab_size and len(token_ids.unique()) == len(token_ids)
-    if not fits:
-        raise ValueError(f"{path}: token_ids must be distinct ids below vocab_size={config.vocab_size}: {redo}")
-    return token_ids
 
 
 def load_eagle(directory: Path, dtype: torch.dtype, device: torch.device, draft_vocab: bool = True) -> EagleHead:
@@ -212,5 +172,5 @@ def load_eagle(directory: Path, dtype: torch.dtype, device: torch.device, draft_
     head.load_state_dict(load_weights(directory, EAGLE_KIND))
     head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if draft_vocab:
-        head.use_draft_vocab(read_draft_vocab(directory, config))
+        head.use_draft_vocab(read_draft_vocab(directory, EAGLE_KIND, config.draft_vocab_size, config.vocab_size))
     return head

@@ -8,8 +8,14 @@ weights of its own, then either the target's LM head (shared, frozen) or a proje
 
 The heads live in a small folder of their own, beside no model code:
 
-    heads.json          format, shape, and the target they were trained for (path, weights sha256)
-    heads.safetensors   the ResBlocks (and projections, when not shared)
+    heads.json                 format, shape, the target they were trained for (path, weights sha256),
+                               and the draft vocabulary's size (`draft_vocab_size`, 0: none)
+    heads.safetensors          the ResBlocks (and projections, when not shared)
+    draft_vocab.safetensors    the draft vocabulary (`strategies.artifacts.draft_vocab`)
+
+Shared heads draft over their draft vocabulary only (`draft_logits`): at batch 1 on a CPU, the pass of
+three or four heads' states through all V rows of the LM head was most of a Medusa step's drafting.
+Training and the heads' accuracy against every token use the whole LM head (`forward`).
 
 A job refuses heads whose `target.weights_sha256` is not its target's (`workers.model_loading`).
 """
@@ -22,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from strategies.artifacts.configs import HeadsConfig, read_heads_config
+from strategies.artifacts.draft_vocab import draft_rows, read_draft_vocab, to_target
 from strategies.artifacts.weights_folder import load_weights, save_weights_folder
 from strategies.runtime.linear import linear
 
@@ -65,6 +72,8 @@ class DraftHeads(torch.nn.Module):
         )
         # The target's LM head [V, H] when shared: not a parameter of the heads, never saved with them.
         self.lm_head: torch.Tensor | None = None
+        self.draft_ids: torch.Tensor | None = None  # [N] the draft vocabulary's target ids; None: all V
+        self.draft_lm_head: torch.Tensor | None = None  # [N, H] the shared LM head's rows of the draft vocabulary
         # Per layer, every head's ResBlock linear; their parameters; stacked by `_stacked_layers`.
         self._linears = [[block[layer].linear for block in self.blocks] for layer in range(config.num_layers)]
         self._block_params = [p for layer in self._linears for linear in layer for p in linear.parameters()]
@@ -114,6 +123,36 @@ class DraftHeads(torch.nn.Module):
             return linear(states, self.lm_head)  # one matmul for all heads
         return torch.stack([linear(s, w) for s, w in zip(states, self.projections, strict=True)])
 
+    def draft_logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """`forward` over the draft vocabulary only: `hidden` [..., H] -> [k, ..., N] (N = V without one);
+        `to_target` turns an index among the N into the target's token id."""
+        if self.draft_ids is None:
+            return self(hidden, num_heads)
+        if self.draft_lm_head is None:
+            raise ValueError("shared-LM-head heads need the target's LM head: attach it with use_lm_head()")
+        return linear(self.features(hidden, num_heads), self.draft_lm_head)
+
+    @property
+    def drafted_tokens(self) -> int:
+        """How many tokens the heads draft among: the draft vocabulary's, or the whole vocabulary's."""
+        return self.config.vocab_size if self.draft_ids is None else len(self.draft_ids)
+
+    def to_target(self, drafted: torch.Tensor) -> torch.Tensor:
+        """Target ids of indices into the draft vocabulary (any shape); the ids themselves without one."""
+        return to_target(self.draft_ids, drafted)
+
+    def use_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Draft from these target ids only ([N], None: the whole vocabulary): heads that share the
+        target's LM head only (own projections would each be sliced)."""
+        if token_ids is not None and self.projections is not None:
+            raise ValueError("a draft vocabulary needs heads that share the target's LM head (shared_lm_head=true)")
+        self.draft_ids = None if token_ids is None else token_ids.to(device=self._block_params[0].device)
+        self._slice_draft_lm_head()
+
+    def _slice_draft_lm_head(self) -> None:
+        if self.lm_head is not None:
+            self.draft_lm_head = draft_rows(self.lm_head, self.draft_ids)
+
     def start_projections(self, lm_head: torch.Tensor) -> None:
         """Heads with their own projections start from the target's LM head [V, H] (as Medusa's do)."""
         if self.projections is not None:
@@ -127,6 +166,7 @@ class DraftHeads(torch.nn.Module):
         if tuple(lm_head.shape) != expected:
             raise ValueError(f"the target's LM head is {tuple(lm_head.shape)}, the heads expect {expected}")
         self.lm_head = lm_head.detach()  # a Parameter here would register as the heads' own and be saved
+        self._slice_draft_lm_head()
 
     def save(self, directory: Path) -> None:
         """Write `heads.json` and `heads.safetensors` (float32) to `directory`."""
@@ -144,9 +184,13 @@ def _stack(linears: list[list[torch.nn.Linear]]) -> list[tuple[torch.Tensor, tor
     ]
 
 
-def load_heads(directory: Path, dtype: torch.dtype, device: torch.device) -> DraftHeads:
-    """The heads saved in `directory`, in eval mode; shared heads still need `use_lm_head`."""
+def load_heads(directory: Path, dtype: torch.dtype, device: torch.device, draft_vocab: bool = True) -> DraftHeads:
+    """The heads saved in `directory`, in eval mode, with their draft vocabulary (`draft_vocab=False`:
+    without reading it, for the command that writes it anew); shared heads still need `use_lm_head`."""
     config = read_heads_config(directory)
     heads = DraftHeads(config)
     heads.load_state_dict(load_weights(directory, "heads"))
-    return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    heads = heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if draft_vocab:
+        heads.use_draft_vocab(read_draft_vocab(directory, "heads", config.draft_vocab_size, config.vocab_size))
+    return heads

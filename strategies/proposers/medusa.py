@@ -18,6 +18,7 @@ import torch
 
 from strategies.artifacts.heads import DraftHeads
 from strategies.proposers.medusa_choices import Path
+from strategies.runtime import linear
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
 
@@ -33,6 +34,14 @@ class HeadsProposer(Proposer[None]):
         self.heads = heads
         self.choices: list[Path] = [tuple(c) for c in choices]
         self.max_rank = max(max(c) for c in self.choices) + 1
+        if heads is not None and self.max_rank > heads.drafted_tokens:
+            raise ValueError(
+                f"{name}: its tree ranks {self.max_rank} tokens of a head, the heads draft over {heads.drafted_tokens}"
+            )
+        if heads is not None and heads.draft_ids is not None and heads.draft_lm_head is not None:
+            # Made with its strategy, after the runner chose its kernels: the first draft, which the
+            # controller explores the heads with, would pack the draft vocabulary's rows otherwise.
+            linear.prepack([heads.draft_lm_head])
         self._shapes: dict[tuple[int, int], tuple[list[Path], list[int]]] = {}
 
     def new_row_state(self, context: list[int]) -> None:
@@ -52,8 +61,8 @@ class HeadsProposer(Proposer[None]):
         """[k][B][R]: the best `max_rank` tokens of each head the draft reaches, per row, best first."""
         depth = max(len(p) for p in self._shape(max(context.budgets), context.max_nodes)[0])
         hidden = context.states.last()  # [B, H] the state that chose each row's pending token
-        logits = self.heads(hidden, depth)  # [k, B, V]
-        return logits.topk(self.max_rank, dim=-1).indices.tolist()
+        logits = self.heads.draft_logits(hidden, depth)  # [k, B, N] over the draft vocabulary
+        return self.heads.to_target(logits.topk(self.max_rank, dim=-1).indices).tolist()
 
     def propose(self, context: ProposalContext) -> list[Draft]:
         ranked = self.candidates(context)  # [k][B][R]
