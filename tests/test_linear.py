@@ -259,19 +259,25 @@ needs_mkl = pytest.mark.skipif(packed.MKL not in packed.kernels(), reason="torch
 
 
 @needs_onednn
-@needs_mkl
-@pytest.mark.parametrize("rows", [1, 3, 8, 17, 40])
-def test_mkl_packed_rows_of_any_count_equal_f_linear_from_one_copy(rows):
+@pytest.mark.parametrize("kernel", [pytest.param(packed.MKL, marks=needs_mkl), packed.TRANSPOSED])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 17, 40])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_a_packing_kernel_computes_f_linear_at_any_row_count_from_one_copy(kernel, rows, with_bias):
+    """MKL's packed sgemm, and F.linear's sgemm over the weight transposed [K, N]."""
     weight, bias = _weights()
-    packed.pack_by_rows({1: packed.MKL})
+    bias = bias if with_bias else None
+    packed.pack_by_rows({1: kernel})
     x = torch.randn(rows, 2, 32)
     with torch.inference_mode():
         out = linear(x, weight, bias)
     assert out.shape == (rows, 2, 48)
     assert torch.allclose(out, F.linear(x, weight, bias), atol=1e-5)
-    assert [key[0] for key in packed._packed] == [packed.MKL]  # one copy, whatever the row count
+    assert list(packed._packed) == [(kernel, weight.data_ptr(), (48, 32), (32, 1))]  # one copy, any row count
+    if kernel == packed.TRANSPOSED:
+        copy = next(iter(packed._packed.values()))[2]
+        assert copy.shape == (32, 48) and copy.is_contiguous()
     packed.pack_by_rows({1: packed.ONEDNN})
-    assert not packed._packed  # no row count runs MKL's now: its copy goes
+    assert not packed._packed  # no row count runs the kernel now: its copy goes
 
 
 @needs_onednn
@@ -363,25 +369,6 @@ def test_kernels_timed_take_turns_with_one_kernels_copies_at_a_time(monkeypatch)
     assert {slots for _, _, slots, _ in order} == {3}  # every forward over the prefilled cache alone
     assert all(copies == ({k} - {packed.F_LINEAR}) for _, k, _, copies in order)
     assert packed.choice() == before
-
-
-@needs_onednn
-@pytest.mark.parametrize("rows", [1, 2, 7, 40])
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_the_transposed_copy_computes_f_linear_at_any_row_count(rows, with_bias):
-    weight, bias = _weights()
-    bias = bias if with_bias else None
-    packed.pack_by_rows({1: packed.TRANSPOSED})
-    x = torch.randn(rows, 3, 32)
-    with torch.inference_mode():
-        out = linear(x, weight, bias)
-    assert out.shape == (rows, 3, 48)
-    assert torch.allclose(out, F.linear(x, weight, bias), atol=1e-5)
-    assert list(packed._packed) == [(packed.TRANSPOSED, weight.data_ptr(), (48, 32), (32, 1))]
-    copy = next(iter(packed._packed.values()))[2]
-    assert copy.shape == (32, 48) and copy.is_contiguous()
-    packed.pack_by_rows({1: packed.ONEDNN})
-    assert not packed._packed  # no row count runs it now: its copy goes
 
 
 @pytest.fixture(scope="module")

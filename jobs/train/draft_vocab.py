@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -29,6 +29,9 @@ class DraftingHead(Protocol):
     config: Any
 
     def use_draft_vocab(self, token_ids: torch.Tensor | None) -> None: ...
+
+
+Head = TypeVar("Head", bound=DraftingHead)
 
 
 @dataclass
@@ -73,14 +76,20 @@ def use_draft_vocab(
     return DraftVocab(token_ids, counts, record)
 
 
-def check_target(head: DraftingHead, out: Path, target: str) -> None:
-    """A JobError when the head in `out` was trained for another target than `target`."""
+def trained_head(load: Callable[[], Head], out: Path, target: str) -> Head:
+    """The head trained in `out`, as `load` reads it, checked to be `target`'s; a JobError naming
+    output_dir or both targets otherwise."""
+    try:
+        head = load()
+    except ValueError as exc:
+        raise JobError(f"draft_vocab_only=true needs the head trained in output_dir={out}: {exc}") from None
     wanted = weights_sha256(Path(target))
     if head.config.target_weights_sha256 != wanted:
         raise JobError(
             f"the head in output_dir={out} was trained for the target at {head.config.target_path} "
             f"(weights sha256 {head.config.target_weights_sha256[:12]}), not target={target} ({wanted[:12]})"
         )
+    return head
 
 
 def write_draft_vocab(

@@ -31,13 +31,12 @@ from transformers import PreTrainedTokenizerBase
 from jobs.train import draft_vocab
 from jobs.train.config import EagleJobConfig, check_eagle
 from jobs.train.corpus import Corpus, Document, load_corpus
-from jobs.train.draft_vocab import check_target, use_draft_vocab
+from jobs.train.draft_vocab import trained_head, use_draft_vocab
 from jobs.train.heads import save_trained, train_on_sequences, training_sequences
 from jobs.train.loop import Objective
 from jobs.train.on_target import start_on_target
 from jobs.train.sequences import draw_prompts
 from jobs.train.tokenizer import encode_documents
-from pipeline.errors import JobError
 from pipeline.report import acceptance_by_position, tau_by_drafter
 from strategies import registry
 from strategies.artifacts.configs import EAGLE_KIND, EagleConfig
@@ -83,11 +82,8 @@ def write_draft_vocab(
 ) -> Path:
     """`draft_vocab_only`: the draft vocabulary of the head trained in `out`, and its held-out acceptance
     with it, written to `eagle.json` and `draft_vocab.safetensors`; `eagle.safetensors` is left as it is."""
-    try:
-        head = load_eagle(out, torch.float32, target.lm_head.weight.device, draft_vocab=False)
-    except ValueError as exc:
-        raise JobError(f"draft_vocab_only=true needs the head trained in output_dir={out}: {exc}") from None
-    check_target(head, out, config.target)
+    device = target.lm_head.weight.device
+    head = trained_head(lambda: load_eagle(out, torch.float32, device, draft_vocab=False), out, config.target)
     head.use_target(target)
 
     def measure() -> dict[str, Any]:

@@ -36,7 +36,7 @@ from jobs.train.config import (
     check_sequences,
 )
 from jobs.train.corpus import Corpus, Document, load_corpus
-from jobs.train.draft_vocab import check_target, use_draft_vocab, write_draft_vocab
+from jobs.train.draft_vocab import trained_head, use_draft_vocab, write_draft_vocab
 from jobs.train.loop import Objective, TrainSummary, pick_device, single_phase, train, versions
 from jobs.train.model import count_parameters, load_float32
 from jobs.train.on_target import TargetRun, start_on_target
@@ -109,11 +109,8 @@ def write_heads_draft_vocab(
 ) -> Path:
     """`draft_vocab_only`: the draft vocabulary of the heads trained in `out`, and their held-out accuracy
     with it, written to `heads.json` and `draft_vocab.safetensors`; `heads.safetensors` is left as it is."""
-    try:
-        heads = load_heads(out, torch.float32, target.lm_head.weight.device, draft_vocab=False)
-    except ValueError as exc:
-        raise JobError(f"draft_vocab_only=true needs the heads trained in output_dir={out}: {exc}") from None
-    check_target(heads, out, config.target)
+    device = target.lm_head.weight.device
+    heads = trained_head(lambda: load_heads(out, torch.float32, device, draft_vocab=False), out, config.target)
     if config.draft_vocab and heads.projections is not None:
         raise JobError(
             f"the heads in output_dir={out} have projections of their own: a draft vocabulary needs shared ones "
