@@ -361,7 +361,7 @@ def test_a_draft_vocabulary_drafts_only_its_tokens_and_the_output_is_greedy(targ
         assert _tokens(_scripted(target, proposer, choices), prompts, params) == reference
         assert proposer.drafted and set(proposer.drafted) <= set(subset.tolist())
     heads.use_draft_vocab(torch.tensor([5, 9]))
-    with pytest.raises(ValueError, match="ranks 3 tokens of a head, the heads draft over 2"):
+    with pytest.raises(ValueError, match="ranks 3 tokens of a head, the heads draft 2"):
         HeadsProposer("medusa", heads, TREE)
 
 

@@ -34,14 +34,14 @@ class HeadsProposer(Proposer[None]):
         self.heads = heads
         self.choices: list[Path] = [tuple(c) for c in choices]
         self.max_rank = max(max(c) for c in self.choices) + 1
-        if heads is not None and self.max_rank > heads.drafted_tokens:
-            raise ValueError(
-                f"{name}: its tree ranks {self.max_rank} tokens of a head, the heads draft over {heads.drafted_tokens}"
-            )
-        if heads is not None and heads.draft_ids is not None and heads.draft_lm_head is not None:
-            # Made with its strategy, after the runner chose its kernels: the first draft, which the
-            # controller explores the heads with, would pack the draft vocabulary's rows otherwise.
-            linear.prepack([heads.draft_lm_head])
+        if heads is not None:  # None: a subclass that ranks its candidates itself
+            if self.max_rank > heads.drafted_tokens:
+                drafted = heads.drafted_tokens
+                raise ValueError(f"{name}: its tree ranks {self.max_rank} tokens of a head, the heads draft {drafted}")
+            if heads.draft_lm_head is not None:
+                # Packed with its strategy, after the runner chose its kernels, not on the first draft, which
+                # the controller explores the heads with (the whole LM head's copies are the target's own).
+                linear.prepack([heads.draft_lm_head])
         self._shapes: dict[tuple[int, int], tuple[list[Path], list[int]]] = {}
 
     def new_row_state(self, context: list[int]) -> None:
