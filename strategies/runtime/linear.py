@@ -45,7 +45,7 @@ so that the matmul reads it row by row without a transpose flag. On a 2-core AMD
 took 1.90 ms at one row against 2.35 MKL-packed, 3.12 `F.linear` and 3.20 oneDNN-packed, and 2.89 at two
 rows against 3.90, 4.93 and 3.93; from four rows on oneDNN's was fastest. Whole forwards at one row
 over a 200-token cache: 3.81 ms against 4.37 MKL-packed and 4.32 `F.linear` (medians of 6 alternated
-rounds).
+rounds; load 0.5-1.0 left by earlier runs, so indicative: README, "Weights packed for oneDNN").
 """
 
 from __future__ import annotations
