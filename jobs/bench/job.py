@@ -20,7 +20,8 @@ medians and per-round ratios to the `autoregressive` job of the same batch size 
 
 Our strategies also decode in this process, interleaved with the jobs (`x bench`: a job's decode rate
 over its strategy's in-process rate), on what the job decodes: its `num_prompts` rows at every batch
-size (never cycled on to fill a larger batch), at the torch threads of the job's actor.
+size (never cycled on to fill a larger batch), at the torch threads of the job's actor, an adaptive
+strategy with a new controller at every pass, as a cold job's actor has.
 
 Peers decode the same prompts in this process (transformers' `generate` and prompt lookup) or in
 another virtual environment (vLLM's CPU build, `jobs/peers/vllm_offline.py`): their rate is of
@@ -312,7 +313,8 @@ wall_s: the job's process start to exit (peers: decoding); outside: wall_s minus
 decode/s: generated tokens over the batches' wall_s; x AR job / x AR dec: per-round ratios to the
   autoregressive of the same batch size and mode (whole-job speed / decode rate), medians;
 dec range: the lowest and highest of the per-round ratios behind x AR dec (a difference inside it is noise);
-x bench: a job's decode rate over the same contender's in-process rate (`accelgen bench`), per round"""
+x bench: a job's decode rate over the same contender's in-process rate (`accelgen bench`; an adaptive
+  strategy's with a new controller each pass, as a cold job's), per round"""
 
 
 def run(
@@ -432,7 +434,13 @@ def main(config: Any) -> int:
     # Jobs decode whole prompts: so does the in-process bench (no cut to max_prompt_tokens), with the
     # threads a job's actor runs (x bench compares the job with its own code, not with more threads).
     threads = config.torch_threads or job_torch_threads(config)
-    bench = Bench(dataclasses.replace(config, max_prompt_tokens=sys.maxsize, torch_threads=threads))
+    # A cold job's actor starts with a controller that has learnt nothing: so does each in-process pass.
+    # With one carried over from the passes before, the in-process auto had its choices settled while
+    # the cold job explored: x bench read 0.79 at batch 1 (quiet, 24 prompts), 1.04 in the next run
+    # with a new controller each pass.
+    bench = Bench(
+        dataclasses.replace(config, max_prompt_tokens=sys.maxsize, torch_threads=threads), controllers_carry_over=False
+    )
     rows = run(config, texts, in_process_contenders(bench))
     print(LEGEND)
     for line in aims(rows, config.num_prompts):
