@@ -28,6 +28,7 @@ from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafting import DraftingMethod
+from strategies.verification.proposer import ProposalContext
 from strategies.verification.speculative import SpeculativeStrategy
 from workers.model_files import weights_sha256
 from workers.model_loading import load_models
@@ -77,9 +78,9 @@ class ScriptedEagle(EagleProposer):
         self.roots += [(list(row.context), root[b].clone()) for b, row in enumerate(self.rows)]
         return root
 
-    def _grow(self, root, depth):
+    def _grow(self, root, depth, nodes):
         self.level = 0
-        return super()._grow(root, depth)
+        return super()._grow(root, depth, nodes)
 
     def _log_confidence(self, features):
         level, vocab = self.level, self.head.config.vocab_size
@@ -283,6 +284,65 @@ def test_the_dynamic_tree_grows_the_most_confident_nodes_and_reranks_to_the_budg
     table[(b,)] = {f: 1.0}
     [draft] = rerank(grow(log_probs(())[None], depth=2, top_k=2, expand=expand), budgets=[2], max_nodes=3)
     assert draft.tokens == [a, b, d] and draft.parents == [-1, -1, 0]
+
+
+def test_no_node_deeper_than_the_node_budget_is_kept_so_the_tree_grows_no_deeper():
+    """The proposer grows a dynamic tree only as deep as its node budget: the rerank keeps the same nodes."""
+    a, b, c, d, e, f = range(6)
+    table = {
+        (): {a: 0.9, b: 0.1},
+        (a,): {c: 0.99, d: 0.01},
+        (b,): {a: 1.0},
+        (a, c): {e: 0.99, f: 0.01},
+        (b, a): {b: 1.0},
+        (a, c, e): {a: 1.0},  # certain: a-c-e-a ties a-c-e, which was grown first and is kept first
+        (b, a, b): {a: 1.0},
+    }
+    log_probs = _table(table, vocab=6)
+    paths: dict[int, tuple[int, ...]] = {}
+
+    def expand(tokens, parents, level):
+        nonlocal paths
+        previous = paths if level > 1 else {-1: ()}
+        paths = {n: previous[int(p)] + (int(t),) for n, (t, p) in enumerate(zip(tokens[0], parents[0], strict=True))}
+        return torch.stack([log_probs(paths[n]) for n in range(len(paths))])[None]
+
+    for nodes in (1, 2, 3):
+        deep = rerank(grow(log_probs(())[None], depth=4, top_k=2, expand=expand), budgets=[4], max_nodes=nodes)
+        capped = rerank(grow(log_probs(())[None], depth=nodes, top_k=2, expand=expand), budgets=[4], max_nodes=nodes)
+        assert (capped[0].tokens, capped[0].parents) == (deep[0].tokens, deep[0].parents)
+    assert deep[0].tokens == [a, c, e]  # the certain chain: the deepest a budget of 3 can keep
+
+
+def test_a_smaller_node_budget_runs_fewer_head_passes_and_drafts_the_trees_first_nodes(target, tiny_model_dir):
+    """A static tree cut to a node budget grows only the nodes kept; a dynamic one no deeper than the budget."""
+    head = tiny_eagle(target, tiny_model_dir)
+    contexts = [list(p) for p in PROMPTS[:3]]
+    with torch.inference_mode():
+        kv = target.new_kv(len(contexts))
+        hidden = target.prefill(kv, [c[:-1] for c in contexts], want_hidden=True).hidden  # [B, L, H] left-padded
+    width = hidden.shape[1]
+    states = TargetStates(hidden, [list(range(width - len(c) + 1, width)) for c in contexts])
+
+    def drafted(static_nodes, nodes):
+        proposer = EagleProposer(head, top_k=3, static_nodes=static_nodes)
+        proposer.start(contexts, _params(), states)
+        passes = []
+        forward = head.forward
+        head.forward = lambda features, *rest: passes.append(features.shape[1]) or forward(features, *rest)
+        try:
+            context = ProposalContext([1] * len(contexts), [DEPTH] * len(contexts), nodes, torch.zeros(3))
+            drafts = proposer.propose(context)
+        finally:
+            del head.forward
+        return [(d.tokens, d.parents) for d in drafts], len(passes) - 1  # less the pass feeding the features
+
+    whole, whole_passes = drafted(static_nodes=12, nodes=12)
+    cut, cut_passes = drafted(static_nodes=12, nodes=4)  # [0] [0, 0] [1] [0, 0, 0]: expanded at depths 1 and 2
+    assert [(t[:4], p[:4]) for t, p in whole] == cut
+    assert (whole_passes, cut_passes) == (len([lv for lv in static_tree(12, DEPTH, 3).levels if len(lv.frontier)]), 2)
+    _, dynamic_passes = drafted(static_nodes=0, nodes=2)
+    assert dynamic_passes == 1  # depth 2: one expansion below the root's children
 
 
 def test_the_static_tree_is_the_most_likely_rank_paths_under_its_fixed_prior():

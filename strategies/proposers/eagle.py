@@ -116,8 +116,10 @@ class EagleProposer(Proposer[_EagleRow]):
     @torch.inference_mode()
     def propose(self, context: ProposalContext) -> list[Draft]:
         root = self._feed_target_features()  # [B, H] the predicted feature below each pending token
-        depth = max(context.budgets)
-        grown = self._grow(root, depth) if depth else None
+        # A node is kept with all its ancestors, so none deeper than the node budget is: levels below it
+        # would be head passes for nothing (a controller that sizes a tree to 2 nodes at batch 8).
+        depth = min(max(context.budgets), context.max_nodes)
+        grown = self._grow(root, depth, context.max_nodes) if depth else None
         self.kv.compact_if_wasteful()
         if grown is None:
             return [Draft.empty() for _ in context.budgets]
@@ -165,8 +167,14 @@ class EagleProposer(Proposer[_EagleRow]):
         [..., H] -> [..., N] (N = V without one; `head.to_target` maps an index to a token id)."""
         return torch.log_softmax(self.head.draft_logits(features).float(), dim=-1)
 
-    def _grow(self, root: torch.Tensor, depth: int) -> Grown:
-        """The tree below each row's pending token; the head's inputs for it are dropped afterwards.
+    def _grow(self, root: torch.Tensor, depth: int, nodes: int) -> Grown:
+        """The tree below each row's pending token, of which at most `nodes` will be kept; the head's
+        inputs for it are dropped afterwards.
+
+        A static tree grows only the first `nodes` nodes of its shape, the ones `first_nodes` keeps where
+        every row may draft `depth` deep (a row allowed less, near its end, keeps those of them that fit):
+        the shape's later nodes cost head passes at depths the budget never reaches. The dynamic tree
+        grows whole: which of its nodes are kept depends on their confidences.
 
         A depth's nodes are written to the head's cache layer only, never recorded as slots
         (`RaggedKV.append`): each node's mask names what it sees, and `truncate` drops them all."""
@@ -193,7 +201,7 @@ class EagleProposer(Proposer[_EagleRow]):
 
         try:
             if self.static_nodes:  # no deeper than the rows need: a shallower budget drafts that depth's shape
-                shape = static_tree(self.static_nodes, depth, self.top_k)
+                shape = static_tree(min(self.static_nodes, nodes), depth, self.top_k)
                 grown = grow_static(self._log_confidence(root), shape, expand)
             else:
                 grown = grow(self._log_confidence(root), depth, self.top_k, expand)
