@@ -36,7 +36,7 @@ took 0.68 ms at 8 rows against 1.12 with `F.linear` and 1.23 oneDNN-packed, 0.97
 at 16 rows, and 0.65 against 0.58 at one row (2 threads, cycled as a forward cycles them): the row
 counts of verify forwards at small batch. MKL documents a pack as made for the dimensions it is packed
 with; its copy of a weight measured the same size whatever the row count, and gave `F.linear`'s results
-at every row count from 1 to 256, so one copy serves every row count, and `check_mkl` checks that on the
+at every row count from 1 to 256, so one copy serves every row count, and `warm_up` checks that on the
 CPU at hand (`mkl_agrees`) before the kernel may be chosen.
 
 A fourth, `TRANSPOSED`: the same sgemm as `F.linear` over a copy of the weight stored transposed, [K, N],
@@ -60,15 +60,13 @@ import torch.nn.functional as F
 # The reorder's row-count hint: hints of 8 and 32 timed alike from 1 to 200 rows; a hint of 1 made 9
 # rows 2-3x slower.
 _ROWS_HINT = 16
-# `check_mkl` checks MKL's packed sgemm at every row count up to this one, then at the largest only.
-MKL_CHECKED_UP_TO = 64
 
 F_LINEAR, ONEDNN, MKL, TRANSPOSED = "f_linear", "onednn", "mkl", "transposed"  # the kernels a row count may be given
 
 # (kernel, data pointer, shape, strides) -> (the weight tensor's weak reference, its version, packed copy)
 _packed: dict[tuple, tuple[weakref.ref, int, torch.Tensor]] = {}
 _enabled = torch.backends.mkldnn.is_available()
-# Whether MKL's packed sgemm is built in and, once `check_mkl` has checked it (`mkl_agrees`), computes F.linear.
+# Whether MKL's packed sgemm is built in and, once `warm_up` has checked it (`mkl_agrees`), computes F.linear.
 _mkl_ok = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 # The row counts timed by `pack_by_rows`, each with the kernel that ran its whole forwards fastest, sorted;
 # a row count between them takes its nearest one's (`kernel_nearest`). Empty: oneDNN at every row count.
@@ -173,37 +171,20 @@ def _transposed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def warm_up(weights: Iterable[torch.Tensor], rows: Iterable[int]) -> None:
-    """Run each weight's oneDNN-packed matmul once at every row count of `rows` that runs oneDNN's
-    kernel under the current choice (every one before a choice is made; zeros in, nothing kept), so
-    that oneDNN has built those kernels before decoding meets them; nothing where the weights do not
-    pack. Kernels are shared by weights of one shape, so one weight of each shape is enough. Row counts
-    that run another kernel build nothing: at a batch of 32, building all 34 of its decode row counts
-    took 0.6 s of an actor's start, most of it the matmuls of the 300-500-row counts."""
-    counts = sorted(count for count in set(rows) if _kernel(count) == ONEDNN)
+    """Run each weight's oneDNN-packed matmul once at every row count of `rows` (zeros in, nothing kept),
+    so that oneDNN has built those kernels before decoding meets them, and check MKL's packed sgemm at
+    them (`mkl_agrees`); nothing where the weights do not pack. Kernels are shared by weights of one
+    shape, so one weight of each shape is enough."""
+    global _mkl_ok
+    by_shape = {tuple(w.shape): w for w in weights}
+    counts = sorted(set(rows))
     with torch.inference_mode():
-        for weight in _one_of_each_shape(weights):
+        for weight in by_shape.values():
             for count in counts:
                 x = torch.zeros(count, weight.shape[1], dtype=weight.dtype, device=weight.device)
                 if _packs(x, weight, None):
-                    _onednn(x, weight, None)
-
-
-def check_mkl(weights: Iterable[torch.Tensor], rows: Iterable[int]) -> None:
-    """Leave MKL's packed sgemm out of `kernels()` unless it computes F.linear (`mkl_agrees`) for one
-    weight of each shape at the row counts of `rows` up to `MKL_CHECKED_UP_TO` and at the largest: the
-    counts where the kernels are timed and choose between the sgemm's paths, and the far end. Checked
-    at every count of a batch of 32 (to 544 rows), it took 1.6 s of an actor's start."""
-    global _mkl_ok
-    counts = sorted(set(rows))
-    checked = [count for count in counts if count <= MKL_CHECKED_UP_TO]
-    checked += [count for count in counts[-1:] if count > MKL_CHECKED_UP_TO]
-    with torch.inference_mode():
-        packing = [w for w in _one_of_each_shape(weights) if _packs(w[:1], w, None)]
-        _mkl_ok = _mkl_ok and all(mkl_agrees(w, checked) for w in packing)
-
-
-def _one_of_each_shape(weights: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    return list({tuple(w.shape): w for w in weights}.values())
+                    _onednn(x, weight, None)  # not `linear`: a choice made for another batch size may skip oneDNN
+        _mkl_ok = _mkl_ok and all(mkl_agrees(w, counts) for w in by_shape.values() if _packs(w[:1], w, None))
 
 
 def mkl_agrees(weight: torch.Tensor, rows: Iterable[int]) -> bool:

@@ -180,16 +180,14 @@ class ModelRunner:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def warm_up(self, batch_size: int) -> None:
-        """Choose each row count's kernel (`pack_where_faster`), MKL's among them where it computes
-        F.linear here (`linear.check_mkl`), then build oneDNN's kernels for the row counts decoding at
-        `batch_size` meets most that run it (`linear.warm_up`): a step of one row and of the whole batch,
-        each `WARM_WIDTHS` tokens wide or less. Nothing for a model whose forward does not pack."""
+        """Build oneDNN's kernels for the row counts decoding at `batch_size` meets most (`linear.warm_up`):
+        a step of one row and of the whole batch, each `WARM_WIDTHS` tokens wide or less. Nothing for a
+        model whose forward does not pack."""
         if not self._forward_packs:
             return
-        weights, rows = self._lean_weights(), decode_row_counts(batch_size)
-        linear.check_mkl(weights, rows)
+        weights = self._lean_weights()
+        linear.warm_up(weights, decode_row_counts(batch_size))
         linear.pack_by_rows(self.pack_where_faster(batch_size))
-        linear.warm_up(weights, rows)
         self.prepack()
 
     def prepack(self) -> None:
@@ -238,22 +236,22 @@ class ModelRunner:
         (as `forward_seconds`) with that kernel at every row count, over one cache. The kernels take
         turns, a forward of each width at a turn, so that the machine's drift falls on each alike. A
         kernel's copies are made as its turn begins and dropped as it ends (one copy of the weights in
-        memory besides them, as in decoding: a model of some GB has no room for four). A width's first
-        forward with a kernel also pays for allocations and oneDNN's build of its row count: the choice
-        keeps each kernel's fastest round (`pack_where_faster`), which a first forward never is once
-        another round has run (an untimed forward ahead of the rounds cost a quarter of this timing, 1 s
-        of an actor's start at a batch of 32). The kernel choice in force before is in force after."""
+        memory besides them, as in decoding: a model of some GB has no room for four), and at its first
+        turn each width runs once untimed (allocations, oneDNN's build of a row count). The kernel choice
+        in force before is in force after."""
         before = linear.choice()
         kv = self.new_kv(len(contexts))
         self.prefill(kv, contexts)
         chains = {width: self._chain(kv, width) for width in widths}
         seconds: dict[tuple[int, str], list[float]] = {}
         try:
-            for _ in range(rounds):
+            for turn in range(rounds):
                 for kernel in kernels:
                     linear.pack_by_rows({1: kernel})  # this kernel alone, at every row count
                     self.prepack()
                     for width, chain in chains.items():
+                        if turn == 0:
+                            self._timed_forward(kv, *chain)
                         seconds.setdefault((width, kernel), []).append(self._timed_forward(kv, *chain))
         finally:
             linear.pack_by_rows(before)
