@@ -36,10 +36,10 @@ from jobs.train.config import CorpusConfig
 from jobs.train.corpus import load_corpus
 from jobs.train.sequences import draw_prompts
 from jobs.train.tokenizer import encode_documents
-from pipeline.config import option
 from pipeline.errors import JobError
 from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, RowRequest, Strategy
+from strategies.config_option import option
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.decoders.calm import CalmStrategy
 from strategies.options import CALM_MEASURES, CalmOptions

@@ -41,7 +41,7 @@ def generate(args: list[str]) -> int:
     from pipeline import markers
     from pipeline.cluster import start_while_importing, stop_ray
     from pipeline.phases import Phases
-    from workers.storage import filesystem
+    from workers.common.storage import filesystem
 
     phases = Phases()
     status = 2

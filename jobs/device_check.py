@@ -231,12 +231,12 @@ def profile(dry_run: bool) -> dict[str, Any]:
     from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
     from strategies import registry
     from strategies.base import GenerationParams, RowRequest
+    from strategies.control import controller as controller_module
     from strategies.decoders import autoregressive
     from strategies.options import StrategyOptions
     from strategies.runtime.sampling import SamplingParams, row_key
     from strategies.verification import speculative
-    from workers import controller as controller_module
-    from workers.model_kinds import KINDS
+    from workers.common.model_kinds import KINDS
     from workers.model_loading import load_models
 
     def labelled(owner, attribute: str, label: str) -> None:

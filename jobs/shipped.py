@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config import JobConfig, ModelConfig
-from workers.model_kinds import BY_NAME, KINDS
+from workers.common.model_kinds import BY_NAME, KINDS
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED_MODELS = ASSETS / "models"
@@ -14,7 +14,7 @@ SAMPLE_PROMPTS = ASSETS / "prompts" / "sample.parquet"
 
 
 def shipped(kind: str) -> Path:
-    """Where the shipped family keeps its model of `kind` (`workers/model_kinds.py`): `models/<kind>`."""
+    """Where the shipped family keeps its model of `kind` (`workers/common/model_kinds.py`): `models/<kind>`."""
     return SHIPPED_MODELS / BY_NAME[kind].name
 
 

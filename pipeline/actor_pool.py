@@ -28,11 +28,11 @@ from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.phases import Phases, actor_start_phases
 from pipeline.threads import default_torch_threads
-from workers import faults
+from strategies.control.controller import Learned
 from workers.actor import GeneratorActor
-from workers.controller import Learned
-from workers.controller_stats import StatsKey
-from workers.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit
+from workers.common import faults
+from workers.common.controller_stats import StatsKey
+from workers.common.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
 RESERVED_CPUS = 1.0

@@ -15,7 +15,7 @@ from pipeline.config import JobConfig
 from strategies import registry
 from strategies.artifacts.configs import read_exits_config, read_heads_config
 from strategies.proposers.medusa_choices import check_choices
-from workers.model_files import is_local, resolve_model_dir
+from workers.common.model_files import is_local, resolve_model_dir
 
 
 def strategies_of(config: JobConfig) -> set[str]:

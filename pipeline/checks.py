@@ -14,10 +14,10 @@ from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from strategies import registry
 from strategies.options import Bound, out_of_bounds
-from workers.model_kinds import missing_models
-from workers.row_settings import INT64
-from workers.row_settings import SETTINGS as ROW_SETTINGS
-from workers.sections import DTYPES
+from workers.common.model_kinds import missing_models
+from workers.common.row_settings import INT64
+from workers.common.row_settings import SETTINGS as ROW_SETTINGS
+from workers.common.sections import DTYPES
 
 # Resources every actor asks for through their own keys (workers.num_cpus_per_actor, num_gpus_per_actor).
 RAY_OWN_RESOURCES = ("CPU", "GPU")

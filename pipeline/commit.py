@@ -7,7 +7,7 @@ Layout of `output.url`:
     _commits/<unit_id>.json         commit record of a part: rows, sha256, bytes (written after it)
     _staging/<unit_id>/<attempt>    parts staged by actors, never read by users
     _logs/batches/<unit_id>/…jsonl  per-batch throughput records (at least once; attempt in each)
-    _logs/controller_stats.json     what the actors' controllers learned (workers/controller_stats.py)
+    _logs/controller_stats.json     what the actors' controllers learned (workers/common/controller_stats.py)
     _manifest.json                  every part with rows and checksum, config, versions (written last
     _SUCCESS                        but one, then this)
 
@@ -28,9 +28,9 @@ from typing import Any
 from pipeline import markers
 from pipeline.errors import JobError
 from pipeline.fingerprint import changed_shards, difference
-from workers.contract import parse_unit_id, part_name
-from workers.spec import UnitResult
-from workers.storage import filesystem, join, protocol_prefix, write_bytes
+from workers.common.contract import parse_unit_id, part_name
+from workers.common.spec import UnitResult
+from workers.common.storage import filesystem, join, protocol_prefix, write_bytes
 
 JOB_FILE = "_job.json"
 MANIFEST_FILE = "_manifest.json"

@@ -18,14 +18,14 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.errors import JobError
+from strategies.config_option import option
 from strategies.options import StrategyOptions
-from workers.sections import (
+from workers.common.sections import (
     GenerationConfig,
     InputConfig,
     ModelConfig,
     OutputConfig,
     WorkersConfig,
-    option,
 )
 
 

@@ -23,10 +23,10 @@ from pipeline.job_record import job_record, model_hash, optional_models
 from pipeline.lossy import lossy_strategies, strategies_of_parts
 from pipeline.phases import Phases
 from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
-from workers import controller_stats
-from workers.controller import ControllerSettings
-from workers.model_files import has_chat_template
-from workers.spec import UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
+from strategies.control.controller import ControllerSettings
+from workers.common import controller_stats
+from workers.common.model_files import has_chat_template
+from workers.common.spec import UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A job's identity: a hash of everything that decides its output rows, and nothing else.
 
 In: the input listing (names, sizes, modification stamps), the columns read, the target and every
-optional model the job uses (`workers/model_kinds.py`: path and weights hash), the dtype, the
+optional model the job uses (`workers/common/model_kinds.py`: path and weights hash), the dtype, the
 generation and strategy settings, and the columns asked for (token ids, log-probabilities). Out:
 credentials and storage options, actor counts, batch sizes, the Ray address — changing those must resume a job,
 not start a different one.
@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.config import JobConfig
 from pipeline.shards import Shard
-from workers.model_kinds import KINDS
+from workers.common.model_kinds import KINDS
 
 FORMAT_VERSION = 1
 

@@ -13,8 +13,8 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.lossy import lossy_strategies
 from pipeline.shards import Shard
-from workers.model_files import check_trained_for_target, is_local, model_weights_hash, resolve_model_dir
-from workers.model_kinds import BY_NAME, KINDS, ModelKind, needed_by
+from workers.common.model_files import check_trained_for_target, is_local, model_weights_hash, resolve_model_dir
+from workers.common.model_kinds import BY_NAME, KINDS, ModelKind, needed_by
 
 
 def job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fsspec import AbstractFileSystem
 
-from workers.storage import join
+from workers.common.storage import join
 
 SUCCESS_FILE = "_SUCCESS"
 

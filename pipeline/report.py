@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pipeline.commit import MANIFEST_FILE
 from pipeline.errors import JobError
 from pipeline.shards import parallel_map
-from workers.storage import filesystem, join
+from workers.common.storage import filesystem, join
 
 matplotlib.use("Agg")  # no display: figures are only ever rendered to PNG bytes
 from matplotlib import pyplot as plt  # after the backend is chosen

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from pipeline.errors import JobError
-from workers.contract import OUTPUT_SCHEMA, SCORE_COLUMNS, unit_id
-from workers.spec import WorkUnit
-from workers.storage import filesystem, protocol_prefix
+from workers.common.contract import OUTPUT_SCHEMA, SCORE_COLUMNS, unit_id
+from workers.common.spec import WorkUnit
+from workers.common.storage import filesystem, protocol_prefix
 
 T = TypeVar("T")
 R = TypeVar("R")

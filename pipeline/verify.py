@@ -23,8 +23,8 @@ from fsspec import AbstractFileSystem
 from pipeline.commit import JOB_FILE, MANIFEST_FILE
 from pipeline.markers import SUCCESS_FILE
 from pipeline.shards import list_shards, parallel_map, read_ids
-from workers.contract import derived_row_id, row_ids_of_id_column
-from workers.storage import filesystem, join
+from workers.common.contract import derived_row_id, row_ids_of_id_column
+from workers.common.storage import filesystem, join
 
 _BOOKKEEPING = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE)
 _BOOKKEEPING_DIRS = ("_logs/", "_commits/")

@@ -35,7 +35,7 @@ class RowRequest:
 
 # An output column a strategy fills for its rows: its name and the Python type of its values (float,
 # int, list[int]). The registry declares each strategy's columns (`strategies.declared`);
-# the output contract (`workers/contract.py`) makes them nullable columns of every part.
+# the output contract (`workers/common/contract.py`) makes them nullable columns of every part.
 OutputColumns = dict[str, object]
 
 

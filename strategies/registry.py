@@ -61,7 +61,7 @@ MASK_PREDICT = "mask_predict"  # not a drafter either: the CMLM alone, lossy, ne
 
 class Models:
     """What strategies draft and verify with: the target, and optional models by kind (`draft`, `heads`,
-    `exits`, `cmlm`, `eagle`: the `model.<kind>` keys, whose table is `workers/model_kinds.py`).
+    `exits`, `cmlm`, `eagle`: the `model.<kind>` keys, whose table is `workers/common/model_kinds.py`).
 
     An optional model may be given as a loader instead (`loaders`, by kind): it is loaded the first time
     a strategy that uses it is created (`get`), so a job whose strategies never draft with the draft
@@ -89,7 +89,7 @@ class Models:
 
 def _need(models: Models, kind: str, strategy: str) -> Any:
     """The optional model of `kind` for `strategy`, or an error naming its key. A job asks for its
-    strategies' models before it starts (`workers.model_kinds.missing_models`), so this is the last
+    strategies' models before it starts (`workers.common.model_kinds.missing_models`), so this is the last
     word of a direct caller that did not."""
     found = models.get(kind)
     if found is None:

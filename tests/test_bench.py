@@ -19,8 +19,8 @@ from jobs.bench.scale import bench_main
 from jobs.cli import main as cli
 from strategies.artifacts.configs import EagleConfig
 from strategies.artifacts.eagle import EagleHead
-from workers.contract import OUTPUT_SCHEMA
-from workers.model_files import weights_sha256
+from workers.common.contract import OUTPUT_SCHEMA
+from workers.common.model_files import weights_sha256
 
 
 def test_paired_speedup_follows_each_round_and_drops_an_outlier():
@@ -164,7 +164,7 @@ def test_a_bench_controller_is_told_what_forwards_cost_at_its_batch_size_as_an_a
     """The in-process bench times the code a job runs: its cold controller starts as an actor's does."""
     from jobs.bench.decoding import Bench, BenchConfig
     from pipeline.config import load_config
-    from workers.controller import bucket
+    from strategies.control.controller import bucket
     from workers.generator import TIMED_WIDTHS
 
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a b a b"}) + "\n")

@@ -15,7 +15,7 @@ from ray.cluster_utils import Cluster
 
 from pipeline.driver import run_job
 from pipeline.verify import verify
-from workers.faults import FAULTS_ENV
+from workers.common.faults import FAULTS_ENV
 
 
 @pytest.fixture

@@ -22,10 +22,10 @@ from strategies import registry
 from strategies.artifacts.cmlm import write_config
 from strategies.artifacts.exits import untrained_exits
 from strategies.base import GenerationParams, RowOutput, RowRequest, Segment
+from strategies.control.controller import AdaptiveController
 from strategies.options import StrategyOptions
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.sampling import SamplingParams
-from workers.controller import AdaptiveController
 from workers.engine import DecodeEngine
 from workers.model_loading import load_models
 

@@ -1,4 +1,4 @@
-"""The output contract's formats, pinned once: every other test builds them with `workers.contract`."""
+"""The output contract's formats, pinned once: every other test builds them with `workers.common.contract`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from workers.contract import (
+from workers.common.contract import (
     OUTPUT_SCHEMA,
     derived_row_id,
     output_schema,

@@ -12,6 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
+from strategies.control.controller import AdaptiveController, ControllerSettings, Learned, bucket
+from strategies.control.cost_model import FORWARD_SAMPLES, ForwardCosts, RecentTime, best_chain_depth
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
 from strategies.runtime.kv_cache import SlotLayer
@@ -20,8 +22,6 @@ from strategies.runtime.sampling import SamplingParams
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.speculative import SpeculativeStrategy
-from workers.controller import AdaptiveController, ControllerSettings, Learned, bucket
-from workers.cost_model import FORWARD_SAMPLES, ForwardCosts, RecentTime, best_chain_depth
 
 LOOKUP = "lookup"
 CHAIN_OF_4 = DraftLimits(4, 4)

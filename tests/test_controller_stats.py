@@ -12,12 +12,12 @@ import pytest
 from job_config import job_config
 
 from pipeline.driver import worker_spec
-from workers import controller_stats
-from workers.controller import Learned, bucket
-from workers.controller_stats import SCHEMA, StatsKey
-from workers.cost_model import FORWARD_SAMPLES
+from strategies.control.controller import Learned, bucket
+from strategies.control.cost_model import FORWARD_SAMPLES
+from workers.common import controller_stats
+from workers.common.controller_stats import SCHEMA, StatsKey
+from workers.common.spec import WorkUnit
 from workers.generator import TIMED_WIDTHS, Generator
-from workers.spec import WorkUnit
 
 KEY = StatsKey("a" * 64, "cpu (2 threads)", "float32")
 

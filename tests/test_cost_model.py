@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.cost_model import (
+from strategies.control.cost_model import (
     FORWARD_SAMPLES,
     ForwardCosts,
     best_case_speedup,

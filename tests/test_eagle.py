@@ -30,7 +30,7 @@ from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.proposer import ProposalContext
 from strategies.verification.speculative import SpeculativeStrategy
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 from workers.model_loading import load_models
 
 DEPTH = 4

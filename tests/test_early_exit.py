@@ -34,7 +34,7 @@ from strategies.decoders.calm import CalmStrategy, never_exiting_threshold, thre
 from strategies.options import CALM_MEASURES, CalmOptions, StrategyOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 from workers.model_loading import load_models
 
 LAYERS = 4

@@ -19,8 +19,8 @@ from pipeline.commit import commit_record_name
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.verify import verify
-from workers.contract import derived_row_id, part_name, unit_id
-from workers.faults import FAULTS_ENV
+from workers.common.contract import derived_row_id, part_name, unit_id
+from workers.common.faults import FAULTS_ENV
 
 PROMPTS = [f"def f{i}(x):" + " y" * (i % 4) for i in range(12)]
 CRASHING = derived_row_id("shard-1.parquet", 3)  # the row a fault plan makes crash its actor

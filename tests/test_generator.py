@@ -25,7 +25,7 @@ from pathlib import Path
 from job_config import job_config
 from pipeline.driver import worker_spec
 from workers.generator import Generator
-from workers.spec import WorkUnit
+from workers.common.spec import WorkUnit
 
 model, tmp = sys.argv[1], sys.argv[2]
 shard = f"{tmp}/in/shard.parquet"

@@ -28,8 +28,8 @@ from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams, filtered_probs, row_key
-from workers.contract import derived_row_id, part_name, unit_id
-from workers.spec import UnitResult
+from workers.common.contract import derived_row_id, part_name, unit_id
+from workers.common.spec import UnitResult
 
 GOOD = [
     "def add(a, b):",

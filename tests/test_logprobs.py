@@ -20,13 +20,13 @@ from jobs.cli import main as cli
 from strategies import registry
 from strategies.artifacts.exits import untrained_exits
 from strategies.base import GenerationParams, RowRequest
+from strategies.control.controller import AdaptiveController
 from strategies.declared import CALM_LOGPROBS_REFUSAL
 from strategies.options import StrategyOptions
 from strategies.runtime.logprobs import score_tokens
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from workers.contract import derived_row_id
-from workers.controller import AdaptiveController
+from workers.common.contract import derived_row_id
 
 TOP = 3
 LOSSLESS = [

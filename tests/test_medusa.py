@@ -33,7 +33,7 @@ from strategies.verification.drafts import Draft
 from strategies.verification.proposer import Proposer
 from strategies.verification.speculative import SpeculativeStrategy
 from strategies.verification.verify import verify_inputs
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 from workers.model_loading import load_models
 
 K = 4

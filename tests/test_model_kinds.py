@@ -24,8 +24,8 @@ from pipeline.shards import list_shards
 from strategies import registry
 from strategies.artifacts.configs import EagleConfig, ExitsConfig, HeadsConfig, write_weights_config
 from strategies.options import StrategyOptions
-from workers.model_files import weights_sha256
-from workers.model_kinds import BY_NAME, KINDS, needed_by
+from workers.common.model_files import weights_sha256
+from workers.common.model_kinds import BY_NAME, KINDS, needed_by
 from workers.model_loading import load_models
 
 MODEL_SETTINGS = {"target", "dtype", "trust_remote_code", "compile", "pack_weights", "cache_dir", "storage_options"}

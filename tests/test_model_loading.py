@@ -9,8 +9,8 @@ import pytest
 from job_config import job_config
 
 from pipeline.driver import worker_spec
+from workers.common.model_files import model_weights_hash, resolve_model_dir
 from workers.generator import Generator
-from workers.model_files import model_weights_hash, resolve_model_dir
 
 
 def test_remote_model_is_downloaded_once_into_the_cache(tmp_path, tiny_model_dir):

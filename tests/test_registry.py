@@ -12,7 +12,7 @@ from strategies import registry
 from strategies.options import DRAFTERS, StrategyOptions
 from strategies.verification.acceptance import ACCEPTORS
 from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
-from workers.contract import OUTPUT_SCHEMA
+from workers.common.contract import OUTPUT_SCHEMA
 
 
 def _rules(cls: type) -> list[type]:

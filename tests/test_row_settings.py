@@ -20,8 +20,8 @@ from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams, keyed_uniform, row_key, seeded_key
-from workers.contract import derived_row_id, part_name, unit_id
-from workers.row_settings import RowSettings, row_settings
+from workers.common.contract import derived_row_id, part_name, unit_id
+from workers.common.row_settings import RowSettings, row_settings
 
 JOB = RowSettings(max_new_tokens=6, temperature=0.0, top_p=1.0, stop=(), seed=0)
 COLUMNS = {"max_new_tokens": "n", "temperature": "t", "top_p": "p", "stop": "s", "seed": "seed"}

@@ -16,7 +16,7 @@ from jobs.shipped import default_job_config
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.verify import verify
-from workers.contract import part_name, unit_id
+from workers.common.contract import part_name, unit_id
 
 PROMPTS = [f"def f{i}(x):\n    return" + " x" * (i % 5) for i in range(12)]
 

@@ -27,8 +27,8 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams, row_key
-from workers.contract import derived_row_id, part_name, unit_id
-from workers.faults import FAULTS_ENV
+from workers.common.contract import derived_row_id, part_name, unit_id
+from workers.common.faults import FAULTS_ENV
 
 PROMPTS = [f"def f{i}(x):" + " y" * (i % 3) for i in range(8)]
 N = 3

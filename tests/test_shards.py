@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.errors import JobError
 from pipeline.shards import check_columns, check_ids, list_shards, plan_units
-from workers.contract import part_name, unit_id
+from workers.common.contract import part_name, unit_id
 
 
 def _write(path, prompts, row_group_size=None, **extra):

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from jobs.shipped import SHIPPED_MODELS, SHIPPED_TARGET, shipped
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 CARD = (SHIPPED_TARGET.parent / "README.md").read_text()
 FAMILY = sorted(folder for folder in SHIPPED_MODELS.iterdir() if folder.is_dir())

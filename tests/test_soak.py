@@ -18,8 +18,8 @@ from jobs.shipped import default_job_config
 from pipeline.config import load_config
 from pipeline.driver import run_job
 from pipeline.verify import verify
-from workers.contract import unit_id
-from workers.faults import FAULTS_ENV
+from workers.common.contract import unit_id
+from workers.common.faults import FAULTS_ENV
 
 RUNS = int(os.environ.get("ACCELGEN_SOAK_RUNS", "20"))  # `make soak RUNS=50`
 BAD_ROWS = [None, b"", b"  \n", b"\xff\xfe", b"\x00\x01"]

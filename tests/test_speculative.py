@@ -19,7 +19,7 @@ from strategies.verification.drafts import Draft, tree_attention
 from strategies.verification.rules import Relaxed
 from strategies.verification.speculative import SpeculativeStrategy
 from strategies.verification.verify import Verification, verify, verify_inputs
-from workers.spec import tally_faults
+from workers.common.spec import tally_faults
 
 K = 4
 

@@ -25,7 +25,7 @@ from jobs.train.tokenizer import CHAT_TEMPLATE
 from jobs.train.windows import Phase, WindowSampler, phase_of
 from pipeline.config import describe
 from pipeline.errors import JobError
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 CORPUS = ["corpus.max_files=40", "corpus.heldout_percent=25"]  # a few stdlib files, some held out
 TINY_LM = [

@@ -21,7 +21,7 @@ from jobs.train.tokenizer import encode_documents, load_tokenizer
 from strategies.artifacts.configs import read_eagle_config
 from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE
 from strategies.artifacts.eagle import load_eagle
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 TINY_EAGLE = [
     "corpus.max_files=40",

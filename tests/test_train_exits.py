@@ -17,7 +17,7 @@ from jobs.train.exits import balanced_accuracy, balanced_bce
 from jobs.train.windows import WindowSampler
 from strategies.artifacts.configs import read_exits_config
 from strategies.artifacts.exits import CONFIG_FILE, WEIGHTS_FILE, load_exits
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 from workers.model_loading import load_models
 
 TINY_EXITS = [

@@ -22,7 +22,7 @@ from jobs.train.tokenizer import encode_documents, load_tokenizer
 from strategies.artifacts.configs import HeadsConfig, read_heads_config
 from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE
 from strategies.artifacts.heads import CONFIG_FILE, WEIGHTS_FILE, DraftHeads, load_heads
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 PROMPT, CONTINUATION, NUM_HEADS = 8, 16, 4
 TINY_HEADS = [

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from workers.controller import Learned
-    from workers.controller_stats import StatsKey
-    from workers.spec import UnitResult, WorkerSpec, WorkUnit
+    from strategies.control.controller import Learned
+    from workers.common.controller_stats import StatsKey
+    from workers.common.spec import UnitResult, WorkerSpec, WorkUnit
 
 
 class GeneratorActor:

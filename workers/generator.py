@@ -24,24 +24,26 @@ from transformers.utils import logging as transformers_logging
 
 from strategies import registry
 from strategies.base import FINISH_LENGTH, Decoding, GenerationParams, RowOutput, RowRequest, Strategy
+from strategies.control.controller import AdaptiveController, Learned
+from strategies.control.cost_model import FORWARD_SAMPLES
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.runner import ModelRunner, synthetic_contexts
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
-from workers import contract, faults
-from workers.contract import (
+from workers.common import contract, faults
+from workers.common.contract import (
     FINISH_ERROR,
     OUTPUT_SCHEMA,
     SCORE_COLUMNS,
     derived_row_id,
     row_ids_of_id_column,
 )
-from workers.controller import AdaptiveController, Learned
-from workers.controller_stats import StatsKey
-from workers.cost_model import FORWARD_SAMPLES
+from workers.common.controller_stats import StatsKey
+from workers.common.row_settings import RowSettings, row_settings
+from workers.common.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
+from workers.common.storage import filesystem, write_bytes
 from workers.engine import DecodeEngine, Pending, SegmentRecord
 from workers.model_loading import load_models, resolve_dtype
-from workers.row_settings import RowSettings, row_settings
 from workers.rows import (
     StopStrings,
     as_text,
@@ -51,8 +53,6 @@ from workers.rows import (
     repetition_rate,
     too_long_message,
 )
-from workers.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
-from workers.storage import filesystem, write_bytes
 
 # The forwards an actor times before its first batch for its controller (`timed_forwards`): new tokens
 # per row, as the cost bench's grid (a draft's verify is 1 + its nodes wide: 5 to 17 by the defaults),

@@ -1,5 +1,5 @@
 """Loading a Hugging Face causal LM and its tokenizer, and a job's optional models, from a local folder
-or any fsspec URL (`workers.model_files` finds the folder and checks it against the target)."""
+or any fsspec URL (`workers.common.model_files` finds the folder and checks it against the target)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from strategies.registry import Models
 from strategies.runtime.runner import ModelRunner
-from workers.model_files import check_trained_for_target, resolve_model_dir
-from workers.model_kinds import BY_NAME, ModelKind
+from workers.common.model_files import check_trained_for_target, resolve_model_dir
+from workers.common.model_kinds import BY_NAME, ModelKind
 
 DTYPE_NAMES = {
     "float32": torch.float32,

@@ -25,13 +25,14 @@ import pyarrow.parquet as pq
 from jobs.bench.scale import LocalS3, bench_main, measured, resident_mb
 from jobs.shipped import default_job_config
 from pipeline.commit import MANIFEST_FILE, OutputFolder
-from pipeline.config import load_config, option, to_plain_dict
+from pipeline.config import load_config, to_plain_dict
 from pipeline.fingerprint import fingerprint, identity
 from pipeline.shards import list_shards, plan_units
 from pipeline.verify import verify
-from workers.contract import OUTPUT_SCHEMA, derived_row_id
-from workers.spec import UnitResult, WorkUnit
-from workers.storage import filesystem, join, write_bytes
+from strategies.config_option import option
+from workers.common.contract import OUTPUT_SCHEMA, derived_row_id
+from workers.common.spec import UnitResult, WorkUnit
+from workers.common.storage import filesystem, join, write_bytes
 
 
 @dataclass

@@ -23,9 +23,10 @@ import torch
 
 from jobs.bench.decoding import read_prompts
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET
-from pipeline.config import load_config, option
+from pipeline.config import load_config
 from pipeline.errors import JobError
 from strategies.base import GenerationParams, RowRequest
+from strategies.config_option import option
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.model_loading import load_models, resolve_dtype

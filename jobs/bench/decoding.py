@@ -27,21 +27,21 @@ from jobs.args import config_or_usage
 from jobs.bench.agreement import agreement
 from jobs.bench.rounds import format_range, paired, per_round, spread
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
-from pipeline.config import option
 from pipeline.errors import JobError
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
+from strategies.config_option import option
+from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import DRAFTERS, EAGLE_TREES, PROMPT_LOOKUP_SIZINGS, StrategyOptions
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key
-from workers.controller import AdaptiveController
+from workers.common.model_kinds import KINDS, needed_by
+from workers.common.storage import filesystem
 from workers.generator import timed_forwards
-from workers.model_kinds import KINDS, needed_by
 from workers.model_loading import load_models, resolve_dtype
 from workers.rows import repetition_rate
-from workers.storage import filesystem
 
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "transformers.generate", "transformers.assisted", "transformers.prompt_lookup"
 JACOBI_COUNTS = ("iterations", "blocks", "committed", "fast_forwarded", "stationary")
@@ -159,7 +159,7 @@ SWEEPS = (
 
 
 def _bench_config() -> type:
-    """The bench's keys: its settings, then one key per optional model kind (`workers/model_kinds.py`),
+    """The bench's keys: its settings, then one key per optional model kind (`workers/common/model_kinds.py`),
     the shipped family's by default, as the job's `model.<kind>`."""
     kinds = [(kind.name, str | None, option(shipped_or_none(kind.name), kind.help)) for kind in KINDS]
     config = dataclasses.make_dataclass("BenchConfig", kinds, bases=(_BenchSettings,))

@@ -54,7 +54,7 @@ from jobs.shipped import default_job_config
 from pipeline.config import load_config
 from pipeline.errors import JobError
 from pipeline.threads import default_torch_threads
-from workers.model_kinds import KINDS
+from workers.common.model_kinds import KINDS
 
 AUTOREGRESSIVE = "autoregressive"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "vllm_offline.py"

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.bench.scale import LocalS3, bench_main, measured, resident_mb
-from pipeline.config import option
 from pipeline.shards import PLANNING_THREADS, check_columns, check_ids, list_shards, plan_units
-from workers.storage import filesystem
+from strategies.config_option import option
+from workers.common.storage import filesystem
 
 BUCKET = "bench-planning"
 

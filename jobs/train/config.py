@@ -11,8 +11,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from pipeline.config import option
 from pipeline.errors import JobError
+from strategies.config_option import option
 
 PRECISIONS = ("float32", "bfloat16")
 CLLM_AR_LABELS = ("target", "corpus")

@@ -19,7 +19,7 @@ from jobs.train.loop import Objective, pick_device, train_and_export
 from jobs.train.model import build_llama
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 
 def distillation_loss(target: torch.nn.Module, distill: DistillConfig) -> Objective:

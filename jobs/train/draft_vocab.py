@@ -19,7 +19,7 @@ from jobs.train.tokenizer import encode_documents
 from pipeline.errors import JobError
 from strategies.artifacts.configs import write_weights_config
 from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE, save_draft_vocab
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 
 class DraftingHead(Protocol):

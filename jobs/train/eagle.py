@@ -45,7 +45,7 @@ from strategies.base import GenerationParams, RowRequest
 from strategies.options import EAGLE_TREES, StrategyOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 
 def train_eagle(config: EagleJobConfig) -> Path:

@@ -46,7 +46,7 @@ from pipeline.errors import JobError
 from strategies.artifacts.configs import HeadsConfig
 from strategies.artifacts.eagle import EagleHead
 from strategies.artifacts.heads import DraftHeads, load_heads
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 IGNORE = -100  # label of a position whose token t+2+i is not a generated one (cross_entropy's ignore_index)
 TOP_K = 5  # Medusa reports top-1 and top-5 accuracy

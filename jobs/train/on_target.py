@@ -14,7 +14,7 @@ from jobs.train import checkpoint
 from jobs.train.loop import pick_device
 from jobs.train.model import load_float32
 from jobs.train.tokenizer import load_tokenizer
-from workers.model_files import weights_sha256
+from workers.common.model_files import weights_sha256
 
 
 @dataclass

@@ -11,7 +11,7 @@ where a is the accepted length (each P the mean over the batch's rows: every row
 width) and cost(k) what a step drafting k tokens costs, in plain steps (cost(0) = 1: no draft, a
 plain-width forward). The costs are the controller's
 cost model where it has one (`ProposalContext.step_costs`). The controller's chain sizing is the
-same rule with P(a >= j) = alpha^j (`workers.cost_model.best_chain_depth`).
+same rule with P(a >= j) = alpha^j (`strategies.control.cost_model.best_chain_depth`).
 
 Only positions that were verified are counted (a token after a rejected one says nothing), and a
 kind starts from a prior of `prior_accepted` in `prior_tried`, so an unseen kind is tried.

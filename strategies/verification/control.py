@@ -1,6 +1,6 @@
 """What the speculative loop asks its controller each step, and what it reports back.
 
-The controller is a policy fed by measurements (`workers.controller.AdaptiveController`); this
+The controller is a policy fed by measurements (`strategies.control.controller.AdaptiveController`); this
 module only fixes the vocabulary, so strategies stay free of the policy and testable without it.
 """
 

@@ -17,7 +17,7 @@ the controller's events) uses these words in these senses.
   with an empty draft and emits the target's one token. A proposer or a verify forward that raises
   is a fault (`faults`, per drafter: its messages): the step is decoded plainly and the drafter is off
   for the rest of the batch, so the output stays exact but loses that drafter's speed-up. The job
-  summary counts them per drafter (`workers.spec.tally_faults`).
+  summary counts them per drafter (`workers.common.spec.tally_faults`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 import fsspec
 
-from workers.model_kinds import ModelKind
+from workers.common.model_kinds import ModelKind
 
 _HASH_CACHE = Path.home() / ".cache" / "accelgen" / "model_hashes.json"
 

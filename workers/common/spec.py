@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from strategies.control.controller import Learned
 from strategies.options import StrategyOptions
-from workers.controller import Learned
-from workers.controller_stats import StatsKey
-from workers.sections import GenerationConfig, InputConfig, ModelConfig, OutputConfig, WorkersConfig
+from workers.common.controller_stats import StatsKey
+from workers.common.sections import GenerationConfig, InputConfig, ModelConfig, OutputConfig, WorkersConfig
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class WorkerSpec:
     generation: GenerationConfig
     workers: WorkersConfig
     strategy: StrategyOptions
-    # The optional models the job uses, by kind (`workers/model_kinds.py`): kind -> URL.
+    # The optional models the job uses, by kind (`workers/common/model_kinds.py`): kind -> URL.
     models: dict[str, str] = field(default_factory=dict)
     # The target's weights hash: with the actor's device and dtype, the key of its controller statistics.
     target_sha256: str = ""

@@ -1,7 +1,7 @@
 """The controller statistics file: what actors' controllers learned, kept for the next job.
 
 One small JSON file holds, per (target weights hash, device, dtype), what the controllers of a job
-learned (`workers.controller.Learned`): step times by batch bucket, τ by drafter, draft sizes, and the
+learned (`strategies.control.controller.Learned`): step times by batch bucket, τ by drafter, draft sizes, and the
 cost model's measurements (forward times by batch bucket and width, each drafter's host time). The
 driver writes it at the end of a job to the output's `_logs/controller_stats.json` and, when
 `workers.controller_stats_url` is set, into that shared file (entries of other keys kept); it reads
@@ -23,9 +23,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from strategies.control.controller import Learned
 from strategies.verification.control import AUTOREGRESSIVE
-from workers.controller import Learned
-from workers.storage import filesystem, join, write_bytes
+from workers.common.storage import filesystem, join, write_bytes
 
 SCHEMA = "accelgen.controller_stats/3"
 # /1 lacks forward_time and host_time; /2 kept them and drafters' step times in seconds, and host times

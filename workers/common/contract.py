@@ -24,7 +24,7 @@ def _strategy_field(name: str, kind: object) -> pa.Field:
     if kind not in _ARROW_TYPES:
         raise TypeError(
             f"output column {name!r} is declared with type {kind!r}, which the output contract cannot store: "
-            f"declare one of {', '.join(map(repr, _ARROW_TYPES))} (workers/contract.py, _ARROW_TYPES)"
+            f"declare one of {', '.join(map(repr, _ARROW_TYPES))} (workers/common/contract.py, _ARROW_TYPES)"
         )
     return pa.field(name, _ARROW_TYPES[kind])
 

@@ -7,21 +7,15 @@ uses is read where it is declared, and a new one is a field here, not a field co
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import MISSING
 
-from workers.model_kinds import BY_NAME, KINDS
+from strategies.config_option import option
+from workers.common.model_kinds import BY_NAME, KINDS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
-
-
-def option(default: Any, help: str, **kwargs: Any) -> Any:
-    """A dataclass field with its help text; mutable defaults go through `default_factory`."""
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
-    return field(default=default, metadata={"help": help}, **kwargs)
 
 
 @dataclass
@@ -72,7 +66,7 @@ class OutputConfig:
 
 
 def _model_config() -> type:
-    """`model.*`: the target, one key per optional model kind (`workers/model_kinds.py`: a new kind is a
+    """`model.*`: the target, one key per optional model kind (`workers/common/model_kinds.py`: a new kind is a
     new key without an edit here), and how every model loads."""
     fields = [
         ("target", str, option(MISSING, "Hugging Face causal LM: a local directory or an fsspec URL of one.")),

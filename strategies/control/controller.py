@@ -15,7 +15,7 @@ a drafter's steps at the end of a batch run with fewer rows than the bucket's pl
 step times would make it look cheaper than it is (per row, such a step looks dearer where a step's
 cost hardly depends on its rows, as on a GPU: the safe side). The controller
 
-- knows what a token costs (`workers/cost_model.py`): each step reports its forward's width (new
+- knows what a token costs (`strategies/control/cost_model.py`): each step reports its forward's width (new
   tokens per row, 1 + the widest draft) and time, so the controller keeps the target's forward
   time per row by bucket and width, and each drafter's host time (step − forward: drafting,
   acceptance, bookkeeping) per bucket and width. At a bucket where plain steps ran but a drafter has
@@ -79,7 +79,7 @@ cost hardly depends on its rows, as on a GPU: the safe side). The controller
 Every switch is an event (scope, from, to, reason, estimates) that the worker logs. It lives as
 long as its actor, so what it learned carries over from batch to batch; across jobs, what it
 learned (`Learned`) is saved at the end of a job and warm-starts the next job's controllers
-(`workers/controller_stats.py`), which then explore only what it does not cover. A drafter known only
+(`workers/common/controller_stats.py`), which then explore only what it does not cover. A drafter known only
 from such statistics is probed once, as soon as it is the best estimate, before speculation goes on
 with it: a switch still needs a fresh measurement of its drafter.
 """
@@ -93,8 +93,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
-from workers.cost_model import (
+from strategies.control.cost_model import (
     ForwardCosts,
     RecentTime,
     best_case_speedup,
@@ -105,6 +104,7 @@ from workers.cost_model import (
     segment_ends,
     tree_tau_by_budget,
 )
+from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan, StepRecord
 
 BEST_CASE_STEPS = 16  # steps a drafter's best case at a bucket is kept (`AdaptiveController.best_case`)
 

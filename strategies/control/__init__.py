@@ -1,0 +1,1 @@
+"""The adaptive controller: which drafter, and how much, pays for the batch at hand."""
