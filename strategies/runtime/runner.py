@@ -10,6 +10,9 @@ through them while the others' states propagate (CALM); `forward_early` runs the
 as provisional columns (a self-speculative draft step), which the next `forward` over the same
 tokens reuses instead of computing those layers again. Other architectures refuse these
 (`need_layers`).
+
+Before decoding, the runner times whole forwards to choose the kernel of each of the lean forward's
+matmul row counts and packs its weights for them (`warm_up`, from `kernel_timing.KernelTiming`).
 """
 
 from __future__ import annotations
