@@ -51,7 +51,8 @@ class RowDrafting:
 
 @dataclass
 class ControllerState:
-    """Every field the controller's parts share; each part's module says which it reads and which it moves."""
+    """Every field the controller's parts share, declared in one place: each part (`step_costs.py`,
+    `sizing.py`, `estimates.py`, `exploration.py`, `observation.py`) adds methods over them."""
 
     settings: ControllerSettings = field(default_factory=ControllerSettings)
 
