@@ -44,7 +44,8 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from jobs.train import checkpoint
-from jobs.train.config import CLLMJobConfig, CLLMLossConfig, TrainConfig, check_cllm
+from jobs.train.config import TrainConfig
+from jobs.train.config_fine_tune import CLLMJobConfig, CLLMLossConfig, check_cllm
 from jobs.train.corpus import Corpus, load_corpus
 from jobs.train.evaluate import heldout_windows, score
 from jobs.train.loop import Objective, single_phase, train, versions

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from jobs.train import draft_vocab
-from jobs.train.config import EagleJobConfig, check_eagle
+from jobs.train.config_heads import EagleJobConfig, check_eagle
 from jobs.train.corpus import Corpus, Document, load_corpus
 from jobs.train.draft_vocab import trained_head, use_draft_vocab
 from jobs.train.heads import save_trained, train_on_sequences, training_sequences

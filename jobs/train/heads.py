@@ -28,13 +28,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from jobs.train.config import (
-    HeadsEvalJobConfig,
-    HeadsJobConfig,
-    TrainConfig,
-    check_heads,
-    check_sequences,
-)
+from jobs.train.config import TrainConfig
+from jobs.train.config_heads import HeadsEvalJobConfig, HeadsJobConfig, check_heads, check_sequences
 from jobs.train.corpus import Corpus, Document, load_corpus
 from jobs.train.draft_vocab import trained_head, use_draft_vocab, write_draft_vocab
 from jobs.train.loop import Objective, TrainSummary, pick_device, single_phase, train, versions
