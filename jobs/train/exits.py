@@ -34,8 +34,8 @@ from jobs.train.corpus import load_corpus
 from jobs.train.loop import Objective, single_phase, train, versions
 from jobs.train.model import count_parameters
 from jobs.train.on_target import start_on_target
+from jobs.train.samplers import WindowSampler
 from jobs.train.tokenizer import encode_documents
-from jobs.train.windows import WindowSampler
 from pipeline.errors import JobError
 from strategies.artifacts.exits import ExitHeads, untrained_exits
 from strategies.runtime import llama_forward

@@ -23,18 +23,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from jobs.train.config import TrainConfig
 from jobs.train.config_heads import HeadsEvalJobConfig, HeadsJobConfig, check_heads, check_sequences
 from jobs.train.corpus import Corpus, Document, load_corpus
 from jobs.train.draft_vocab import trained_head, use_draft_vocab, write_draft_vocab
 from jobs.train.loop import Objective, TrainSummary, pick_device, single_phase, train, versions
 from jobs.train.model import count_parameters, load_float32
 from jobs.train.on_target import TargetRun, start_on_target
+from jobs.train.samplers import SequenceSampler
 from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
@@ -46,29 +45,6 @@ from workers.common.model_files import weights_sha256
 IGNORE = -100  # label of a position whose token t+2+i is not a generated one (cross_entropy's ignore_index)
 TOP_K = 5  # Medusa reports top-1 and top-5 accuracy
 DATA_SUBDIR = "sequences"  # the generated sequences, a checkpoint of their own inside the checkpoint directory
-
-
-class SequenceSampler:
-    """Batches of sequence indices [B]: each epoch a fresh permutation keyed by (seed, epoch).
-
-    A pure function of (seed, step), like `windows.WindowSampler`, so a resumed run sees the
-    batches an uninterrupted one would.
-    """
-
-    def __init__(self, count: int, seed: int) -> None:
-        self.count = count
-        self.seed = seed
-        self._orders: dict[int, np.ndarray] = {}
-
-    def batch(self, step: int, config: TrainConfig) -> torch.Tensor:
-        """Indices of the sequences of global `step`: [B] int64."""
-        picks = []
-        for index in range(step * config.batch_size, (step + 1) * config.batch_size):
-            epoch = index // self.count
-            if epoch not in self._orders:
-                self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.count)
-            picks.append(int(self._orders[epoch][index % self.count]))
-        return torch.tensor(picks, dtype=torch.long)
 
 
 def train_heads(config: HeadsJobConfig) -> Path:

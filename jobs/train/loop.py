@@ -2,7 +2,7 @@
 
 A job (`lm`, `draft`) brings a model, an objective and a token stream; this module owns
 everything else, so resumption and determinism are implemented once. A step's batch is a pure
-function of (seed, step) (`windows.py`), and the checkpoint holds model, optimizer and RNG state,
+function of (seed, step) (`samplers.py`), and the checkpoint holds model, optimizer and RNG state,
 so an interrupted run that is re-run ends with the same weights as an uninterrupted one.
 """
 
@@ -25,7 +25,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from jobs.train import checkpoint
 from jobs.train.config import LoopConfig, OptimConfig, TrainConfig
 from jobs.train.model import count_parameters, save_model_dir
-from jobs.train.windows import WindowSampler
+from jobs.train.samplers import WindowSampler
 
 # (model, windows [B, T+1] int64) -> scalar loss; runs under the loop's autocast.
 Objective = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
