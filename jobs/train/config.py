@@ -65,6 +65,8 @@ class OptimConfig:
 
 @dataclass
 class StepsConfig:
+    """The first fields of every train section: how many steps, how much each one sees."""
+
     steps: int = option(1000, "Optimizer steps.")
     batch_size: int = option(8, "Examples per step.")
 
@@ -115,6 +117,8 @@ def check_loop(train: LoopConfig, *sizes: str) -> None:
 
 @dataclass
 class WindowsConfig(StepsConfig):
+    """The windows of a model trained from scratch: short ones first, then its whole context."""
+
     seq_len: int = option(256, "Window length (tokens) of the first phase: short windows see more tokens per second.")
     final_seq_len: int = option(
         1024,

@@ -210,6 +210,8 @@ class ExitsShape:
 
 @dataclass
 class ExitsWindowsConfig(StepsConfig):
+    """The corpus windows the exits learn on."""
+
     seq_len: int = option(128, "Tokens per window; each is a label: the target's final next-token distribution there.")
 
 

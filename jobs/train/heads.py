@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 from jobs.train.config_heads import EagleJobConfig, HeadsEvalJobConfig, HeadsJobConfig, check_heads, check_sequences
 from jobs.train.corpus import Corpus, Document, load_corpus
 from jobs.train.draft_vocab import trained_head, use_draft_vocab, write_draft_vocab
-from jobs.train.loop import Objective, TrainSummary, pick_device, single_phase, train, versions
+from jobs.train.loop import Objective, TrainSummary, single_phase, train, use_device, versions
 from jobs.train.model import count_parameters, load_float32
 from jobs.train.on_target import TargetRun, start_on_target
 from jobs.train.samplers import SequenceSampler
@@ -171,9 +171,7 @@ def save_trained(
 
 def evaluate_heads(config: HeadsEvalJobConfig) -> list[dict[str, Any]]:
     """`train heads-eval`: per-head top-1/top-5 accuracy of saved heads on held-out text; print, maybe save."""
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    device = pick_device(config.device)
+    device = use_device(config.device, config.threads)
     try:
         heads = load_heads(Path(config.heads), torch.float32, device)
     except (OSError, ValueError) as exc:

@@ -51,6 +51,13 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def use_device(name: str, threads: int) -> torch.device:
+    """torch's intra-op threads set to `threads` (0: torch's default), then the device `name` picks."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return pick_device(name)
+
+
 def single_phase(settings: LoopConfig, seq_len: int) -> TrainConfig:
     """The loop's settings for a job trained in one phase of `seq_len`-token rows (heads, exits, cllm):
     `settings` is the job's own train section, which has no phases to configure."""
@@ -77,9 +84,7 @@ def train(
     fingerprint: dict[str, Any],
 ) -> TrainSummary:
     """Train `model` in place for `config.steps` steps, resuming from `checkpoint_dir` when it holds a state."""
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    device = pick_device(config.device)
+    device = use_device(config.device, config.threads)
     model.to(device).train()
     optimizer = _adamw(model, optim)
     first_step, wall_before, loss_ema = 0, 0.0, float("nan")
