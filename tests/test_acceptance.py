@@ -10,16 +10,11 @@ import torch
 from strategies.runtime.sampling import STREAM_ACCEPT, STREAM_TARGET, SamplingParams, greedy_tokens, keyed_uniform
 from strategies.verification import acceptance
 from strategies.verification.acceptance import (
-    DraftTable,
     Slots,
     accept,
     decide_rejection_sampling,
     rejection_chains,
-    relaxed_walk,
     target_choices,
-    typical_walk,
-    walk,
-    walk_rows,
 )
 from strategies.verification.drafts import (
     Draft,
@@ -30,6 +25,7 @@ from strategies.verification.drafts import (
     tree_depths,
 )
 from strategies.verification.rules import ExactMatch, RejectionSampling, Relaxed, Typical
+from strategies.verification.tree_walks import DraftTable, relaxed_walk, typical_walk, walk, walk_rows
 
 
 def test_tree_helpers_on_a_literal_tree():

@@ -13,7 +13,8 @@ import math
 import torch
 from bigram_model import bigram_model
 
-from jobs.train.cllm import Trajectories, cllm_losses
+from jobs.train.cllm_loss import cllm_losses
+from jobs.train.cllm_trajectories import Trajectories
 
 # The target's next-token distribution after each token of a 4-token vocabulary.
 AFTER = torch.tensor(

@@ -172,7 +172,7 @@ def test_warm_up_runs_one_weight_of_each_shape_at_each_row_count_and_nothing_whe
 def test_a_runner_warms_its_lean_forwards_weights_at_the_row_counts_of_its_batch_size(monkeypatch):
     from test_llama_forward import SMALL
 
-    from strategies.runtime.runner import WARM_WIDTHS, decode_row_counts
+    from strategies.runtime.kernel_timing import WARM_WIDTHS, decode_row_counts
 
     assert WARM_WIDTHS == 17  # EAGLE's 16 nodes and the pending token, the widest default draft
     assert decode_row_counts(1) == list(range(1, 18))
@@ -305,7 +305,7 @@ def test_a_runner_gives_each_row_count_the_kernel_whose_whole_forwards_ran_faste
     the batch than `PACKING_MAX_ROWS` rows."""
     from test_llama_forward import SMALL
 
-    from strategies.runtime.runner import PACKING_MAX_ROWS, PACKING_ROUNDS, PACKING_WIDTHS
+    from strategies.runtime.kernel_timing import PACKING_MAX_ROWS, PACKING_ROUNDS, PACKING_WIDTHS
 
     f, dnn, mkl = packed.F_LINEAR, packed.ONEDNN, packed.MKL
     monkeypatch.setattr(packed, "_mkl_ok", True)

@@ -17,7 +17,7 @@ import torch
 
 from jobs.shipped import SHIPPED_MODELS
 from jobs.train.cllm import heldout_set, measure
-from jobs.train.config import CLLMJobConfig
+from jobs.train.config_fine_tune import CLLMJobConfig
 from jobs.train.corpus import load_corpus
 from jobs.train.model import load_float32
 from jobs.train.tokenizer import load_tokenizer

@@ -13,11 +13,12 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.proposers.draft_model import DraftModelProposer
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
-from strategies.verification.acceptance import ACCEPTORS, Verdict
+from strategies.verification.acceptance import ACCEPTORS
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft, tree_attention
 from strategies.verification.rules import Relaxed
 from strategies.verification.speculative import SpeculativeStrategy
+from strategies.verification.tree_walks import Verdict
 from strategies.verification.verify import Verification, verify, verify_inputs
 from workers.common.spec import tally_faults
 

@@ -21,8 +21,8 @@ from jobs.train.corpus import is_heldout, load_corpus
 from jobs.train.draft import start_from_target
 from jobs.train.loop import lr_at
 from jobs.train.model import build_llama
+from jobs.train.samplers import Phase, WindowSampler, phase_of
 from jobs.train.tokenizer import CHAT_TEMPLATE
-from jobs.train.windows import Phase, WindowSampler, phase_of
 from pipeline.config import describe
 from pipeline.errors import JobError
 from workers.common.model_files import weights_sha256

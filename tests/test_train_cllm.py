@@ -15,18 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.train import checkpoint, cllm
 from jobs.train.cli import main
-from jobs.train.cllm import (
-    DATA_SUBDIR,
-    StateSampler,
-    Trajectories,
-    block_logits,
-    block_statistics,
-    cllm_losses,
-    collect_trajectories,
-    initial_guesses,
-    jacobi_blocks,
-    trajectory_statistics,
-)
+from jobs.train.cllm import DATA_SUBDIR, collect_trajectories, initial_guesses, jacobi_blocks
+from jobs.train.cllm_loss import StateSampler, block_logits, cllm_losses
+from jobs.train.cllm_trajectories import Trajectories, block_statistics, trajectory_statistics
 from jobs.train.config import TrainConfig
 from strategies.runtime.runner import ModelRunner
 

@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.train.cli import main
 from jobs.train.cmlm import ExampleSampler, ends_at_eos, masked_batch
-from jobs.train.config import CMLMJobConfig, TrainConfig
+from jobs.train.config import TrainConfig
+from jobs.train.config_fine_tune import CMLMJobConfig
 from strategies.artifacts.cmlm import CMLMConfig, read_config
 
 TINY_CMLM = [

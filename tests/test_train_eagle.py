@@ -16,7 +16,7 @@ from jobs.train.cli import main
 from jobs.train.config import CorpusConfig
 from jobs.train.corpus import load_corpus
 from jobs.train.draft_vocab import most_frequent
-from jobs.train.heads import SequenceSampler
+from jobs.train.samplers import SequenceSampler
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from strategies.artifacts.configs import read_eagle_config
 from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE

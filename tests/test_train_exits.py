@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from jobs.train.cli import main
 from jobs.train.exits import balanced_accuracy, balanced_bce
-from jobs.train.windows import WindowSampler
+from jobs.train.samplers import WindowSampler
 from strategies.artifacts.configs import read_exits_config
 from strategies.artifacts.exits import CONFIG_FILE, WEIGHTS_FILE, load_exits
 from workers.common.model_files import weights_sha256

@@ -17,7 +17,8 @@ from jobs.train.cli import main
 from jobs.train.config import CorpusConfig, TrainConfig
 from jobs.train.corpus import load_corpus
 from jobs.train.draft_vocab import most_frequent
-from jobs.train.heads import DATA_SUBDIR, IGNORE, SequenceSampler, head_labels, heads_loss, hidden_windows
+from jobs.train.heads import DATA_SUBDIR, IGNORE, head_labels, heads_loss, hidden_windows
+from jobs.train.samplers import SequenceSampler
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from strategies.artifacts.configs import HeadsConfig, read_heads_config
 from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE

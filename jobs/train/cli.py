@@ -24,18 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.train.config import (
-    CLLMJobConfig,
-    CMLMJobConfig,
-    DraftJobConfig,
-    EagleJobConfig,
-    EvalJobConfig,
-    ExitsJobConfig,
-    HeadsEvalJobConfig,
-    HeadsJobConfig,
-    LMJobConfig,
-    TokenizerJobConfig,
-)
+from jobs.train.config import DraftJobConfig, EvalJobConfig, LMJobConfig, TokenizerJobConfig
+from jobs.train.config_fine_tune import CLLMJobConfig, CMLMJobConfig
+from jobs.train.config_heads import EagleJobConfig, ExitsJobConfig, HeadsEvalJobConfig, HeadsJobConfig
 from pipeline.config import describe, load_config
 from pipeline.errors import JobError
 

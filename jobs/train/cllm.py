@@ -16,17 +16,9 @@ Jacobi iteration. The trajectories are cached in the checkpoint directory under 
 fingerprint after every batch of prompts, so a killed collection resumes after the last batch it
 saved and a resumed training run does not collect again.
 
-Loss, as in the paper's `cllm_trainer_global.py`: per example one random non-final state y of a
-block with fixed point y*, L = L_GC + ar_weight · L_AR. L_GC is the soft cross-entropy of the
-model's distributions on [context ; y] against its own, detached, distributions on [context ; y*],
-over the block positions from the first one where y differs from y* (the converged prefix has
-identical inputs in both, nothing to learn). L_AR is the label-smoothed cross-entropy of the
-fixed-point tokens on [context ; y*]: it keeps the model's greedy output where it was, which L_GC
-alone would let drift toward degenerate repeats (any repeat is an easy fixed point).
-
-Trajectory statistics (the paper's): Jacobi iterations per block, fast-forwarded tokens (fixed in
-an iteration beyond the one each iteration is sure to fix) and stationary tokens (already right
-and kept through an iteration while a wrong token stood before them), per block.
+The trajectories and their statistics are `cllm_trajectories`; the loss, the paper's, is `cllm_loss`.
+Before and after training, the target and the CLLM are measured on held-out text: their loss, and the
+statistics of their Jacobi trajectories.
 """
 
 from __future__ import annotations
@@ -39,15 +31,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from jobs.train import checkpoint
-from jobs.train.config import CLLMJobConfig, CLLMLossConfig, TrainConfig, check_cllm
+from jobs.train.cllm_loss import StateSampler, cllm_objective
+from jobs.train.cllm_trajectories import Trajectories, stacked, trajectory_statistics
+from jobs.train.config_fine_tune import CLLMJobConfig, check_cllm
 from jobs.train.corpus import Corpus, load_corpus
 from jobs.train.evaluate import heldout_windows, score
-from jobs.train.loop import Objective, single_phase, train, versions
+from jobs.train.loop import single_phase, train, versions
 from jobs.train.model import count_parameters, save_model_dir
 from jobs.train.on_target import start_on_target
 from jobs.train.sequences import data_fingerprint, draw_prompts
@@ -56,29 +49,6 @@ from pipeline.errors import JobError
 from strategies.runtime.runner import ModelRunner
 
 DATA_SUBDIR = "trajectories"  # the collected trajectories, a checkpoint of their own inside the checkpoint directory
-
-
-@dataclass
-class Trajectories:
-    """Jacobi trajectories of a set of prompts, as flat tensors (what the checkpoint file holds).
-
-    Block e of `blocks` is block `k` of prompt row `row`: its context is `sequences[row, :P + k*n]`
-    and its states are `states[first : first + count]`, the initial guess first, the fixed point last.
-    """
-
-    sequences: torch.Tensor  # [N, P + K*n] int64: each prompt, then the fixed point of each of its K blocks
-    states: torch.Tensor  # [S, n] int64: every kept block's states in order
-    blocks: torch.Tensor  # [E, 4] int64: (row, k, first, count) of each kept block
-    prompt_tokens: int
-    # [N, P + K*n] int64: each prompt's corpus window, the prompt then the text that followed it in the
-    # corpus (what `loss.ar_labels=corpus` learns); None where no loss reads it (held-out prompts).
-    corpus: torch.Tensor | None = None
-
-    @property
-    def block_size(self) -> int:
-        return self.states.shape[1]
-
-
 _TRAJECTORY_FIELDS = [f.name for f in fields(Trajectories)]
 
 
@@ -246,15 +216,9 @@ def collect_trajectories(
                         states.append(row_states)
                         offset += len(row_states)
             if save is not None:
-                save(_trajectories(sequences, states, kept, prompts.shape[1]))
+                save(stacked(sequences, states, kept, prompts.shape[1]))
             bar.update(len(chunk))
-    return _trajectories(sequences, states, kept, prompts.shape[1])
-
-
-def _trajectories(
-    sequences: list[torch.Tensor], states: list[torch.Tensor], kept: list[tuple[int, ...]], prompt_tokens: int
-) -> Trajectories:
-    return Trajectories(torch.cat(sequences), torch.cat(states), torch.tensor(kept).view(-1, 4), prompt_tokens)
+    return stacked(sequences, states, kept, prompts.shape[1])
 
 
 def jacobi_blocks(
@@ -296,37 +260,6 @@ def jacobi_blocks(
         logits = runner.forward(kv, y, positions, real, logits_to_keep=1).logits  # [B, 1, V]: the block joins
         first = logits[:, -1].argmax(-1)  # [B]
     return torch.cat(fixed, dim=1), trajectories
-
-
-def block_statistics(states: torch.Tensor) -> tuple[int, int, int]:
-    """(iterations, fast-forwarded tokens, stationary tokens) of one block's states [J+1, n], fixed point last.
-
-    Iteration j (state j-1 -> j) fixes as many tokens as the converged prefix grows, always >= 1; what
-    it fixes beyond one token is fast-forwarded. A token is stationary when some iteration keeps it right while a wrong
-    token precedes it: it was right before the tokens it depends on were.
-    """
-    right = states == states[-1]  # [J+1, n]
-    prefix = right.int().cumprod(dim=1).sum(dim=1)  # [J+1] converged prefix length of each state
-    fast_forwarded = int((prefix[1:] - prefix[:-1] - 1).clamp(min=0).sum())
-    behind_wrong = torch.arange(states.shape[1])[None, :] > prefix[:-1, None]  # [J, n]
-    stationary = int((right[:-1] & right[1:] & behind_wrong).any(dim=0).sum())
-    return len(states) - 1, fast_forwarded, stationary
-
-
-def trajectory_statistics(data: Trajectories) -> dict[str, float]:
-    """Per-block means of `block_statistics` over every block of `data`, and fixed tokens per iteration."""
-    numbers = torch.tensor(
-        [block_statistics(data.states[first : first + count]) for _, _, first, count in data.blocks.tolist()],
-        dtype=torch.float64,
-    ).view(-1, 3)  # [E, 3]
-    iterations, fast_forwarded, stationary = numbers.mean(dim=0).tolist()
-    return {
-        "blocks": len(numbers),
-        "iterations_per_block": round(iterations, 3),
-        "tokens_per_iteration": round(data.block_size / iterations, 3),
-        "fast_forwarded_per_block": round(fast_forwarded, 3),
-        "stationary_per_block": round(stationary, 3),
-    }
 
 
 @dataclass
@@ -387,137 +320,6 @@ def measure(
         )
         numbers["trajectories"] = trajectory_statistics(trajectories)
     return numbers, greedy
-
-
-class StateSampler:
-    """Batches of (block, state) pairs [B, 2]: blocks with a non-final state, one random non-final state each.
-
-    Blocks go in a fresh permutation per epoch keyed by (seed, epoch), states are keyed by (seed,
-    example index): a pure function of (seed, step), so a resumed run sees the batches an
-    uninterrupted one would.
-    """
-
-    def __init__(self, counts: torch.Tensor, seed: int) -> None:
-        self.blocks = torch.nonzero(counts > 1).flatten()  # [E'] blocks with a non-final state
-        if not len(self.blocks):
-            raise JobError("every collected block was a fixed point from its initial guess: nothing to train on")
-        self.counts = counts
-        self.seed = seed
-        self._orders: dict[int, np.ndarray] = {}
-
-    def batch(self, step: int, config: TrainConfig) -> torch.Tensor:
-        """The picks of global `step`: [B, 2] int64, (index into Trajectories.blocks, state index)."""
-        picks = []
-        for index in range(step * config.batch_size, (step + 1) * config.batch_size):
-            epoch = index // len(self.blocks)
-            if epoch not in self._orders:
-                self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
-            block = int(self.blocks[self._orders[epoch][index % len(self.blocks)]])
-            non_final = int(self.counts[block]) - 1
-            picks.append((block, int(np.random.default_rng([self.seed, 1, index]).integers(non_final))))
-        return torch.tensor(picks, dtype=torch.long)
-
-
-def block_logits(
-    model: torch.nn.Module, data: Trajectories, picks: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The model's logits at each block position on the picked states and on their fixed points.
-
-    `picks` [B, 2] (block, state). Returns logits on [context ; state] [B, n, V], on [context ; fixed
-    point] [B, n, V] (float32), the states [B, n] and the fixed points [B, n]. One forward over rows
-    [context ; state ; fixed point]: the fixed point sits at the state's positions and does not see
-    the state, so the context, the longest part, is computed once for both.
-    """
-    picks = picks.cpu()
-    block = data.blocks[picks[:, 0]]  # [B, 4] (row, k, first, count)
-    state = data.states[block[:, 2] + picks[:, 1]]  # [B, n]
-    fixed = data.states[block[:, 2] + block[:, 3] - 1]  # [B, n]
-    lengths = data.prompt_tokens + block[:, 1] * data.block_size  # [B] context lengths
-    inputs, positions, allowed, slots = _packed_rows(data, block[:, 0], lengths, state, fixed)
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)  # [B, T, T]
-    hidden = model.get_decoder()(
-        input_ids=inputs.to(device), position_ids=positions.to(device), attention_mask=mask[:, None].to(device)
-    ).last_hidden_state  # [B, T, H]
-    index = slots.to(device)[..., None].expand(-1, -1, hidden.shape[-1])  # [B, 2n, H]
-    logits = model.get_output_embeddings()(hidden.gather(1, index)).float()  # [B, 2n, V]
-    on_state, on_fixed = logits.split(data.block_size, dim=1)  # [B, n, V] each
-    return on_state, on_fixed, state.to(device), fixed.to(device)
-
-
-def corpus_logits(model: torch.nn.Module, data: Trajectories, picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's logits [B, n, V] (float32) at the picked blocks' positions of their corpus windows,
-    on the corpus' own context, and the corpus tokens there [B, n]: what the paper's `use_gt_labels`
-    trains L_AR on, the corpus text instead of the target's greedy tokens.
-
-    `picks` [B, 2] (block, state). Rows `corpus[row, :P + (k+1)*n]`, right-padded: causal attention
-    keeps every real token blind to the padding after it.
-    """
-    if data.corpus is None:
-        raise JobError("loss.ar_labels=corpus needs the corpus windows of the trajectories; these have none")
-    block = data.blocks[picks.cpu()[:, 0]]  # [B, 4] (row, k, first, count)
-    n = data.block_size
-    ends = data.prompt_tokens + (block[:, 1] + 1) * n  # [B] each row's window up to its block's end
-    inputs = torch.zeros(len(block), int(ends.max()), dtype=torch.long)  # [B, T]
-    for b, (row, end) in enumerate(zip(block[:, 0].tolist(), ends.tolist(), strict=True)):
-        inputs[b, :end] = data.corpus[row, :end]
-    slots = ends[:, None] - n - 1 + torch.arange(n)  # [B, n] the outputs that predict the block's tokens
-    device = next(model.parameters()).device
-    hidden = model.get_decoder()(input_ids=inputs.to(device)).last_hidden_state  # [B, T, H]
-    index = slots.to(device)[..., None].expand(-1, -1, hidden.shape[-1])  # [B, n, H]
-    logits = model.get_output_embeddings()(hidden.gather(1, index)).float()  # [B, n, V]
-    return logits, inputs.gather(1, slots + 1).to(device)
-
-
-def cllm_losses(
-    model: torch.nn.Module, data: Trajectories, picks: torch.Tensor, label_smoothing: float, ar_labels: str = "target"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L_GC, L_AR) of the picked states `picks` [B, 2] (block, state); L_AR on the fixed points
-    (`ar_labels` "target") or on the corpus text at the same positions ("corpus", `corpus_logits`)."""
-    on_state, on_fixed, state, fixed = block_logits(model, data, picks)  # [B, n, V] x 2, [B, n] x 2
-    diverged = (state != fixed).int().cumsum(dim=1).bool()  # [B, n] from the first wrong position on
-    consistency = F.cross_entropy(on_state[diverged], on_fixed[diverged].detach().softmax(dim=-1))
-    logits, labels = (on_fixed, fixed) if ar_labels == "target" else corpus_logits(model, data, picks)
-    autoregressive = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), label_smoothing=label_smoothing)
-    return consistency, autoregressive
-
-
-def cllm_objective(data: Trajectories, loss: CLLMLossConfig) -> Objective:
-    """The training objective L_GC + ar_weight · L_AR over a batch of picks from `StateSampler`."""
-
-    def objective(model: torch.nn.Module, picks: torch.Tensor) -> torch.Tensor:
-        consistency, autoregressive = cllm_losses(model, data, picks, loss.label_smoothing, loss.ar_labels)
-        return consistency + loss.ar_weight * autoregressive
-
-    return objective
-
-
-def _packed_rows(
-    data: Trajectories, rows: torch.Tensor, lengths: torch.Tensor, state: torch.Tensor, fixed: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows [context ; state ; fixed point] for contexts `sequences[rows, :lengths]` ([B] each), blocks [B, n].
-
-    Returns the inputs [B, T], their positions [B, T] (the fixed point at the state's), which token
-    each token attends to [B, T, T] (causal, the fixed point blind to the state) and the positions
-    whose outputs predict the state's then the fixed point's tokens [B, 2n]. Right-padded: no real
-    token attends to the padding after it.
-    """
-    n = data.block_size
-    width = int(lengths.max()) + 2 * n
-    inputs = torch.zeros(len(rows), width, dtype=torch.long)  # [B, T]
-    positions = torch.arange(width).repeat(len(rows), 1)  # [B, T]
-    allowed = torch.ones(width, width, dtype=torch.bool).tril().repeat(len(rows), 1, 1)  # [B, T, T]
-    for b, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist(), strict=True)):
-        inputs[b, :length] = data.sequences[row, :length]
-        inputs[b, length : length + n] = state[b]
-        inputs[b, length + n : length + 2 * n] = fixed[b]
-        positions[b, length + n : length + 2 * n] -= n
-        allowed[b, length + n : length + 2 * n, length : length + n] = False
-    block = torch.arange(n)  # [n]: slot i reads the token before block position i (the context's last for i = 0)
-    on_state = lengths[:, None] - 1 + block  # [B, n]
-    on_fixed = torch.where(block == 0, lengths[:, None] - 1, lengths[:, None] + n - 1 + block)  # [B, n]
-    return inputs, positions, allowed, torch.cat([on_state, on_fixed], dim=1)
 
 
 def _report(before: dict[str, Any], after: dict[str, Any]) -> str:

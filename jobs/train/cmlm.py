@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from jobs.train.config import CMLMJobConfig, TrainConfig, check_cmlm
+from jobs.train.config import TrainConfig
+from jobs.train.config_fine_tune import CMLMJobConfig, check_cmlm
 from jobs.train.corpus import Document, load_corpus
 from jobs.train.loop import Objective, single_phase, train, versions
 from jobs.train.model import count_parameters, save_model_dir

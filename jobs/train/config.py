@@ -1,7 +1,10 @@
 """Typed configs of the training jobs: one dataclass per job, every field with its help text.
 
 The same config system as `accelgen generate` (`pipeline.config`): YAML plus `key=value` overrides,
-checked before any work, and `--help` generated from the field metadata.
+checked before any work, and `--help` generated from the field metadata. This module holds the
+sections every job shares (corpus, model shape, optimizer, the train section of the loop) and the jobs
+that build the model family from scratch; `config_heads` and `config_fine_tune` hold the jobs that
+start from a trained target.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from pipeline.errors import JobError
 from strategies.config_option import option
 
 PRECISIONS = ("float32", "bfloat16")
-CLLM_AR_LABELS = ("target", "corpus")
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -62,19 +64,28 @@ class OptimConfig:
 
 
 @dataclass
-class TrainConfig:
+class StepsConfig:
+    """The first fields of every train section: how many steps, how much each one sees."""
+
     steps: int = option(1000, "Optimizer steps.")
-    batch_size: int = option(16, "Windows per step in the first phase; tokens per step = batch_size * seq_len.")
-    seq_len: int = option(256, "Window length (tokens) of the first phase: short windows see more tokens per second.")
-    final_seq_len: int = option(
-        1024,
-        "Window length of the last phase, so the model learns every position up to its context; the "
-        "batch shrinks to keep tokens per step. Must divide batch_size * seq_len.",
-    )
-    final_fraction: float = option(0.2, "Share of the steps trained on final_seq_len windows (at the end). 0: none.")
-    seed: int = option(0, "Seed of initialization and window order; same seed, corpus and hardware: same weights.")
+    batch_size: int = option(8, "Examples per step.")
+
+
+@dataclass
+class LoopConfig(StepsConfig):
+    """The train section every trainer shares: how `loop.train` runs. A trainer's own section extends it,
+    restating a field only where its default or its meaning there differs.
+
+    A section with fields of its own about its steps (window lengths) also extends a `StepsConfig` of
+    them, listed last among its bases: dataclasses order fields from the last base to the first, so
+    those fields stand beside steps and batch_size, not after the checkpoints.
+    """
+
+    seed: int = option(0, "Seed of prompt sampling and of every random choice of the examples.")
     precision: str = option(
-        "bfloat16", f"One of {PRECISIONS}: autocast dtype of forward/backward (weights stay float32)."
+        "float32",
+        f"One of {PRECISIONS}: autocast dtype of forward/backward. bfloat16 only pays on GPUs (or CPUs with "
+        "bfloat16 matmuls).",
     )
     device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
     threads: int = option(0, "torch intra-op threads. 0: torch's default (all cores).")
@@ -83,7 +94,49 @@ class TrainConfig:
         "",
         "Where the resumable state goes; re-running the same command resumes from it. Empty: <output_dir>/checkpoint.",
     )
+
+
+@dataclass
+class ExportingLoopConfig(LoopConfig):
+    """The train section of a trainer that exports a Hugging Face model."""
+
     save_dtype: str = option("float32", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
+
+
+def check_loop(train: LoopConfig, *sizes: str) -> None:
+    """The checks of every train section: a known precision (and save dtype), and steps, batch_size, the
+    section's `sizes` and checkpoint_every at least 1."""
+    if train.precision not in PRECISIONS:
+        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
+    if isinstance(train, ExportingLoopConfig) and train.save_dtype not in SAVE_DTYPES:
+        raise JobError(f"train.save_dtype={train.save_dtype!r}: use one of {SAVE_DTYPES}")
+    keys = ["steps", "batch_size", *sizes, "checkpoint_every"]
+    if min(getattr(train, key) for key in keys) < 1:
+        raise JobError(f"{', '.join(f'train.{key}' for key in keys[:-1])} and train.{keys[-1]} must be >= 1")
+
+
+@dataclass
+class WindowsConfig(StepsConfig):
+    """The windows of a model trained from scratch: short ones first, then its whole context."""
+
+    seq_len: int = option(256, "Window length (tokens) of the first phase: short windows see more tokens per second.")
+    final_seq_len: int = option(
+        1024,
+        "Window length of the last phase, so the model learns every position up to its context; the "
+        "batch shrinks to keep tokens per step. Must divide batch_size * seq_len.",
+    )
+    final_fraction: float = option(0.2, "Share of the steps trained on final_seq_len windows (at the end). 0: none.")
+
+
+@dataclass
+class TrainConfig(ExportingLoopConfig, WindowsConfig):
+    """The train section of `lm` and `draft`, and what the loop runs on (`loop.single_phase`)."""
+
+    batch_size: int = option(16, "Windows per step in the first phase; tokens per step = batch_size * seq_len.")
+    seed: int = option(0, "Seed of initialization and window order; same seed, corpus and hardware: same weights.")
+    precision: str = option(
+        "bfloat16", f"One of {PRECISIONS}: autocast dtype of forward/backward (weights stay float32)."
+    )
 
 
 @dataclass
@@ -148,12 +201,7 @@ class EvalJobConfig:
 
 def check_train(train: TrainConfig, shape: LlamaShape) -> None:
     """Value checks the types cannot express, before any corpus is read or model built."""
-    if train.precision not in PRECISIONS:
-        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
-    if train.save_dtype not in SAVE_DTYPES:
-        raise JobError(f"train.save_dtype={train.save_dtype!r}: use one of {SAVE_DTYPES}")
-    if min(train.steps, train.batch_size, train.seq_len, train.checkpoint_every) < 1:
-        raise JobError("train.steps, train.batch_size, train.seq_len and train.checkpoint_every must be >= 1")
+    check_loop(train, "seq_len")
     if not 0.0 <= train.final_fraction < 1.0:
         raise JobError(f"train.final_fraction={train.final_fraction}: use a value in [0, 1)")
     longest = max(train.seq_len, train.final_seq_len if train.final_fraction > 0 else 0)
@@ -172,458 +220,3 @@ def check_train(train: TrainConfig, shape: LlamaShape) -> None:
             f"model.hidden_size={shape.hidden_size} must be a multiple of model.num_attention_heads="
             f"{shape.num_attention_heads}, itself a multiple of model.num_key_value_heads={shape.num_key_value_heads}"
         )
-
-
-@dataclass
-class HeadsShape:
-    num_heads: int = option(4, "Heads K; head i (0-based) guesses the token 2+i positions after the state it reads.")
-    num_layers: int = option(1, "ResBlocks per head (h + SiLU(W h + b), starting as the identity).")
-    shared_lm_head: bool = option(
-        True,
-        "End every head in the target's frozen LM head (a folder of about K * H * H floats). "
-        "false: each head gets its own projection [V, H], started from the LM head (K * V * H more floats).",
-    )
-
-
-@dataclass
-class HeadsDataConfig:
-    sequences: int = option(
-        2048,
-        "Training sequences: prompt windows of the corpus' training split, each continued greedily by the "
-        "target. Generated once and cached in the checkpoint directory.",
-    )
-    prompt_tokens: int = option(
-        64, "Tokens of each prompt window; must exceed heads.num_heads so every head sees every label."
-    )
-    continuation_tokens: int = option(
-        128,
-        "Greedy tokens the target generates after each prompt: the labels (the heads learn only what the "
-        "target says, never the corpus' own text). Tokens seen per step = train.batch_size * this.",
-    )
-    batch_size: int = option(64, "Rows the target decodes together while generating.")
-    eval_sequences: int = option(
-        256, "Held-out sequences (prompts of the held-out split, the target's continuations) of the accuracy."
-    )
-
-
-@dataclass
-class HeadsTrainConfig:
-    steps: int = option(1200, "Optimizer steps.")
-    batch_size: int = option(8, "Sequences per step (each gives data.continuation_tokens labels to every head).")
-    seed: int = option(0, "Seed of prompt sampling, head initialization and sequence order.")
-    precision: str = option(
-        "float32",
-        f"One of {PRECISIONS}: autocast dtype of forward/backward. bfloat16 only pays on GPUs (or CPUs with "
-        "bfloat16 matmuls): on AVX2 it is many times slower.",
-    )
-    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
-    threads: int = option(0, "torch intra-op threads (generation and training). 0: torch's default (all cores).")
-    checkpoint_every: int = option(100, "Save the resumable training state every this many steps.")
-    checkpoint_dir: str = option(
-        "",
-        "Where the resumable state and the generated sequences go; re-running the same command resumes from "
-        "them. Empty: <output_dir>/checkpoint.",
-    )
-
-
-@dataclass
-class HeadsJobConfig:
-    target: str = option(MISSING, "Target model directory: frozen; its last hidden state is what the heads read.")
-    output_dir: str = option(MISSING, "Directory receiving heads.json and heads.safetensors.")
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    heads: HeadsShape = field(default_factory=HeadsShape)
-    data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
-    loss_decay: float = option(
-        0.8, "Head i's cross-entropy weighs loss_decay**i: later heads guess further ahead and are less reliable."
-    )
-    train: HeadsTrainConfig = field(default_factory=HeadsTrainConfig)
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=50, weight_decay=0.0, grad_clip=1.0)
-    )
-    draft_vocab: int = option(
-        0,
-        "Draft vocabulary: the N tokens most frequent in the corpus' training split, the only ones shared heads "
-        "draft (scoring N rows of the LM head, not all; the target still verifies with all). 0: the whole vocabulary.",
-    )
-    draft_vocab_only: bool = option(
-        False,
-        "Only count the corpus and write the draft vocabulary (draft_vocab) into the heads already trained in "
-        "output_dir, then measure their held-out accuracy again: their weights are not touched.",
-    )
-
-
-@dataclass
-class HeadsEvalJobConfig:
-    heads: str = option(MISSING, "Heads directory written by `train heads`.")
-    target: str = option("", "Target model directory. Empty: the target_path recorded in the heads.")
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    sequences: int = option(
-        256, "Held-out sequences: prompt windows of the held-out split, each continued greedily by the target."
-    )
-    prompt_tokens: int = option(64, "Tokens of each prompt window.")
-    continuation_tokens: int = option(128, "Greedy tokens the target generates after each prompt: the labels.")
-    batch_size: int = option(64, "Rows the target decodes together while generating.")
-    seed: int = option(0, "Seed of the held-out prompt windows.")
-    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
-    threads: int = option(0, "torch intra-op threads. 0: torch's default (all cores).")
-    report: str = option("", "Also write the accuracies as JSON to this path.")
-
-
-def check_sequences(
-    prefix: str, counts: dict[str, int], prompt_tokens: int, continuation_tokens: int, context: int
-) -> None:
-    """Sizes of generated sequences: `counts` ({key: value}) >= 1, prompt + continuation within `context`."""
-    for key, value in {**counts, "prompt_tokens": prompt_tokens, "continuation_tokens": continuation_tokens}.items():
-        if value < 1:
-            raise JobError(f"{prefix}{key}={value}: use a value >= 1")
-    if prompt_tokens + continuation_tokens > context:
-        raise JobError(
-            f"{prefix}prompt_tokens + {prefix}continuation_tokens = {prompt_tokens + continuation_tokens} "
-            f"exceeds the target's context of {context} tokens"
-        )
-
-
-def check_draft_vocab(size: int, vocab_size: int) -> None:
-    """A JobError unless `draft_vocab` is 0 (the whole vocabulary) or at most the target's `vocab_size`."""
-    if not 0 <= size <= vocab_size:
-        raise JobError(f"draft_vocab={size}: use 0 (the whole vocabulary) or at most the target's {vocab_size} tokens")
-
-
-def check_heads(config: HeadsJobConfig, context: int, vocab_size: int) -> None:
-    """Value checks of `train heads` against its target's `context` and `vocab_size`, before any sequence is
-    generated."""
-    check_draft_vocab(config.draft_vocab, vocab_size)
-    if config.draft_vocab and not config.heads.shared_lm_head:
-        raise JobError(
-            f"draft_vocab={config.draft_vocab} needs heads that share the target's LM head: set "
-            "heads.shared_lm_head=true, or draft_vocab=0"
-        )
-    data = config.data
-    counts = {"sequences": data.sequences, "batch_size": data.batch_size, "eval_sequences": data.eval_sequences}
-    check_sequences("data.", counts, data.prompt_tokens, data.continuation_tokens, context)
-    if min(config.heads.num_heads, config.heads.num_layers) < 1:
-        raise JobError("heads.num_heads and heads.num_layers must be >= 1")
-    if data.prompt_tokens <= config.heads.num_heads:
-        raise JobError(f"data.prompt_tokens={data.prompt_tokens}: use more than heads.num_heads tokens")
-    if not 0.0 < config.loss_decay <= 1.0:
-        raise JobError(f"loss_decay={config.loss_decay}: use a value in (0, 1]")
-    train = config.train
-    if train.precision not in PRECISIONS:
-        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
-    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
-        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
-
-
-@dataclass
-class EagleEvalConfig:
-    depth: int = option(5, "Draft depth whose acceptance is measured on held-out prompts (EAGLE chain and tree).")
-    new_tokens: int = option(64, "Tokens the measured strategies decode after each held-out prompt.")
-
-
-@dataclass
-class EagleJobConfig:
-    target: str = option(MISSING, "Target model directory: frozen; its features and LM head are what the head uses.")
-    output_dir: str = option(MISSING, "Directory receiving eagle.json and eagle.safetensors.")
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    data: HeadsDataConfig = field(default_factory=HeadsDataConfig)
-    noise: float = option(
-        0.1, "Half-width a of the uniform noise U(-a, a) added to the input features in training (EAGLE's 0.1)."
-    )
-    ce_weight: float = option(
-        0.1, "Weight of the token cross-entropy (against the target's distribution) beside the feature regression."
-    )
-    train: HeadsTrainConfig = field(default_factory=HeadsTrainConfig)
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=50, weight_decay=0.0, grad_clip=1.0)
-    )
-    eval: EagleEvalConfig = field(default_factory=EagleEvalConfig)
-    draft_vocab: int = option(
-        2048,
-        "Draft vocabulary: the N tokens most frequent in the corpus' training split, the only ones the head drafts "
-        "(scoring N rows of the LM head, not all; the target still verifies with all). 0: the whole vocabulary.",
-    )
-    draft_vocab_only: bool = option(
-        False,
-        "Only count the corpus and write the draft vocabulary (draft_vocab) into the head already trained in "
-        "output_dir, then measure its held-out acceptance again: its weights are not touched.",
-    )
-
-
-def check_eagle(config: EagleJobConfig, context: int, vocab_size: int) -> None:
-    """Value checks of `train eagle` against its target's `context` and `vocab_size`, before any sequence is
-    generated."""
-    check_draft_vocab(config.draft_vocab, vocab_size)
-    data = config.data
-    counts = {"sequences": data.sequences, "batch_size": data.batch_size, "eval_sequences": data.eval_sequences}
-    check_sequences("data.", counts, data.prompt_tokens, data.continuation_tokens, context)
-    if config.noise < 0 or config.ce_weight < 0:
-        raise JobError(f"noise={config.noise}, ce_weight={config.ce_weight}: use values >= 0")
-    if min(config.eval.depth, config.eval.new_tokens) < 1:
-        raise JobError("eval.depth and eval.new_tokens must be >= 1")
-    if data.prompt_tokens + config.eval.new_tokens > context:
-        raise JobError(f"data.prompt_tokens + eval.new_tokens exceeds the target's context of {context} tokens")
-    train = config.train
-    if train.precision not in PRECISIONS:
-        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
-    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
-        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
-
-
-@dataclass
-class CLLMDataConfig:
-    prompts: int = option(
-        512,
-        "Training prompts: windows of the corpus' training split, each decoded block by block with Jacobi by the "
-        "target. Their trajectories are collected once and cached in the checkpoint directory.",
-    )
-    prompt_tokens: int = option(64, "Tokens of each prompt window.")
-    block_size: int = option(16, "Jacobi block n: tokens guessed and refined together (the CLLM paper: 16).")
-    blocks: int = option(
-        8,
-        "Blocks decoded after each prompt (the length cap: blocks * block_size tokens); a row also stops after "
-        "the block whose fixed point holds EOS.",
-    )
-    batch_size: int = option(32, "Prompts decoded together while collecting trajectories.")
-
-
-@dataclass
-class CLLMLossConfig:
-    ar_weight: float = option(
-        10.0,
-        "Weight of the autoregressive loss (cross-entropy on the fixed point, the target's greedy tokens) "
-        "against the global consistency loss (weight 1). Keeps the model from collapsing to repeats.",
-    )
-    label_smoothing: float = option(0.1, "Label smoothing of the autoregressive loss, in [0, 1).")
-    ar_labels: str = option(
-        "target",
-        f"One of {CLLM_AR_LABELS}: what the autoregressive loss learns at each block. target: the fixed point, the "
-        "target's greedy tokens (the paper's default). corpus: the corpus text that followed the prompt, on the "
-        "corpus' own context (the paper's use_gt_labels). Either reuses one collection of trajectories.",
-    )
-
-
-@dataclass
-class CLLMEvalConfig:
-    prompts: int = option(
-        64,
-        "Held-out prompts (windows of the held-out split, data.prompt_tokens each) whose Jacobi trajectories "
-        "give the statistics of the target before and of the CLLM after training. 0: skip.",
-    )
-    heldout_tokens: int = option(
-        200_000, "Held-out corpus tokens scored for the loss (nats/token) of the target and of the CLLM. 0: skip."
-    )
-    seq_len: int = option(1024, "Window length of the held-out loss.")
-    batch_size: int = option(4, "Windows per forward pass of the held-out loss.")
-
-
-@dataclass
-class FineTuneTrainConfig:
-    """The train section of a job that collects data with the target, then trains on it (cllm, cmlm)."""
-
-    steps: int = option(1000, "Optimizer steps.")
-    batch_size: int = option(8, "Examples per step.")
-    seed: int = option(0, "Seed of prompt sampling and of every random choice of the examples.")
-    precision: str = option(
-        "float32",
-        f"One of {PRECISIONS}: autocast dtype of forward/backward. bfloat16 only pays on GPUs (or CPUs with "
-        "bfloat16 matmuls).",
-    )
-    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
-    threads: int = option(0, "torch intra-op threads (collection and training). 0: torch's default (all cores).")
-    checkpoint_every: int = option(100, "Save the resumable training state every this many steps.")
-    checkpoint_dir: str = option(
-        "",
-        "Where the resumable state and the collected data go; re-running the same command resumes from them. "
-        "Empty: <output_dir>/checkpoint.",
-    )
-    save_dtype: str = option("float32", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
-
-
-def check_fine_tune(train: FineTuneTrainConfig) -> None:
-    if train.precision not in PRECISIONS:
-        raise JobError(f"train.precision={train.precision!r}: use one of {PRECISIONS}")
-    if train.save_dtype not in SAVE_DTYPES:
-        raise JobError(f"train.save_dtype={train.save_dtype!r}: use one of {SAVE_DTYPES}")
-    if min(train.steps, train.batch_size, train.checkpoint_every) < 1:
-        raise JobError("train.steps, train.batch_size and train.checkpoint_every must be >= 1")
-
-
-@dataclass
-class CLLMTrainConfig(FineTuneTrainConfig):
-    batch_size: int = option(8, "Trajectory states per step: one random non-final state of a random block each.")
-
-
-@dataclass
-class CLLMJobConfig:
-    target: str = option(MISSING, "Target model directory: its Jacobi trajectories are the data, a copy is trained.")
-    output_dir: str = option(MISSING, "Directory receiving the consistency model (and the tokenizer).")
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    data: CLLMDataConfig = field(default_factory=CLLMDataConfig)
-    loss: CLLMLossConfig = field(default_factory=CLLMLossConfig)
-    eval: CLLMEvalConfig = field(default_factory=CLLMEvalConfig)
-    train: CLLMTrainConfig = field(default_factory=CLLMTrainConfig)
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=2e-5, min_lr_ratio=0.0, warmup_steps=20, weight_decay=0.0)
-    )
-
-
-def check_cllm(config: CLLMJobConfig, context: int) -> None:
-    """Value checks of `train cllm` against its target's `context`, before any trajectory is collected."""
-    data = config.data
-    counts = {"prompts": data.prompts, "prompt_tokens": data.prompt_tokens, "blocks": data.blocks}
-    for key, value in {**counts, "batch_size": data.batch_size}.items():
-        if value < 1:
-            raise JobError(f"data.{key}={value}: use a value >= 1")
-    if data.block_size < 2:
-        raise JobError(f"data.block_size={data.block_size}: use at least 2 (one token is plain decoding)")
-    length = data.prompt_tokens + data.blocks * data.block_size
-    if length > context:
-        raise JobError(
-            f"data.prompt_tokens + data.blocks * data.block_size = {length} exceeds the target's context of "
-            f"{context} tokens"
-        )
-    if config.loss.ar_weight < 0:
-        raise JobError(f"loss.ar_weight={config.loss.ar_weight}: use a value >= 0")
-    if not 0.0 <= config.loss.label_smoothing < 1.0:
-        raise JobError(f"loss.label_smoothing={config.loss.label_smoothing}: use a value in [0, 1)")
-    if config.loss.ar_labels not in CLLM_AR_LABELS:
-        raise JobError(f"loss.ar_labels={config.loss.ar_labels!r}: use one of {CLLM_AR_LABELS}")
-    if min(config.eval.prompts, config.eval.heldout_tokens) < 0 or min(config.eval.seq_len, config.eval.batch_size) < 1:
-        raise JobError("eval.prompts and eval.heldout_tokens must be >= 0, eval.seq_len and eval.batch_size >= 1")
-    if config.eval.seq_len > context:
-        raise JobError(f"eval.seq_len={config.eval.seq_len} exceeds the target's context of {context} tokens")
-    check_fine_tune(config.train)
-
-
-@dataclass
-class ExitsShape:
-    layers: list[int] = option([], "Exit after these many layers, each in 1..L-1. Empty: every layer but the last.")
-    adapter_rank: int = option(
-        16, "Rank of each exit's adapter z + U(D z) after its norm (U starts at 0: the logit lens). 0: norm only."
-    )
-    classifier: bool = option(
-        True, "Also train CALM's confidence classifier per exit: P(this exit's argmax equals the final layer's)."
-    )
-
-
-@dataclass
-class ExitsTrainConfig:
-    steps: int = option(300, "Optimizer steps.")
-    batch_size: int = option(8, "Windows of the corpus per step.")
-    seq_len: int = option(128, "Tokens per window; each is a label: the target's final next-token distribution there.")
-    seed: int = option(0, "Seed of window order and initialization.")
-    precision: str = option(
-        "float32", f"One of {PRECISIONS}: autocast dtype of the exits' forward/backward (bfloat16 only pays on GPUs)."
-    )
-    device: str = option("auto", "auto: cuda when available, else cpu. Or any torch device string.")
-    threads: int = option(0, "torch intra-op threads. 0: torch's default (all cores).")
-    checkpoint_every: int = option(50, "Save the resumable training state every this many steps.")
-    checkpoint_dir: str = option(
-        "", "Where the resumable state goes; re-running the same command resumes. Empty: <output_dir>/checkpoint."
-    )
-
-
-@dataclass
-class ExitsJobConfig:
-    target: str = option(MISSING, "Target model directory (Llama family): frozen; its layers' states are read.")
-    output_dir: str = option(MISSING, "Directory receiving exits.json and exits.safetensors.")
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    exits: ExitsShape = field(default_factory=ExitsShape)
-    classifier_weight: float = option(0.1, "Weight of the classifiers' binary cross-entropy beside the exits' KL.")
-    eval_windows: int = option(64, "Held-out windows (train.seq_len tokens each) of the per-layer agreement.")
-    train: ExitsTrainConfig = field(default_factory=ExitsTrainConfig)
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=2e-3, warmup_steps=20, weight_decay=0.0, grad_clip=1.0)
-    )
-
-
-@dataclass
-class CMLMShape:
-    layers: int = option(
-        3,
-        "Transformer blocks of the CMLM, initialised from the target's first ones (with its embeddings and final "
-        "norm); fewer than the target's make each refinement pass cheaper.",
-    )
-    max_length: int = option(64, "L: the longest block the CMLM fills, and its number of length tokens <len_1…L>.")
-
-
-@dataclass
-class CMLMDataConfig:
-    prompts: int = option(
-        2000,
-        "Distillation prompts: windows of the corpus' training split, each continued greedily by the target. "
-        "The continuations are collected once and cached in the checkpoint directory.",
-    )
-    prompt_tokens: int = option(192, "Tokens of each prompt window (the longest context an example sees).")
-    min_context: int = option(16, "Shortest context of an example; each takes a uniform length up to prompt_tokens.")
-    continuation: int = option(
-        128,
-        "Greedy tokens the target adds to each prompt (stopping early at EOS). An example is the L tokens after a "
-        "random split point of the continuation, so one continuation gives many blocks.",
-    )
-    batch_size: int = option(32, "Prompts continued together while collecting.")
-    short_block_share: float = option(
-        0.5,
-        "Share of examples whose block is cut to a uniform 1…length tokens (a drafter fills short blocks); the "
-        "length token still names the block's true length.",
-    )
-
-
-@dataclass
-class CMLMEvalConfig:
-    prompts: int = option(
-        48,
-        "Held-out prompts (windows of the held-out split) decoded with Mask-Predict before and after training: "
-        "token agreement with the target's greedy continuation. 0: skip.",
-    )
-    iterations: list[int] = option([1, 4, 10], "Mask-Predict passes T measured on the held-out prompts.")
-
-
-@dataclass
-class CMLMTrainConfig(FineTuneTrainConfig):
-    steps: int = option(1500, "Optimizer steps.")
-    batch_size: int = option(16, "Examples per step: (context, block) pairs, the block uniformly masked.")
-    save_dtype: str = option("float16", f"One of {SAVE_DTYPES}: dtype of the exported model.safetensors.")
-    length_weight: float = option(0.1, "Weight of the length cross-entropy beside the masked tokens' cross-entropy.")
-
-
-@dataclass
-class CMLMJobConfig:
-    target: str = option(MISSING, "Target model directory: its greedy continuations are the CMLM's outputs.")
-    output_dir: str = option(MISSING, "Directory receiving the CMLM (model, tokenizer with its tokens, cmlm.json).")
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    shape: CMLMShape = field(default_factory=CMLMShape)
-    data: CMLMDataConfig = field(default_factory=CMLMDataConfig)
-    eval: CMLMEvalConfig = field(default_factory=CMLMEvalConfig)
-    train: CMLMTrainConfig = field(default_factory=CMLMTrainConfig)
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=1e-3, min_lr_ratio=0.1, warmup_steps=50, weight_decay=0.0)
-    )
-
-
-def check_cmlm(config: CMLMJobConfig, layers: int, context: int) -> None:
-    """Value checks of `train cmlm` against its target's `layers` and `context`, before anything is collected."""
-    shape, data = config.shape, config.data
-    if not 1 <= shape.layers <= layers:
-        raise JobError(f"shape.layers={shape.layers}: use 1 to the target's {layers}")
-    if shape.max_length < 1:
-        raise JobError(f"shape.max_length={shape.max_length}: use a value >= 1")
-    for key in ("prompts", "prompt_tokens", "min_context", "continuation", "batch_size"):
-        if getattr(data, key) < 1:
-            raise JobError(f"data.{key}={getattr(data, key)}: use a value >= 1")
-    if data.min_context > data.prompt_tokens:
-        raise JobError(f"data.min_context={data.min_context} exceeds data.prompt_tokens={data.prompt_tokens}")
-    if data.continuation < shape.max_length:
-        raise JobError(f"data.continuation={data.continuation} is shorter than one block (shape.max_length)")
-    if data.prompt_tokens + data.continuation + 2 > context:
-        raise JobError(
-            f"data.prompt_tokens + data.continuation + 2 = {data.prompt_tokens + data.continuation + 2} exceeds the "
-            f"target's context of {context} tokens"
-        )
-    if not 0.0 <= data.short_block_share <= 1.0:
-        raise JobError(f"data.short_block_share={data.short_block_share}: use a value in [0, 1]")
-    if config.eval.prompts < 0 or any(t < 1 for t in config.eval.iterations):
-        raise JobError("eval.prompts must be >= 0 and every eval.iterations value >= 1")
-    check_fine_tune(config.train)
-    if config.train.length_weight < 0:
-        raise JobError(f"train.length_weight={config.train.length_weight}: use a value >= 0")

@@ -29,12 +29,12 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from jobs.train import draft_vocab
-from jobs.train.config import EagleJobConfig, check_eagle
-from jobs.train.corpus import Corpus, Document, load_corpus
+from jobs.train.config_heads import EagleJobConfig, check_eagle
+from jobs.train.corpus import Corpus, Document
 from jobs.train.draft_vocab import trained_head, use_draft_vocab
-from jobs.train.heads import save_trained, train_on_sequences, training_sequences
+from jobs.train.heads import save_trained, start_on_sequences, train_on_sequences, training_sequences
 from jobs.train.loop import Objective
-from jobs.train.on_target import start_on_target
+from jobs.train.on_target import TargetRun
 from jobs.train.sequences import draw_prompts
 from jobs.train.tokenizer import encode_documents
 from pipeline.report import acceptance_by_position, tau_by_drafter
@@ -50,12 +50,10 @@ from workers.common.model_files import weights_sha256
 
 def train_eagle(config: EagleJobConfig) -> Path:
     """Train the head described by `config` on its frozen target; returns the head's directory."""
-    on_target = start_on_target(config, frozen=True)
-    target, tokenizer = on_target.target, on_target.tokenizer
-    check_eagle(config, target.config.max_position_embeddings, target.get_output_embeddings().weight.shape[0])
-    corpus = load_corpus(config.corpus)
+    on_target, corpus = start_on_sequences(config, check_eagle)
     if config.draft_vocab_only:
-        return write_draft_vocab(config, target, tokenizer, corpus, on_target.output_dir)
+        return write_draft_vocab(config, on_target, corpus)
+    target, tokenizer = on_target.target, on_target.tokenizer
     run = training_sequences(config, on_target, corpus)
     head = new_head(config, target)
     features = target_features(target, run.sequences, config.data.batch_size)  # [N, L, H]
@@ -73,15 +71,10 @@ def train_eagle(config: EagleJobConfig) -> Path:
     return out
 
 
-def write_draft_vocab(
-    config: EagleJobConfig,
-    target: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    corpus: Corpus,
-    out: Path,
-) -> Path:
-    """`draft_vocab_only`: the draft vocabulary of the head trained in `out`, and its held-out acceptance
+def write_draft_vocab(config: EagleJobConfig, on_target: TargetRun, corpus: Corpus) -> Path:
+    """`draft_vocab_only`: the draft vocabulary of the head trained in output_dir, and its held-out acceptance
     with it, written to `eagle.json` and `draft_vocab.safetensors`; `eagle.safetensors` is left as it is."""
+    target, tokenizer, out = on_target.target, on_target.tokenizer, on_target.output_dir
     device = target.lm_head.weight.device
     head = trained_head(lambda: load_eagle(out, torch.float32, device, draft_vocab=False), out, config.target)
     head.use_target(target)

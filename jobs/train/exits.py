@@ -28,13 +28,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from jobs.train.config import ExitsJobConfig
+from jobs.train.config import check_loop
+from jobs.train.config_heads import ExitsJobConfig
 from jobs.train.corpus import load_corpus
 from jobs.train.loop import Objective, single_phase, train, versions
 from jobs.train.model import count_parameters
 from jobs.train.on_target import start_on_target
+from jobs.train.samplers import WindowSampler
 from jobs.train.tokenizer import encode_documents
-from jobs.train.windows import WindowSampler
 from pipeline.errors import JobError
 from strategies.artifacts.exits import ExitHeads, untrained_exits
 from strategies.runtime import llama_forward
@@ -100,11 +101,9 @@ def check_exits(config: ExitsJobConfig, target: torch.nn.Module) -> list[int]:
         raise JobError(f"exits.layers={config.exits.layers}: use distinct layers in 1..{num_layers - 1}")
     if config.exits.adapter_rank < 0 or config.classifier_weight < 0 or config.eval_windows < 1:
         raise JobError("exits.adapter_rank and classifier_weight must be >= 0, eval_windows >= 1")
-    train = config.train
-    if min(train.steps, train.batch_size, train.seq_len, train.checkpoint_every) < 1:
-        raise JobError("train.steps, train.batch_size, train.seq_len and train.checkpoint_every must be >= 1")
-    if train.seq_len > target.config.max_position_embeddings:
-        raise JobError(f"train.seq_len={train.seq_len} exceeds the target's context")
+    check_loop(config.train, "seq_len")
+    if config.train.seq_len > target.config.max_position_embeddings:
+        raise JobError(f"train.seq_len={config.train.seq_len} exceeds the target's context")
     return layers
 
 

@@ -19,27 +19,22 @@ positions whose label (the target's greedy token) is the head's top-1 guess, or 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from jobs.train.config import (
-    HeadsEvalJobConfig,
-    HeadsJobConfig,
-    TrainConfig,
-    check_heads,
-    check_sequences,
-)
+from jobs.train.config_heads import EagleJobConfig, HeadsEvalJobConfig, HeadsJobConfig, check_heads, check_sequences
 from jobs.train.corpus import Corpus, Document, load_corpus
 from jobs.train.draft_vocab import trained_head, use_draft_vocab, write_draft_vocab
-from jobs.train.loop import Objective, TrainSummary, pick_device, single_phase, train, versions
+from jobs.train.loop import Objective, TrainSummary, single_phase, train, use_device, versions
 from jobs.train.model import count_parameters, load_float32
 from jobs.train.on_target import TargetRun, start_on_target
+from jobs.train.samplers import SequenceSampler
 from jobs.train.sequences import cached_sequences, continue_greedily, data_fingerprint, draw_prompts
 from jobs.train.tokenizer import encode_documents, load_tokenizer
 from pipeline.errors import JobError
@@ -53,37 +48,12 @@ TOP_K = 5  # Medusa reports top-1 and top-5 accuracy
 DATA_SUBDIR = "sequences"  # the generated sequences, a checkpoint of their own inside the checkpoint directory
 
 
-class SequenceSampler:
-    """Batches of sequence indices [B]: each epoch a fresh permutation keyed by (seed, epoch).
-
-    A pure function of (seed, step), like `windows.WindowSampler`, so a resumed run sees the
-    batches an uninterrupted one would.
-    """
-
-    def __init__(self, count: int, seed: int) -> None:
-        self.count = count
-        self.seed = seed
-        self._orders: dict[int, np.ndarray] = {}
-
-    def batch(self, step: int, config: TrainConfig) -> torch.Tensor:
-        """Indices of the sequences of global `step`: [B] int64."""
-        picks = []
-        for index in range(step * config.batch_size, (step + 1) * config.batch_size):
-            epoch = index // self.count
-            if epoch not in self._orders:
-                self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.count)
-            picks.append(int(self._orders[epoch][index % self.count]))
-        return torch.tensor(picks, dtype=torch.long)
-
-
 def train_heads(config: HeadsJobConfig) -> Path:
     """Train the heads described by `config` on its frozen target; returns the heads' directory."""
-    on_target = start_on_target(config, frozen=True)
-    target, tokenizer = on_target.target, on_target.tokenizer
-    check_heads(config, target.config.max_position_embeddings, target.get_output_embeddings().weight.shape[0])
-    corpus = load_corpus(config.corpus)
+    on_target, corpus = start_on_sequences(config, check_heads)
     if config.draft_vocab_only:
-        return write_heads_draft_vocab(config, target, tokenizer, corpus, on_target.output_dir)
+        return write_heads_draft_vocab(config, on_target, corpus)
+    target, tokenizer = on_target.target, on_target.tokenizer
     run = training_sequences(config, on_target, corpus)
     heads = new_heads(config, target)
     data, num_heads = config.data, config.heads.num_heads
@@ -100,15 +70,21 @@ def train_heads(config: HeadsJobConfig) -> Path:
     return out
 
 
-def write_heads_draft_vocab(
-    config: HeadsJobConfig,
-    target: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    corpus: Corpus,
-    out: Path,
-) -> Path:
-    """`draft_vocab_only`: the draft vocabulary of the heads trained in `out`, and their held-out accuracy
+def start_on_sequences(
+    config: HeadsJobConfig | EagleJobConfig, check: Callable[[Any, int, int], None]
+) -> tuple[TargetRun, Corpus]:
+    """The start of a job distilled from its frozen target's continuations (heads, EAGLE): the target
+    loaded, `config` checked against its context and vocabulary size (`check`), the corpus read."""
+    on_target = start_on_target(config, frozen=True)
+    target = on_target.target
+    check(config, target.config.max_position_embeddings, target.get_output_embeddings().weight.shape[0])
+    return on_target, load_corpus(config.corpus)
+
+
+def write_heads_draft_vocab(config: HeadsJobConfig, on_target: TargetRun, corpus: Corpus) -> Path:
+    """`draft_vocab_only`: the draft vocabulary of the heads trained in output_dir, and their held-out accuracy
     with it, written to `heads.json` and `draft_vocab.safetensors`; `heads.safetensors` is left as it is."""
+    target, tokenizer, out = on_target.target, on_target.tokenizer, on_target.output_dir
     device = target.lm_head.weight.device
     heads = trained_head(lambda: load_heads(out, torch.float32, device, draft_vocab=False), out, config.target)
     if config.draft_vocab and heads.projections is not None:
@@ -195,9 +171,7 @@ def save_trained(
 
 def evaluate_heads(config: HeadsEvalJobConfig) -> list[dict[str, Any]]:
     """`train heads-eval`: per-head top-1/top-5 accuracy of saved heads on held-out text; print, maybe save."""
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    device = pick_device(config.device)
+    device = use_device(config.device, config.threads)
     try:
         heads = load_heads(Path(config.heads), torch.float32, device)
     except (OSError, ValueError) as exc:

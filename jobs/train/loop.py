@@ -2,7 +2,7 @@
 
 A job (`lm`, `draft`) brings a model, an objective and a token stream; this module owns
 everything else, so resumption and determinism are implemented once. A step's batch is a pure
-function of (seed, step) (`windows.py`), and the checkpoint holds model, optimizer and RNG state,
+function of (seed, step) (`samplers.py`), and the checkpoint holds model, optimizer and RNG state,
 so an interrupted run that is re-run ends with the same weights as an uninterrupted one.
 """
 
@@ -13,7 +13,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,9 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from jobs.train import checkpoint
-from jobs.train.config import OptimConfig, TrainConfig
+from jobs.train.config import LoopConfig, OptimConfig, TrainConfig
 from jobs.train.model import count_parameters, save_model_dir
-from jobs.train.windows import WindowSampler
+from jobs.train.samplers import WindowSampler
 
 # (model, windows [B, T+1] int64) -> scalar loss; runs under the loop's autocast.
 Objective = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
@@ -51,21 +51,18 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def single_phase(settings: Any, seq_len: int) -> TrainConfig:
+def use_device(name: str, threads: int) -> torch.device:
+    """torch's intra-op threads set to `threads` (0: torch's default), then the device `name` picks."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return pick_device(name)
+
+
+def single_phase(settings: LoopConfig, seq_len: int) -> TrainConfig:
     """The loop's settings for a job trained in one phase of `seq_len`-token rows (heads, exits, cllm):
     `settings` is the job's own train section, which has no phases to configure."""
-    return TrainConfig(
-        steps=settings.steps,
-        batch_size=settings.batch_size,
-        seq_len=seq_len,
-        final_fraction=0.0,
-        seed=settings.seed,
-        precision=settings.precision,
-        device=settings.device,
-        threads=settings.threads,
-        checkpoint_every=settings.checkpoint_every,
-        checkpoint_dir=settings.checkpoint_dir,
-    )
+    shared = {f.name: getattr(settings, f.name) for f in fields(LoopConfig)}
+    return TrainConfig(**shared, seq_len=seq_len, final_fraction=0.0)
 
 
 def lr_at(step: int, steps: int, optim: OptimConfig) -> float:
@@ -87,9 +84,7 @@ def train(
     fingerprint: dict[str, Any],
 ) -> TrainSummary:
     """Train `model` in place for `config.steps` steps, resuming from `checkpoint_dir` when it holds a state."""
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    device = pick_device(config.device)
+    device = use_device(config.device, config.threads)
     model.to(device).train()
     optimizer = _adamw(model, optim)
     first_step, wall_before, loss_ema = 0, 0.0, float("nan")
@@ -125,18 +120,8 @@ def train(
         bar.update()
         if step % config.checkpoint_every == 0 or step == config.steps:
             wall_s = wall_before + time.perf_counter() - run_start
-            checkpoint.save_checkpoint(
-                checkpoint_dir,
-                {
-                    "step": step,
-                    "wall_s": wall_s,
-                    "loss_ema": loss_ema,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "rng": _get_rng(),
-                    "fingerprint": fingerprint,
-                },
-            )
+            progress = {"step": step, "wall_s": wall_s, "loss_ema": loss_ema}
+            _save_state(checkpoint_dir, progress, model, optimizer, fingerprint)
     bar.close()
     wall_s = wall_before + time.perf_counter() - run_start
     return TrainSummary(step, step * tokens_per_step, round(wall_s, 1), round(loss_ema, 4), str(device))
@@ -205,6 +190,19 @@ def _adamw(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2))
+
+
+def _save_state(
+    directory: Path,
+    progress: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    fingerprint: dict[str, Any],
+) -> None:
+    """Checkpoint what resuming needs: `progress` (step, wall time, smoothed loss), the model, optimizer and
+    RNG states, and the fingerprint a resumed run must match."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": _get_rng()}
+    checkpoint.save_checkpoint(directory, {**progress, **state, "fingerprint": fingerprint})
 
 
 def _get_rng() -> dict[str, Any]:

@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from jobs.train import checkpoint
-from jobs.train.loop import pick_device
+from jobs.train.loop import use_device
 from jobs.train.model import load_float32
 from jobs.train.tokenizer import load_tokenizer
 from workers.common.model_files import weights_sha256
@@ -31,9 +31,7 @@ class TargetRun:
 
 def start_on_target(config: Any, frozen: bool) -> TargetRun:
     """Set `config.train`'s threads, then load `config.target` (frozen, or as a copy to fine-tune)."""
-    if config.train.threads > 0:
-        torch.set_num_threads(config.train.threads)
-    device = pick_device(config.train.device)
+    device = use_device(config.train.device, config.train.threads)
     out = Path(config.output_dir)
     return TargetRun(
         device=device,

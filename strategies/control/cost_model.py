@@ -2,16 +2,16 @@
 
 A forward over a batch of B rows with n new tokens each costs little more than a plain step while
 the device is latency-bound and about n times as much once it is compute-bound; where that happens
-depends on B, the device and the dtype (on 2 CPU cores, float32: an 8-node tree is about free at
-batch 1 and costs 2.4 plain steps at batch 8). The controller cannot size drafts by acceptance
-alone: it sizes them by tokens per second, τ(size) / cost(batch, size), with the cost from here.
+depends on B, the device and the dtype (a tree nearly free at batch 1 may cost several plain steps at
+batch 8). The controller cannot size drafts by acceptance alone: it sizes them by tokens per second,
+τ(size) / cost(batch, size), with the cost from here.
 
 The model (`ForwardCosts`) keeps, per batch bucket, the recent plain forward time per row (width 1)
 and, per wider width n (new tokens per row, the pending token included), the recent ratio of such a
-forward to the plain one at its bucket when it ran: a 2-core machine's speed drifts with what else
-runs on it, and a wide forward measured while it was loaded, set against plain steps measured since it
-was quiet, would make every draft look hopeless, and keep it so, since a drafter judged hopeless is
-not run to measure it again. A wide forward at a bucket with no plain forward yet is not kept (the
+forward to the plain one at its bucket when it ran: a machine's speed drifts with what else runs on
+it, and a wide forward measured while it was loaded, set against plain steps measured since it was
+quiet, would make every draft look hopeless, and keep it so, since a drafter judged hopeless is not
+run to measure it again. A wide forward at a bucket with no plain forward yet is not kept (the
 controller measures plain steps first at every bucket). Each is the median of its recent samples
 (`RecentTime.median`: forwards of one width do the same work, and an interrupted one is an outlier).
 A wider width enters the fit from its `FORWARD_SAMPLES`-th sample: until then it is extrapolated,
@@ -46,8 +46,8 @@ FORWARD_SAMPLES = 3  # a width wider than the plain forward's enters the fit fro
 class RecentTime:
     """The mean of the last `window` measurements, those over `outlier` times their median left out.
 
-    Why not a moving average: 2-core step times have rare outliers of tens of times the usual (a
-    garbage collection, another process), which it would carry for many steps. Why not the median:
+    Why not a moving average: step times on a shared machine have rare outliers of tens of times the
+    usual (a garbage collection, another process), which it would carry for many steps. Why not the median:
     a drafter's steps have two costs, a verify when it drafted and a plain step plus the search when
     it found nothing, and the median of such a mix jumps from one to the other."""
 
@@ -215,9 +215,8 @@ def tree_tau_by_budget(
     1 + (τ_m − 1)(1 + n / m) / 2. Each budget's estimate is its own mean shrunk toward what the best
     measured other budget says of it, weighed as that one's row steps (at most `evidence_rows`): a
     budget run only on a few steps of a cold drafter (a Lookahead trie before it has seen a prompt,
-    τ 1.0) is not judged on them. Taken as its own lower bound, such a measurement kept Lookahead at
-    half its node budget for good under `auto`, 4 nodes at τ 2.32 against 2.75 at 8 that ran faster
-    (traced at batch 1 on HumanEval)."""
+    τ 1.0) is not judged on them. Taken as its own lower bound, such a measurement would keep a tree
+    drafter at half its node budget for good, though the full budget runs faster once it is warm."""
     found = {}
     for n in budgets:
         own, rows = tried.get(n, (0.0, 0))

@@ -72,9 +72,8 @@ class EagleProposer(Proposer[_EagleRow]):
         """The head's layer weights fused (`EagleHead.layer_weights`), fused again only when a parameter
         has changed since (a training step updates them in place), with their packed copies made now
         (`linear.prepack`). Fused anew for every batch, they were new tensors that `linear` packed again
-        at the batch's first draft: at batch 1, at every prompt. Packed at the first batch's start, in a
-        job's actor they took 19 ms (six MKL packs, some eight plain steps at one thread), charged to
-        the step the controller explored EAGLE with."""
+        at the batch's first draft: at batch 1, at every prompt. Packed at the first batch's start, they
+        would cost several plain steps, charged to the step the controller explores EAGLE with."""
         versions = tuple(0 if p.is_inference() else p._version for p in self.head.parameters())
         if self._fused is None or self._fused[0] != versions:
             with torch.no_grad():

@@ -2,7 +2,7 @@
 
 One Jacobi iteration is one verify step: the row's current guess is the draft, and the target's
 choice at every draft slot is, by the fixed-point update y_i^(k+1) = argmax p(· | x, y^k_<i), the
-next guess. Exact matching (`acceptance.walk`) commits the longest prefix the target agrees with,
+next guess. Exact matching (`tree_walks.walk`) commits the longest prefix the target agrees with,
 plus its own token: the converged prefix is committed every iteration (fast-forwarding), and the
 fixed point is exactly greedy decoding, so the output is greedy decoding's.
 

@@ -9,7 +9,7 @@ those columns holding exactly the tokens it verifies and reuses them: layers < E
 tokens the draft never fed (the last drafted one), layers >= E over the whole chain from the states
 the draft left at layer E. So nothing is computed twice, and what the verifier checks is the full
 model's output, which keeps the method lossless: greedy output is the target's, and sampled drafts
-carry their exit-head probabilities for speculative sampling (`acceptance.RejectionSampling`).
+carry their exit-head probabilities for speculative sampling (`rules.RejectionSampling`).
 
 A row's draft stops early after a token its exit head gives less than `min_confidence` (Draft &
 Verify's adaptive draft length): the stop depends on the draft alone, so it changes what a step

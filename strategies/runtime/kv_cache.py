@@ -222,8 +222,8 @@ class RaggedKV:
         (per row, increasing offsets into the block, at least one), each row's moved to the block's
         front in order and the block cut to the longest row's: a rolled-back row leaves no dead slots
         behind it. One row's verify step then leaves the cache dense, and a plain step over a dense
-        cache of one row needs no mask: at batch 1 on a 2-core CPU a forward over a cache with holes
-        took 1.88 ms against 1.75 dense. A chain's kept slots are the block's first ones: a cut,
+        cache of one row needs no mask, which a forward over a cache with holes pays for at every
+        step. A chain's kept slots are the block's first ones: a cut,
         nothing copied. Attention sees a row's slots as a set (each key carries its own rotation), so
         moving them changes no logit."""
         self.drop_provisional()

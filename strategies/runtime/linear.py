@@ -1,14 +1,26 @@
-"""`linear`: what `F.linear` computes, with float32 inference on CPU through weights packed once for oneDNN.
+"""`linear`: what `F.linear` computes, with float32 inference on CPU through a kernel chosen per row count.
 
 Why: a decode step's matmuls have few rows (batch × new tokens: 1 to some 40), and float32 `F.linear`
 on CPU goes to MKL's sgemm, which packs the weight again on every call (and on AMD CPUs may not take
-their fastest path). oneDNN's linear over a weight reordered once for it does neither. On a 2-core AMD
-EPYC, all of the shipped target's matmuls of one forward (six layers' fused Q/K/V, output, gate/up and
-down weights, then the LM head; 2 threads) took 0.73 ms against 0.70-0.79 with `F.linear` for one row,
-0.80-1.02 against 2.6-2.7 ms for 9 rows and 7.4-7.5 against 19.0-19.6 ms for 200 (a prefill); whole
-decoding ran 1.3-1.5x faster (README, "Weights packed for oneDNN"). Unlike MKL's packed sgemm, one
-packed copy serves every row count, so a decode that mixes widths (plain steps, drafts of any size,
-prefills) keeps one copy of each weight in the caches.
+their fastest path). A weight packed once spares that on every step. The kernels (`kernels()`):
+
+- `F_LINEAR`: `F.linear` itself.
+- `ONEDNN`: oneDNN's linear over a weight reordered once for it. Unlike MKL's packed sgemm, one packed
+  copy serves every row count, so a decode that mixes widths (plain steps, drafts of any size,
+  prefills) keeps one copy of each weight in the caches.
+- `MKL`, where torch is built with MKL: MKL's own packed sgemm (`cblas_sgemm_compute` over a weight
+  packed once). MKL documents a pack as made for the dimensions it is packed with; one copy is used
+  for every row count, so `warm_up` checks on the CPU at hand that it gives `F.linear`'s results at
+  the row counts decoding meets (`mkl_agrees`) before the kernel may be chosen.
+- `TRANSPOSED`: the same sgemm as `F.linear` over a copy of the weight stored transposed, [K, N], so
+  that the matmul reads it row by row without a transpose flag; on some CPUs the fastest at one or two
+  rows.
+
+Which is fastest depends on the CPU and the row count, and among the few rows of verify forwards
+their order changes from one row count to the next. So the kernel is chosen per row count
+(`pack_by_rows`), from whole forwards timed each way as a runner warms up
+(`kernel_timing.KernelTiming.pack_where_faster`): a matmul's own timing in a loop keeps its weight in
+the caches, which a forward's weights do not stay in, and so misjudges it.
 
 The packed copy is kept beside the weight, made at the weight's first use and again when it changes
 in place (its version counter, which views and `detach` share); a weight whose tensor dies (for a
@@ -17,35 +29,11 @@ or input that needs gradients, code being compiled by `torch.compile`) is `F.lin
 float64 equivalence tests run the same arithmetic as before. Packing costs a second copy of each
 weight in memory; `set_packing(False)` (`model.pack_weights=false`) turns it off.
 
-oneDNN builds the kernel of a matmul for each row count it meets, once: on a 2-core AMD EPYC the
-first forward of the shipped target at a new row count took some 2.5 ms more than the next (a plain
-step at batch 1 takes about 2). A decode meets a few dozen row counts (batch × its draft's width), so
-the cost is small over a job, but it falls on the first steps of each drafter at each width, which
-are the steps the adaptive controller explores with: a Lookahead explored cold measured 2.2 plain
-steps a step against 1.6 warm, and was written off. `warm_up` pays it once, before decoding.
-
-Which of the two is faster depends on the CPU and the row count: on a 2-core Intel Xeon the shipped
-target's whole forward at one row took 1.37 ms with `F.linear` against 2.29 ms packed, and the two met
-at some 500 rows. So the kernel is chosen per row count (`pack_by_rows`), from whole forwards timed each
-way as a runner warms up (`ModelRunner.pack_where_faster`): a matmul's own timing in a loop keeps its
-weight in the caches, which a forward's 27 MB of weights do not stay in, and so misjudges it.
-
-A third kernel, where torch is built with MKL: MKL's own packed sgemm (`cblas_sgemm_compute` over a
-weight packed once, `MKL`). On the same Intel Xeon, all 25 matmuls of one forward of the shipped target
-took 0.68 ms at 8 rows against 1.12 with `F.linear` and 1.23 oneDNN-packed, 0.97 against 1.56 and 1.45
-at 16 rows, and 0.65 against 0.58 at one row (2 threads, cycled as a forward cycles them): the row
-counts of verify forwards at small batch. MKL documents a pack as made for the dimensions it is packed
-with; its copy of a weight measured the same size whatever the row count, and gave `F.linear`'s results
-at every row count from 1 to 256, so one copy serves every row count, and `warm_up` checks that on the
-CPU at hand (`mkl_agrees`) before the kernel may be chosen.
-
-A fourth, `TRANSPOSED`: the same sgemm as `F.linear` over a copy of the weight stored transposed, [K, N],
-so that the matmul reads it row by row without a transpose flag. On a 2-core AMD EPYC without AVX-512
-(one thread, the 25 matmuls of one forward of the shipped target cycled as a forward cycles them), it
-took 1.90 ms at one row against 2.35 MKL-packed, 3.12 `F.linear` and 3.20 oneDNN-packed, and 2.89 at two
-rows against 3.90, 4.93 and 3.93; from four rows on oneDNN's was fastest. Whole forwards at one row
-over a 200-token cache: 3.81 ms against 4.37 MKL-packed and 4.32 `F.linear` (medians of 6 alternated
-rounds; load 0.5-1.0 left by earlier runs, so indicative: README, "Weights packed for oneDNN").
+oneDNN builds the kernel of a matmul for each row count it meets, once, at a cost of the order of a
+plain step. A decode meets a few dozen row counts (batch × its draft's width), so the cost is small
+over a job, but it falls on the first steps of each drafter at each width, which are the steps the
+adaptive controller explores with: a drafter explored cold looks slower than it is, and may be
+written off. `warm_up` pays it once, before decoding.
 """
 
 from __future__ import annotations
@@ -57,8 +45,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-# The reorder's row-count hint: hints of 8 and 32 timed alike from 1 to 200 rows; a hint of 1 made 9
-# rows 2-3x slower.
+# The reorder's row-count hint: a hint within the row counts decoding meets serves them all alike; a
+# hint of 1 slows the wider ones.
 _ROWS_HINT = 16
 
 F_LINEAR, ONEDNN, MKL, TRANSPOSED = "f_linear", "onednn", "mkl", "transposed"  # the kernels a row count may be given
@@ -110,10 +98,10 @@ def _kernels_in_use() -> set[str]:
 
 def prepack(weights: Iterable[torch.Tensor]) -> None:
     """Make each weight's packed copy for every packing kernel the current choice runs, now: otherwise
-    the first matmul of a row count that runs it packs the weight. Traced on a 2-core Intel Xeon, where
-    verify widths ran MKL's and plain steps F.linear: the first drafting step of every job packed all 25
-    of the shipped target's weights (6 ms, three plain steps at one thread), and that step is the one
-    the adaptive controller explores a drafter with, against its budget."""
+    the first matmul of a row count that runs it packs the weight. Where verify widths run a packing
+    kernel and plain steps do not, that is the first drafting step of every job, packing every weight
+    of the model (the cost of a few plain steps), and that step is the one the adaptive controller
+    explores a drafter with, against its budget."""
     packing_kernels = _kernels_in_use() & {ONEDNN, MKL, TRANSPOSED}
     with torch.inference_mode():
         for weight in weights:

@@ -337,13 +337,13 @@ class Slots:
     """The slots of a forward's [B, n] grid whose token-wise matmuls run, the others being padding.
 
     Why: a batch's verify forward is as wide as its longest draft, so rows that drafted less, and rows
-    already finished, fill it with padding; at 8 rows a prompt lookup verify grid held 36-58% valid
-    slots, a HumanEval prefill 53-87%. On a CPU the matmuls cost about what their tokens do; gathering
+    already finished, fill it with padding, as do a prefill's shorter prompts, often a large share
+    of the grid. On a CPU the matmuls cost about what their tokens do; gathering
     the computed ones costs a copy of the stream per layer. On other devices a small forward is bound
     by launches, not arithmetic, and counting the slots would wait for the device: there it runs padded.
 
-    oneDNN builds a kernel for each row count it first meets (some 17 ms for the shipped target's
-    weights here), and decoding warms up only the row counts of padded steps (`ModelRunner.warm_up`).
+    oneDNN builds a kernel for each row count it first meets (at a cost of the order of a step), and
+    decoding warms up only the row counts of padded steps (`ModelRunner.warm_up`).
     So a count above `exact_up_to` (those one row's steps warm) is rounded up to a multiple of B, the
     row count of a padded forward that much narrower, with padding slots computed to fill it.
     """

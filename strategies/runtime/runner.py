@@ -10,48 +10,31 @@ through them while the others' states propagate (CALM); `forward_early` runs the
 as provisional columns (a self-speculative draft step), which the next `forward` over the same
 tokens reuses instead of computing those layers again. Other architectures refuse these
 (`need_layers`).
+
+Before decoding, the runner times whole forwards to choose the kernel of each of the lean forward's
+matmul row counts and packs its weights for them (`warm_up`, from `kernel_timing.KernelTiming`).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from strategies.runtime import linear, llama_forward
+from strategies.runtime import llama_forward
+from strategies.runtime.kernel_timing import WARM_WIDTHS, KernelTiming
+
+# Re-exported: callers that time forwards as the runner does take these with it.
+from strategies.runtime.kernel_timing import synchronize as synchronize
+from strategies.runtime.kernel_timing import synthetic_contexts as synthetic_contexts
 from strategies.runtime.kv_cache import Provisional, RaggedKV
 
-# Widths of the verify forwards warmed up: one plus the largest tree a strategy's options commonly ask for (16 nodes).
-WARM_WIDTHS = 17
-# Each of `linear.kernels()` is timed with whole forwards of these widths over the batch and over one row
-# (the last, one row only, stands for a prefill's row counts), over this many cached tokens, the kernels
-# taking turns for `PACKING_ROUNDS` rounds; each row count takes the kernel of the fastest forward (the
-# machine's noise only ever adds time). Widths a factor of 2 apart: MKL's packed sgemm loses to `F.linear`
-# at 1-3 rows and wins by a third from 5 to 32 on an Intel Xeon, the widths of verify forwards at batch 1;
-# where rows are many the kernels come within a few percent of each other, so a finer grid costs start-up
-# time for little. On a 2-core AMD EPYC, with the kernels timed in blocks over a fresh cache each, two
-# rounds and the median taken, six warm-ups of one runner gave one row F.linear's kernel once, MKL's twice
-# and the transposed copy's three times, and greedy decoding at batch 1 with F.linear's ran 12% slower
-# than with the transposed copy's (16 HumanEval prompts, 4 alternated passes); with turns (`kernel_seconds`)
-# and the fastest forward kept, six warm-ups gave the transposed copy's five times and MKL's once.
-PACKING_WIDTHS = (1, 2, 4, 8, 16)
-PACKING_MAX_ROWS = 256  # wider forwards over the batch are not timed: their row counts take the nearest timed one's
 # A prefill runs as forwards over chunks of its columns, some this many tokens each (rows × chunk width),
 # never narrower than `PREFILL_MIN_CHUNK` columns: see `ModelRunner.prefill`.
 PREFILL_CHUNK_TOKENS = 2048
 PREFILL_MIN_CHUNK = 32
-PACKING_PREFILL_WIDTH = 64
-PACKING_CONTEXT = 16
-PACKING_ROUNDS = 3
-
-
-def decode_row_counts(batch_size: int) -> list[int]:
-    """Row counts of the matmuls of steps `WARM_WIDTHS` tokens wide or less, over one row or `batch_size` rows."""
-    return sorted({rows * width for rows in (1, batch_size) for width in range(1, WARM_WIDTHS + 1)})
 
 
 @dataclass
@@ -62,7 +45,7 @@ class ForwardOutput:
     computed: int | None = None
 
 
-class ModelRunner:
+class ModelRunner(KernelTiming):
     """Runs a causal LM over a `RaggedKV`, with masks and positions chosen by the caller."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -164,130 +147,6 @@ class ModelRunner:
         kv.append(new_valid)
         computed = None if slots is None else int(slots.index.numel())
         return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None, computed=computed)
-
-    @property
-    def _forward_packs(self) -> bool:
-        """Whether this model's matmuls go through `linear`'s packed weights: the lean forward's only."""
-        return self._fast is not None and linear.packs_on(self.device, self.dtype)
-
-    @property
-    def packed_weight_bytes(self) -> int:
-        """Bytes of the weights that `linear` keeps packed for this model beside its own: the lean forward's
-        (the whole model's size); 0 where none are (another kind of model runs its own `nn.Linear`s,
-        another device or dtype, packing off, or no row count packed by the choice `warm_up` made)."""
-        if not self._forward_packs or not linear.packs_anywhere():
-            return 0
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
-
-    def warm_up(self, batch_size: int) -> None:
-        """Build oneDNN's kernels for the row counts decoding at `batch_size` meets most (`linear.warm_up`):
-        a step of one row and of the whole batch, each `WARM_WIDTHS` tokens wide or less. Nothing for a
-        model whose forward does not pack."""
-        if not self._forward_packs:
-            return
-        weights = self._lean_weights()
-        linear.warm_up(weights, decode_row_counts(batch_size))
-        linear.pack_by_rows(self.pack_where_faster(batch_size))
-        self.prepack()
-
-    def prepack(self) -> None:
-        """Pack the lean forward's weights now for every kernel the current choice runs (`linear.prepack`),
-        not at the first step that needs each: for the target, its first drafting step; for a draft
-        model, its first draft, which the adaptive controller explores it with. Nothing for a model whose
-        forward does not pack."""
-        if self._forward_packs:
-            linear.prepack(self._lean_weights())
-
-    def _lean_weights(self) -> list[torch.Tensor]:
-        """The lean forward's matmul weights: the LM head, then each layer's."""
-        weights = [self._fast.lm_head]
-        for layer in self._fast.layers:
-            weights += [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down]
-        return weights
-
-    def pack_where_faster(self, batch_size: int) -> dict[int, str]:
-        """Per row count of `PACKING_WIDTHS`-wide forwards over `batch_size` rows and over one, and of a
-        prefill-like one-row forward: the kernel of `linear.kernels()` (F.linear, oneDNN's packed weights,
-        MKL's, F.linear's arithmetic over a transposed copy) whose whole forwards ran fastest
-        (`kernel_seconds`; `linear.pack_by_rows` takes it). Measured, not assumed: which wins depends on
-        the CPU and the row count (`strategies/runtime/linear.py`)."""
-        one_row = (*PACKING_WIDTHS, PACKING_PREFILL_WIDTH)
-        if self.max_context < PACKING_CONTEXT + PACKING_PREFILL_WIDTH:
-            one_row = PACKING_WIDTHS  # a model of few positions: no prefill-like forward
-        context = min(PACKING_CONTEXT, self.max_context - max(one_row))
-        if context < 1:
-            return {}
-        shapes = {1: one_row}  # rows -> widths
-        if batch_size > 1:
-            shapes[batch_size] = tuple(w for w in PACKING_WIDTHS if w == 1 or batch_size * w <= PACKING_MAX_ROWS)
-        choice: dict[int, str] = {}
-        for rows, widths in shapes.items():
-            contexts = synthetic_contexts(rows, context, self.vocab_size)
-            timed = self.kernel_seconds(contexts, widths, linear.kernels(), PACKING_ROUNDS)
-            for width in widths:
-                choice[rows * width] = min(linear.kernels(), key=lambda kernel: min(timed[width, kernel]))
-        return choice
-
-    @torch.inference_mode()
-    def kernel_seconds(
-        self, contexts: list[list[int]], widths: Sequence[int], kernels: Sequence[str], rounds: int
-    ) -> dict[tuple[int, str], list[float]]:
-        """Per width n and kernel of `kernels`, the seconds of `rounds` forwards of n new tokens per row
-        (as `forward_seconds`) with that kernel at every row count, over one cache. The kernels take
-        turns, a forward of each width at a turn, so that the machine's drift falls on each alike. A
-        kernel's copies are made as its turn begins and dropped as it ends (one copy of the weights in
-        memory besides them, as in decoding: a model of some GB has no room for four), and at its first
-        turn each width runs once untimed (allocations, oneDNN's build of a row count). The kernel choice
-        in force before is in force after."""
-        before = linear.choice()
-        kv = self.new_kv(len(contexts))
-        self.prefill(kv, contexts)
-        chains = {width: self._chain(kv, width) for width in widths}
-        seconds: dict[tuple[int, str], list[float]] = {}
-        try:
-            for turn in range(rounds):
-                for kernel in kernels:
-                    linear.pack_by_rows({1: kernel})  # this kernel alone, at every row count
-                    self.prepack()
-                    for width, chain in chains.items():
-                        if turn == 0:
-                            self._timed_forward(kv, *chain)
-                        seconds.setdefault((width, kernel), []).append(self._timed_forward(kv, *chain))
-        finally:
-            linear.pack_by_rows(before)
-        return seconds
-
-    @torch.inference_mode()
-    def forward_seconds(self, contexts: list[list[int]], widths: Sequence[int], repeats: int) -> dict[int, list[float]]:
-        """Per width n, the seconds of each of `repeats` forwards of n new tokens per row (a chain, every
-        slot's logits kept, as a verify forward) over the cache `contexts` leave, rolled back after each;
-        a first forward of each width, which allocates, runs untimed."""
-        kv = self.new_kv(len(contexts))
-        self.prefill(kv, contexts)
-        seconds: dict[int, list[float]] = {}
-        for width in widths:
-            chain = self._chain(kv, width)
-            seconds[width] = [self._timed_forward(kv, *chain) for _ in range(repeats + 1)][1:]
-        return seconds
-
-    def _chain(self, kv: RaggedKV, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Inputs of a timed forward: `width` new tokens per row of `kv` as a chain (ids, positions, valid)."""
-        rows = kv.valid.shape[0]
-        ids = torch.randint(0, min(100, self.vocab_size), (rows, width), device=self.device)
-        positions = kv.next_pos[:, None] + torch.arange(width, device=self.device)
-        valid = torch.ones(rows, width, dtype=torch.bool, device=self.device)
-        return ids, positions, valid
-
-    def _timed_forward(self, kv: RaggedKV, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> float:
-        """Seconds of one forward of `ids` over `kv`, which is rolled back to its slots before it after."""
-        before = kv.num_slots
-        synchronize(self.device)
-        started = time.perf_counter()
-        self.forward(kv, ids, positions, valid)
-        synchronize(self.device)
-        spent = time.perf_counter() - started
-        kv.truncate(before)
-        return spent
 
     def compile(self) -> None:
         """`torch.compile` of the lean forward's layers (`model.compile`); a ValueError naming the model otherwise."""
@@ -416,13 +275,11 @@ class ModelRunner:
 
         The columns run in chunks of about `PREFILL_CHUNK_TOKENS` tokens, each a forward over the
         cache the earlier ones left (a causal chain, as one forward would be). Why: a whole prefill's
-        activations and its masked attention scores ([B, heads, L, L]) are hundreds of MB at batch
-        24-32, which the allocator takes fresh from the kernel and hands back; on a 2-core VM a page
-        first touched cost some 10 µs while Ray ran (0.4-0.6 s of system time in a 24 × 185-token
-        prefill), and masked attention computes every one of the L² scores. Chunked, each chunk's
-        memory is the last one's again and attention covers the chunk's rows of the triangle:
-        24 × 185 tokens ran in 0.46-0.48 s against 0.57-0.97 s whole, 32 × 347 in 1.23 s against
-        1.70-1.88 s (1 thread, Ray up; README, "Prefill in chunks"). One row, or a few, is one chunk."""
+        activations and its masked attention scores ([B, heads, L, L]) run to hundreds of MB at a wide
+        batch, which the allocator takes fresh from the kernel, each page faulting at its first touch,
+        and hands back after; and masked attention computes every one of the L² scores. Chunked, each
+        chunk's memory is the last one's again and attention covers the chunk's rows of the triangle.
+        One row, or a few, is one chunk."""
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         valid = torch.zeros(len(prompts), width, dtype=torch.bool)
@@ -505,12 +362,6 @@ class LayerPass:
 
 
 @functools.lru_cache(maxsize=64)
-def synthetic_contexts(rows: int, length: int, vocab_size: int) -> list[list[int]]:
-    """`rows` distinct token sequences of `length`, a cache to time forwards over."""
-    return [[(row + t) % vocab_size for t in range(length)] for row in range(rows)]
-
-
-@functools.lru_cache(maxsize=64)
 def square_masks(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, n] bool: a causal chain's mask and the identity, made once per width and device (to be read
     only): every masked forward and every EAGLE draft depth asks for them. Made outside inference mode,
@@ -528,9 +379,3 @@ def _is_prefix(valid: torch.Tensor) -> bool:
     """True when each row of `valid` [B, m] is True up to some column and False after it."""
     as_int = valid.long()
     return torch.equal(as_int.cummin(dim=1).values, as_int)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (a no-op on CPU), so a timer around it times the work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

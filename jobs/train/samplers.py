@@ -1,9 +1,10 @@
-"""Training batches: windows of the packed token stream, chosen as a pure function of (seed, step).
+"""Training batches chosen as a pure function of (seed, step): windows of the packed token stream
+(`lm`, `draft`, `exits`), or whole sequences in a shuffled order (`heads`, `eagle`, and the blocks of `cllm`).
 
 Because a step's batch depends on nothing but the seed and the step number, a resumed run sees
 exactly the batches an uninterrupted run would, with no sampler state to checkpoint.
 
-Training runs in two phases: short windows first (more tokens per second, since attention cost
+Windows are trained in two phases: short windows first (more tokens per second, since attention cost
 grows with length), then windows of the full context for the last steps, so that the model has
 seen every position it advertises. Tokens per step stay constant across the switch.
 """
@@ -72,3 +73,24 @@ class WindowSampler:
             shift = int(rng.integers(seq_len))
             self._tilings[key] = shift + seq_len * rng.permutation(windows)  # [windows] start offsets
         return self._tilings[key]
+
+
+class SequenceSampler:
+    """Batches of sequence indices [B]: each epoch a fresh permutation keyed by (seed, epoch)."""
+
+    def __init__(self, count: int, seed: int) -> None:
+        self.count = count
+        self.seed = seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    def batch(self, step: int, config: TrainConfig) -> torch.Tensor:
+        """Indices of the sequences of global `step`: [B] int64."""
+        indices = range(step * config.batch_size, (step + 1) * config.batch_size)
+        return torch.tensor([self.pick(index) for index in indices], dtype=torch.long)
+
+    def pick(self, index: int) -> int:
+        """The sequence of global example `index` (step * batch_size + row)."""
+        epoch = index // self.count
+        if epoch not in self._orders:
+            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.count)
+        return int(self._orders[epoch][index % self.count])

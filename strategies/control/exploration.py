@@ -1,0 +1,175 @@
+"""Exploring each option for a few steps, and probing those not in use again.
+
+The controller never plans a drafter at a bucket where even its best case loses (`_may_pay`): every
+draft token accepted, against a plain step, not above 1 + h. It says so once per bucket, in an event
+of scope `explore`.
+
+It explores each option for a few steps (plain steps at every batch size; a drafter once, for
+`explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch, or only
+`explore_steps` where even its estimate raised by its spread loses to plain steps and the current
+choice, unless it learns, `_written_off`), cheapest first (its first step teaches the model what a wider
+forward costs there, and drafters whose best case then loses are never tried), and only while what
+exploring steps lost against plain steps over the tokens their slower half of rows emitted is at most
+`explore_budget` of the decode time so far (`_explore_wait`): a cold job pays for exploration as it
+decodes.
+
+It probes an option it is not using again after a wait sized so that probes cost at most
+`probe_budget` of the time in all (`probe_wait`), never sooner than `probe_every` steps nor later than
+`max_probe_wait`: no choice is permanent, and a hopeless one costs little. A drafter whose estimate
+raised by its spread beats the current choice's by more than the hysteresis, on too few row steps to
+switch to it, is on trial instead (`_on_trial`): it runs step after step until its evidence switches
+to it or its raised estimate falls back. A drafter known only from an earlier job's statistics is
+probed as soon as it is the best estimate (`_unconfirmed_best`): a switch needs a fresh measurement.
+"""
+
+from __future__ import annotations
+
+import math
+
+from strategies.control.estimates import Estimates
+from strategies.verification.control import AUTOREGRESSIVE
+
+
+class Exploration(Estimates):
+    """Which options are still to explore, when one fits the budget, and when each is due a probe."""
+
+    def _may_pay(self, drafter: str, b: int) -> bool:
+        """Whether `drafter` may be planned at bucket `b`: not when even its best case would not switch
+        speculation on (said once per bucket, in an event), by the forward's cost, or by its own host time
+        once that rests on a full exploration."""
+        best, h = self.best_case(drafter, b), self.settings.hysteresis
+        if best is None or best > 1 + h:
+            return True
+        if not self._measured_enough(drafter) and (self._best_case(drafter, b, with_host=False) or 0) > 1 + h:
+            # Only its own host time rules it out, measured on a step or two, and a first one pays for
+            # one-time work (Lookahead counts a row's prompt at its first proposal, and would be kept out
+            # for good on that one step): it is explored in full first.
+            return True
+        if (drafter, b) not in self.hopeless:
+            self.hopeless.add((drafter, b))
+            reason = f"best case {best:.2f} <= {1 + self.settings.hysteresis:.2f}: never planned at this batch size"
+            self._event("explore", drafter, AUTOREGRESSIVE, reason, batch_bucket=b)
+        return False
+
+    def _unexplored(self, option: str, b: int) -> bool:
+        """Plain steps are measured at every bucket; a drafter until it has a few measurements anywhere
+        (a new bucket borrows its cost from the nearest measured one, `cost_ratio`), or has shown on its
+        first steps that it cannot win (`_written_off`)."""
+        s = self.settings
+        if option == AUTOREGRESSIVE:
+            times = self.row_time.get((option, b))
+            return times is None or times.count < s.explore_steps
+        if self.speedup(option, b) is None:
+            return True
+        return not self._measured_enough(option) and not self._written_off(option, b)
+
+    def _measured_enough(self, drafter: str) -> bool:
+        """Whether `drafter` has run the steps and row steps that exploring asks for, anywhere."""
+        s = self.settings
+        steps, rows = self.measured.get(drafter, (0, 0))
+        # At a large batch one step holds the row steps of several: it is enough on its own.
+        return rows >= s.explore_rows and (steps >= s.explore_steps or rows >= s.explore_steps * s.explore_rows)
+
+    def _written_off(self, drafter: str, b: int) -> bool:
+        """Whether `drafter`, after `explore_steps` steps, is explored enough because even its estimate
+        raised by its spread over the row steps behind it (`probe_spread` / √rows) stays below plain steps
+        and the current choice: the rest of its exploring steps could not make it the choice, and
+        probes ask again: at batch 1 a dear drafter that plainly loses would otherwise take all of its
+        `explore_rows` row steps. Not a drafter that learns from every row (a Lookahead trie): its first
+        steps run cold."""
+        if self.measured.get(drafter, (0, 0))[0] < self.settings.explore_steps or self._learns(drafter):
+            return False
+        return self._raised(drafter, self.speedup(drafter, b)) < max(1.0, self.speedup(self.current, b) or 1.0)
+
+    def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
+        """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
+        what exploring steps lost against plain steps (`exploring_lost_s`) and what this one may lose (its
+        time beyond the plain step that emits each row's own token, and its start as `_resume_cost` has
+        seen it), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not counted
+        here: `probe_budget` bounds what they lose."""
+        budget = self.settings.explore_budget
+        width = 1 + self.draft_size(drafter, b)[1]
+        step = self._step_row_s(drafter, b, width)
+        if step is None:
+            return 0
+        plain = self.row_time[(AUTOREGRESSIVE, b)].value
+        widest = self.forward.widths(b)[-1]
+        if width > widest:  # never this wide here: no dearer than forwards of the widest, side by side
+            bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
+            step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
+        step *= batch_size
+        may_lose = max(0.0, step - plain * batch_size) + self._resume_cost(drafter, b) * plain * batch_size
+        deficit = (self.exploring_lost_s + may_lose) / budget - step - self.decode_s
+        if deficit <= 0:
+            return 0
+        return math.ceil(deficit / (plain * batch_size))
+
+    def _resume_cost(self, drafter: str, b: int) -> float:
+        """What running `drafter` again at bucket `b` after another option costs in starting it, in plain
+        steps: the mean of its last such steps' starts (a draft model's prefill of its rows, when a probe
+        falls in a new batch), 0 until one is seen. A drafter that learns from every row (a Lookahead trie)
+        pays its counting wherever it runs, as learning: not counted. Weighed at none, a draft model's
+        probes at batch 1, each in a new prompt, would each pay a prefill the probe wait never saw."""
+        setups = self.resume_setup.get((drafter, b))
+        return math.fsum(setups) / len(setups) if setups else 0.0
+
+    def _unconfirmed_best(self, options: list[str], b: int) -> str | None:
+        """The drafter with the best estimate, if that estimate comes only from loaded statistics (it
+        has not run in this actor) and would switch speculation on or over: one step of it now gives
+        `_choose` the fresh evidence a switch needs, where waiting for its probe would cost many steps."""
+        estimates = {o: self.speedup(o, b) for o in options if o != AUTOREGRESSIVE}
+        known = [o for o, e in estimates.items() if e is not None]
+        if not known:
+            return None
+        best = max(known, key=lambda o: estimates[o])
+        current = self.speedup(self.current, b) or 1.0
+        favoured = estimates[best] > max(1.0, current) * (1 + self.settings.hysteresis)
+        return best if favoured and best not in self.last_used else None
+
+    def probe_wait(self, option: str, b: int) -> int:
+        """Steps between probes of `option` at bucket `b`: a probe loses the option's step time times
+        its speed deficit against the current choice; each option not in use may lose its share of
+        `probe_budget`."""
+        s = self.settings
+        own, current = self.cost_ratio(option, b), self.cost_ratio(self.current, b)
+        estimate, current_estimate = self.speedup(option, b), self.speedup(self.current, b)
+        if own is None or not current or estimate is None or not current_estimate:
+            return s.probe_every
+        if self._on_trial(option, estimate, current_estimate):
+            return 1
+        lost = own * max(0.0, 1 - self._hopeful(option, estimate) / current_estimate)  # in plain steps
+        lost += self._resume_cost(option, b)
+        share = s.probe_budget / max(1, len(self.limits) - len(self.failed))  # options besides the current
+        return int(min(s.max_probe_wait, max(s.probe_every, lost / (share * current))))
+
+    def _hopeful(self, option: str, estimate: float) -> float:
+        """`estimate` of drafter `option` raised by its spread, `probe_spread` / √rows over the row steps
+        it rests on, while another drafter runs, for the loss a probe of it is weighed at: two drafters
+        that both pay are close, and one measured on a few steps of a cold state (a Lookahead trie at the
+        start of a job) ranks below one measured on hundreds: weighed as measured, such a drafter would be
+        probed a row step every few hundred steps, never gathering what a switch to it needs, though it
+        pays more. Beside plain steps a probe's deficit is weighed as it is: where nothing pays, probing
+        must stay cheap."""
+        if AUTOREGRESSIVE in (option, self.current):
+            return estimate
+        return self._raised(option, estimate)
+
+    def _on_trial(self, option: str, estimate: float, current_estimate: float) -> bool:
+        """Whether drafter `option`, its estimate raised by its spread (`_hopeful`), beats the current
+        drafter's by more than the hysteresis on too few row steps to switch to it (`_weighed`, as
+        `_choose` weighs it): probed one step at a time it would gather a row step per probe at batch 1,
+        never the hundreds a switch needs, so it runs at once instead, until its evidence switches to it
+        or its raised estimate falls back (a few row steps where its estimate is what was measured).
+        Trials on the raised estimate, not the measured one, let a drafter that pays more be chosen
+        several times sooner."""
+        if AUTOREGRESSIVE in (option, self.current):  # plain steps turn speculation on unweighed
+            return False
+        bar = current_estimate * (1 + self.settings.hysteresis)
+        return self._hopeful(option, estimate) > bar >= self._weighed(option, estimate)
+
+    def _probe_due(self, option: str, b: int) -> bool:
+        return self._since(option) >= self.probe_wait(option, b)
+
+    def _since(self, option: str) -> int:
+        """Steps since `option` last ran, counting the one about to be planned."""
+        return self.step + 1 - self.last_used.get(option, 0)
