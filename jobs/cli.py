@@ -6,6 +6,7 @@
     accelgen verify OUTPUT_URL [--input INPUT_URL]     check a job's output against the output contract
     accelgen report OUTPUT_URL [--out report.html]     one self-contained HTML page of a finished job
     accelgen calibrate calm [CONFIG.yaml] [k=v ...]    pick CALM's measure and threshold for a target
+    accelgen twin [CONFIG.yaml] [key=value ...]        the shipped family widened to a real model's shape
 
 A `JobError` is printed as one message and exits with status 2; an incomplete job exits with 1. A
 job that ends short of success stops Ray quietly first, so that its message is the last line printed.
@@ -31,6 +32,7 @@ commands:
   verify OUTPUT_URL [--input INPUT_URL]     check an output: one row per input row, manifest, checksums
   report OUTPUT_URL [--out report.html]     a finished job's report: throughput, τ, switches, errors, totals
   calibrate calm [CONFIG.yaml] [k=v ...]    CALM's speed/agreement curve, measure and threshold (--help)
+  twin [key=value ...]                      the shipped family at a real model's shape, for speed (--help)
 """
 
 
@@ -121,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.calibrate import main as calibrate_main
 
             return calibrate_main(args)
+        if command == "twin":
+            from jobs.twin.command import main as twin_main
+
+            return twin_main(args)
     except JobError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,1 @@
+"""`accelgen twin`: the shipped family widened to a real model's shape (`command.py`)."""
