@@ -28,7 +28,8 @@ from pipeline.config import JobConfig, load_config
 from pipeline.driver import worker_spec
 from pipeline.errors import JobError
 from workers.common.spec import WorkUnit
-from workers.generator import Generator, output_schema
+from workers.generator import Generator
+from workers.output_part import output_schema
 
 # The Dataset is the input and the pipeline writes the output: these keys are not read on this path.
 UNUSED_URL = "(the Ray Data Dataset)"

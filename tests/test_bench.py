@@ -165,7 +165,7 @@ def test_a_bench_controller_is_told_what_forwards_cost_at_its_batch_size_as_an_a
     from jobs.bench.decoding import Bench, BenchConfig
     from pipeline.config import load_config
     from strategies.control.controller import bucket
-    from workers.generator import TIMED_WIDTHS
+    from workers.warm_up import TIMED_WIDTHS
 
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a b a b"}) + "\n")
     keys = [f"model={tiny_model_dir}", f"prompts={tmp_path / 'prompts.jsonl'}", "strategies=[auto]"]

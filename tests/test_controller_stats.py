@@ -17,7 +17,8 @@ from strategies.control.cost_model import FORWARD_SAMPLES
 from workers.common import controller_stats
 from workers.common.controller_stats import SCHEMA, StatsKey
 from workers.common.spec import WorkUnit
-from workers.generator import TIMED_WIDTHS, Generator
+from workers.generator import Generator
+from workers.warm_up import TIMED_WIDTHS
 
 KEY = StatsKey("a" * 64, "cpu (2 threads)", "float32")
 

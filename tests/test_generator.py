@@ -26,6 +26,7 @@ from job_config import job_config
 from pipeline.driver import worker_spec
 from workers.generator import Generator
 from workers.common.spec import WorkUnit
+from workers.unit_rows import read_unit
 
 model, tmp = sys.argv[1], sys.argv[2]
 shard = f"{tmp}/in/shard.parquet"
@@ -33,7 +34,7 @@ spec = worker_spec(job_config(Path(tmp), model, "generation.max_new_tokens=3"), 
 generator = Generator(spec)
 assert gc.get_freeze_count() > 100_000, gc.get_freeze_count()  # what it loaded, out of the collector's scans
 unit = WorkUnit("u", shard, "shard.parquet", (0,), 0, 2)
-generator._read_unit(unit)  # reading the input loads its filesystem's module, before any row decodes
+read_unit(spec, unit)  # reading the input loads its filesystem's module, before any row decodes
 loaded = set(sys.modules)
 result = generator.run_unit(unit, 1, f"{tmp}/staged.parquet", f"{tmp}/log.jsonl", {})
 assert result.num_rows == 2 and result.generated_tokens == 6, result

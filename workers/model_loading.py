@@ -1,5 +1,8 @@
 """Loading a Hugging Face causal LM and its tokenizer, and a job's optional models, from a local folder
-or any fsspec URL (`workers.common.model_files` finds the folder and checks it against the target)."""
+or any fsspec URL (`workers.common.model_files` finds the folder and checks it against the target).
+
+Each optional kind's loader lives here (`LOADERS`), beside the torch it needs, not in the table of
+kinds (`workers.common.model_kinds`) that the driver reads without torch."""
 
 from __future__ import annotations
 
@@ -12,6 +15,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from strategies.artifacts.cmlm import CMLM, read_config
+from strategies.artifacts.eagle import EagleHead, load_eagle
+from strategies.artifacts.exits import ExitHeads, load_exits
+from strategies.artifacts.heads import DraftHeads, load_heads
 from strategies.registry import Models
 from strategies.runtime.runner import ModelRunner
 from workers.common.model_files import check_trained_for_target, resolve_model_dir
@@ -67,6 +74,58 @@ class Loading:
     tokenizer: PreTrainedTokenizerBase
 
 
+def _load_draft(folder: Path, url: str, at: Loading) -> ModelRunner:
+    model, tokenizer = load_model(folder, at.dtype, at.device, at.trust_remote_code)
+    if tokenizer.get_vocab() != at.tokenizer.get_vocab():
+        raise ValueError(
+            f"model.draft {url} has a different tokenizer than model.target {at.target_url}: "
+            "a draft must share the target's vocabulary"
+        )
+    runner = ModelRunner(model)
+    runner.prepack()  # loaded as its strategy is made, before decoding: not on its first draft
+    return runner
+
+
+def _load_heads(folder: Path, url: str, at: Loading) -> DraftHeads:
+    loaded = load_heads(folder, at.dtype, at.device)
+    loaded.use_lm_head(at.target.get_output_embeddings().weight)
+    return loaded
+
+
+def _load_exits(folder: Path, url: str, at: Loading) -> ExitHeads:
+    loaded = load_exits(folder, at.dtype, at.device)
+    loaded.use_lm_head(at.target.get_output_embeddings().weight)
+    return loaded
+
+
+def _load_cmlm(folder: Path, url: str, at: Loading) -> CMLM:
+    model, tokenizer = load_model(folder, at.dtype, at.device, at.trust_remote_code)
+    check_extends_vocabulary(tokenizer, at.tokenizer, f"model.cmlm {url}", f"model.target {at.target_url}")
+    runner = ModelRunner(model)
+    runner.prepack()  # as the draft model's: before decoding, not on its first draft
+    return CMLM(runner, read_config(folder))
+
+
+def _load_eagle(folder: Path, url: str, at: Loading) -> EagleHead:
+    loaded = load_eagle(folder, at.dtype, at.device)
+    loaded.use_target(at.target)
+    return loaded
+
+
+# (local folder, its URL, the job's loading) -> the model of one kind, checked against the target.
+Loader = Callable[[Path, str, Loading], Any]
+
+LOADERS: dict[str, Loader] = {
+    "draft": _load_draft,
+    "heads": _load_heads,
+    "exits": _load_exits,
+    "cmlm": _load_cmlm,
+    "eagle": _load_eagle,
+}
+if set(LOADERS) != set(BY_NAME):  # a kind of the table without its loader, or a loader of no kind
+    raise ImportError(f"model kinds {sorted(BY_NAME)} and their loaders {sorted(LOADERS)} differ")
+
+
 @dataclass
 class LoadedModels:
     """A job's (or bench's) models, loaded: the Hugging Face modules and the runners strategies use."""
@@ -113,7 +172,7 @@ def load_models(
         def load() -> Any:
             folder = resolve_model_dir(url, cache_dir, storage_options, kind.marker, kind.folder)
             check_trained_for_target(kind, folder, target_dir, url, target_url)
-            return kind.load(folder, url, at)
+            return LOADERS[kind.name](folder, url, at)
 
         return load
 

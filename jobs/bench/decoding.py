@@ -39,9 +39,9 @@ from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.common.model_kinds import KINDS, needed_by
 from workers.common.storage import filesystem
-from workers.generator import timed_forwards
 from workers.model_loading import load_models, resolve_dtype
 from workers.rows import repetition_rate
+from workers.warm_up import timed_forwards
 
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "transformers.generate", "transformers.assisted", "transformers.prompt_lookup"
 JACOBI_COUNTS = ("iterations", "blocks", "committed", "fast_forwarded", "stationary")

@@ -40,7 +40,7 @@ class StatsKey:
     """Whose statistics: step costs and acceptance hold for one target, device and dtype."""
 
     target: str  # the target's weights hash (`_job.json` identity.model.weights_sha256.target)
-    device: str  # `workers.generator.device_identity`
+    device: str  # `workers.warm_up.device_identity`
     dtype: str  # torch dtype name, e.g. float32
 
 

@@ -1,12 +1,13 @@
-"""The optional models a job may set beside its target, one descriptor per kind, and their loading.
+"""The optional models a job may set beside its target, one descriptor per kind: what is known of a
+kind without loading it.
 
-Everything the project knows of a kind lives in its `ModelKind`: the config key (`model.<name>`) and
-its help, the file that marks its folder, the check that it fits the target (trained for the
-target's weights, or sharing its vocabulary), its loader, and the words that name its role. The
-config schema (`pipeline/config.py`), the job's identity (`pipeline/fingerprint.py`), the job
-record's checks, the worker spec and the actors' loading all iterate over `KINDS`; which kinds a
-strategy needs is the registry's to say, asked through `needed_by` alone. A new kind is one entry
-here and its own files.
+A kind's `ModelKind` holds its config key (`model.<name>`) and help, the file that marks its folder,
+the reader of the target it was trained for, and the words that name its role. The config schema
+(`pipeline/config.py`), the job's identity (`pipeline/fingerprint.py`), the job record's checks and
+the worker spec iterate over `KINDS`; which kinds a strategy needs is the registry's to say, asked
+through `needed_by` alone. Loading one needs torch and the target, so the actor's floor holds the
+loaders (`workers.model_loading.LOADERS`, one per kind, checked against this table). A new kind is one
+entry here, its loader there, and its own files.
 """
 
 from __future__ import annotations
@@ -19,13 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from strategies.artifacts.configs import read_eagle_config, read_exits_config, read_heads_config
 
 if TYPE_CHECKING:
-    from strategies.artifacts.cmlm import CMLM
-    from strategies.artifacts.eagle import EagleHead
-    from strategies.artifacts.exits import ExitHeads
-    from strategies.artifacts.heads import DraftHeads
     from strategies.options import StrategyOptions
-    from strategies.runtime.runner import ModelRunner
-    from workers.model_loading import Loading
 
 
 class TrainedFor(Protocol):
@@ -42,7 +37,6 @@ class ModelKind:
     help: str  # the config key's help text
     marker: str  # the file that marks a folder of this kind
     folder: str  # what such a folder is, for an error about a folder without the marker
-    load: Callable[[Path, str, Loading], Any]  # (local folder, its URL, the job's loading) -> the model, checked
     # Reads the target a folder was trained for: set, the folder is refused with other target weights
     # (before the job writes anything for local folders, by the actors for remote ones).
     trained_for: Callable[[Path], TrainedFor] | None = None
@@ -52,73 +46,6 @@ class ModelKind:
         return f"model.{self.name}"
 
 
-# The loaders import what they load with only when called: the config schema reads this table, and
-# `accelgen --help` should not wait for torch.
-
-
-def _load_draft(folder: Path, url: str, at: Loading) -> ModelRunner:
-    from strategies.runtime.runner import ModelRunner
-    from workers.model_loading import load_model
-
-    model, tokenizer = load_model(folder, at.dtype, at.device, at.trust_remote_code)
-    if tokenizer.get_vocab() != at.tokenizer.get_vocab():
-        raise ValueError(
-            f"model.draft {url} has a different tokenizer than model.target {at.target_url}: "
-            "a draft must share the target's vocabulary"
-        )
-    runner = ModelRunner(model)
-    runner.prepack()  # loaded as its strategy is made, before decoding: not on its first draft
-    return runner
-
-
-def _load_heads(folder: Path, url: str, at: Loading) -> DraftHeads:
-    from strategies.artifacts.heads import load_heads
-
-    loaded = load_heads(folder, at.dtype, at.device)
-    loaded.use_lm_head(at.target.get_output_embeddings().weight)
-    return loaded
-
-
-def _heads_trained_for(folder: Path) -> TrainedFor:
-    return read_heads_config(folder)
-
-
-def _load_exits(folder: Path, url: str, at: Loading) -> ExitHeads:
-    from strategies.artifacts.exits import load_exits
-
-    loaded = load_exits(folder, at.dtype, at.device)
-    loaded.use_lm_head(at.target.get_output_embeddings().weight)
-    return loaded
-
-
-def _exits_trained_for(folder: Path) -> TrainedFor:
-    return read_exits_config(folder)
-
-
-def _load_cmlm(folder: Path, url: str, at: Loading) -> CMLM:
-    from strategies.artifacts.cmlm import CMLM, read_config
-    from strategies.runtime.runner import ModelRunner
-    from workers.model_loading import check_extends_vocabulary, load_model
-
-    model, tokenizer = load_model(folder, at.dtype, at.device, at.trust_remote_code)
-    check_extends_vocabulary(tokenizer, at.tokenizer, f"model.cmlm {url}", f"model.target {at.target_url}")
-    runner = ModelRunner(model)
-    runner.prepack()  # as the draft model's: before decoding, not on its first draft
-    return CMLM(runner, read_config(folder))
-
-
-def _load_eagle(folder: Path, url: str, at: Loading) -> EagleHead:
-    from strategies.artifacts.eagle import load_eagle
-
-    loaded = load_eagle(folder, at.dtype, at.device)
-    loaded.use_target(at.target)
-    return loaded
-
-
-def _eagle_trained_for(folder: Path) -> TrainedFor:
-    return read_eagle_config(folder)
-
-
 KINDS: tuple[ModelKind, ...] = (
     ModelKind(
         name="draft",
@@ -126,7 +53,6 @@ KINDS: tuple[ModelKind, ...] = (
         help="Draft model for speculative strategies (local directory or fsspec URL).",
         marker="config.json",
         folder="a Hugging Face model",
-        load=_load_draft,
     ),
     ModelKind(
         name="heads",
@@ -134,8 +60,7 @@ KINDS: tuple[ModelKind, ...] = (
         help="Draft heads trained on the target (`accelgen train heads`) for medusa and blockwise: folder or URL.",
         marker="heads.json",
         folder="a folder `accelgen train heads` wrote",
-        load=_load_heads,
-        trained_for=_heads_trained_for,
+        trained_for=read_heads_config,
     ),
     ModelKind(
         name="exits",
@@ -144,8 +69,7 @@ KINDS: tuple[ModelKind, ...] = (
         "calm: folder or URL.",
         marker="exits.json",
         folder="a `train exits` folder",
-        load=_load_exits,
-        trained_for=_exits_trained_for,
+        trained_for=read_exits_config,
     ),
     ModelKind(
         name="cmlm",
@@ -154,7 +78,6 @@ KINDS: tuple[ModelKind, ...] = (
         "speculative/specdec with drafter=cmlm: folder or URL.",
         marker="cmlm.json",
         folder="a `train cmlm` folder",
-        load=_load_cmlm,
     ),
     ModelKind(
         name="eagle",
@@ -163,8 +86,7 @@ KINDS: tuple[ModelKind, ...] = (
         "folder or URL.",
         marker="eagle.json",
         folder="a `train eagle` folder",
-        load=_load_eagle,
-        trained_for=_eagle_trained_for,
+        trained_for=read_eagle_config,
     ),
 )
 BY_NAME: dict[str, ModelKind] = {kind.name: kind for kind in KINDS}
