@@ -114,7 +114,7 @@ def build(config: TwinConfig) -> Path:
         raise JobError(f"a twin of {source_dir} cannot have this shape: {problem}")
     began = time.perf_counter()
     target_dir = out / "target"
-    write_target(source_dir, source, shape, layers, target_dir, config)
+    parameters = write_target(source_dir, source, shape, layers, target_dir, config)
     fits = {"target_path": str(target_dir), "target_weights_sha256": weights_sha256(target_dir)}
     if config.heads:
         weights, wide = twin_heads(
@@ -129,15 +129,16 @@ def build(config: TwinConfig) -> Path:
             load_file(str(Path(config.eagle) / "eagle.safetensors")), read_eagle_config(Path(config.eagle)), shape, fits
         )
         write_artifact(Path(config.eagle), out / "eagle", "eagle", weights, wide)
-    write_card(out, config, source_dir, shape, layers)
+    write_card(out, config, source_dir, shape, layers, parameters)
     print(f"twin of {source_dir} written to {out} in {time.perf_counter() - began:.1f} s")
     return out
 
 
 def write_target(
     source_dir: Path, source: object, shape: LayerShape, layers: int, target_dir: Path, config: TwinConfig
-) -> None:
-    """The twin target's folder: the source's tokenizer files, the twin's config and its weights in shards."""
+) -> int:
+    """The twin target's folder: the source's tokenizer files, the twin's config and its weights in shards;
+    returns its parameter count."""
     target_dir.mkdir(parents=True)
     for path in source_dir.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name not in WEIGHT_LESS:
@@ -151,17 +152,20 @@ def write_target(
         weights |= load_file(str(path))
     count = 2 + 9 * layers + ("lm_head.weight" in weights)
     tensors = twin_tensors(weights, source, shape, layers, dtype, config.seed)
-    write_shards(tqdm(tensors, total=count, desc="twin target", unit="tensor"), target_dir, config.shard_gb * 1e9)
+    return write_shards(
+        tqdm(tensors, total=count, desc="twin target", unit="tensor"), target_dir, config.shard_gb * 1e9
+    )
 
 
-def write_shards(tensors: Iterable[tuple[str, torch.Tensor]], target_dir: Path, shard_bytes: float) -> None:
+def write_shards(tensors: Iterable[tuple[str, torch.Tensor]], target_dir: Path, shard_bytes: float) -> int:
     """Weights in files of at most `shard_bytes` each (one tensor may exceed it), each written as soon as
     it is full so that a twin larger than memory can be written; named and indexed as transformers
-    shards a checkpoint, or one `model.safetensors`."""
+    shards a checkpoint, or one `model.safetensors`. Returns how many parameters it wrote."""
     written: list[list[str]] = []
     shard: dict[str, torch.Tensor] = {}
-    size = total = 0
+    size = total = parameters = 0
     for name, tensor in tensors:
+        parameters += tensor.numel()
         nbytes = tensor.numel() * tensor.element_size()
         if shard and size + nbytes > shard_bytes:
             written.append(_write_shard(shard, target_dir, len(written)))
@@ -171,7 +175,7 @@ def write_shards(tensors: Iterable[tuple[str, torch.Tensor]], target_dir: Path, 
     written.append(_write_shard(shard, target_dir, len(written)))
     if len(written) == 1:
         (target_dir / _partial(0)).rename(target_dir / "model.safetensors")
-        return
+        return parameters
     weight_map = {}
     for i, names in enumerate(written):
         file = f"model-{i + 1:05d}-of-{len(written):05d}.safetensors"
@@ -179,6 +183,7 @@ def write_shards(tensors: Iterable[tuple[str, torch.Tensor]], target_dir: Path, 
         weight_map |= dict.fromkeys(names, file)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (target_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return parameters
 
 
 def _partial(i: int) -> str:
@@ -200,12 +205,11 @@ def write_artifact(source_dir: Path, out: Path, kind: str, weights: dict[str, to
         shutil.copy2(path, out / path.name)
 
 
-def write_card(out: Path, config: TwinConfig, source_dir: Path, shape: LayerShape, layers: int) -> None:
+def write_card(
+    out: Path, config: TwinConfig, source_dir: Path, shape: LayerShape, layers: int, parameters: int
+) -> None:
     """DIR/README.md: what the twin is for, and what it is not."""
     target, narrow = AutoConfig.from_pretrained(out / "target"), AutoConfig.from_pretrained(source_dir)
-    parameters = sum(
-        t.numel() for path in sorted((out / "target").glob("*.safetensors")) for t in load_file(str(path)).values()
-    )
     made = f"accelgen twin output_dir={out} shape={config.shape} " + " ".join(
         f"{key}={getattr(config, key)}" for key in SHAPE_KEYS if getattr(config, key)
     )
