@@ -30,13 +30,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from jobs.args import config_or_usage, print_keys
-from jobs.bench.decoding import read_prompts
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped
 from jobs.train.config import CorpusConfig
 from jobs.train.corpus import load_corpus
 from jobs.train.sequences import draw_prompts
 from jobs.train.tokenizer import encode_documents
 from pipeline.errors import JobError
+from pipeline.prompt_files import read_prompts
 from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, RowRequest, Strategy
 from strategies.config_option import option

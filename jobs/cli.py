@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "generate":
             return generate(args)
         if command == "bench":
-            from jobs.bench.decoding import main as bench_main
+            from jobs.bench.command import main as bench_main
 
             return bench_main(args)
         if command == "verify":

@@ -225,36 +225,19 @@ def profile(dry_run: bool) -> dict[str, Any]:
     """`auto` and `autoregressive` at batch 1 under torch.profiler: each one's wall time, its parts and
     host syncs (CPU time of the labelled calls), and the top operations."""
     import torch
-    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import ProfilerActivity
 
-    from jobs.bench.decoding import read_prompts
     from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
+    from pipeline.prompt_files import read_prompts
     from strategies import registry
     from strategies.base import GenerationParams, RowRequest
     from strategies.control import controller as controller_module
-    from strategies.decoders import autoregressive
     from strategies.options import StrategyOptions
     from strategies.runtime.sampling import SamplingParams, row_key
-    from strategies.verification import speculative
     from workers.common.model_kinds import KINDS
     from workers.model_loading import load_models
 
-    def labelled(owner, attribute: str, label: str) -> None:
-        original = getattr(owner, attribute)
-
-        @functools.wraps(original)
-        def wrapper(*args, **kwargs):
-            with record_function(label):
-                return original(*args, **kwargs)
-
-        setattr(owner, attribute, wrapper)
-
-    labelled(speculative, "verify", "verify")
-    labelled(speculative, "decode_plainly", "plain_steps")
-    labelled(autoregressive, "decode_plainly", "plain_steps")
-    labelled(speculative.SpeculativeStrategy, "_drafts", "drafting")
-    for method in ("plan", "observe", "start_batch"):
-        labelled(controller_module.AdaptiveController, method, "controller")
+    label_parts()
     cuda = torch.cuda.is_available() and not dry_run
     device = torch.device("cuda" if cuda else "cpu")
     loaded = load_models(
@@ -288,6 +271,33 @@ def profile(dry_run: bool) -> dict[str, Any]:
         found[name] = profile_summary(prof.key_averages(), wall_s, len(prompts) * tokens, cuda)
     found["auto_x_autoregressive"] = round(found["autoregressive"]["wall_s"] / found["auto"]["wall_s"], 3)
     return found
+
+
+def label_parts() -> None:
+    """Wrap the decoding code's functions that make up a step's `PARTS` in profiler labels, for the
+    rest of this process: the profile then reads each part's time without the code carrying timers."""
+    from torch.profiler import record_function
+
+    from strategies.control import controller as controller_module
+    from strategies.decoders import autoregressive
+    from strategies.verification import speculative
+
+    def labelled(owner, attribute: str, label: str) -> None:
+        original = getattr(owner, attribute)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            with record_function(label):
+                return original(*args, **kwargs)
+
+        setattr(owner, attribute, wrapper)
+
+    labelled(speculative, "verify", "verify")
+    labelled(speculative, "decode_plainly", "plain_steps")
+    labelled(autoregressive, "decode_plainly", "plain_steps")
+    labelled(speculative.SpeculativeStrategy, "_drafts", "drafting")
+    for method in ("plan", "observe", "start_batch"):
+        labelled(controller_module.AdaptiveController, method, "controller")
 
 
 def profile_summary(events, wall_s: float, tokens: int, cuda: bool) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -28,6 +27,7 @@ from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.phases import Phases, actor_start_phases
 from pipeline.threads import default_torch_threads
+from pipeline.unit_flights import MAX_UNITS_PER_ACTOR, Flight, PoolRun
 from strategies.control.controller import Learned
 from workers.actor import GeneratorActor
 from workers.common import faults
@@ -37,7 +37,6 @@ from workers.common.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
 RESERVED_CPUS = 1.0
 PROGRESS_POLL_S = 1.0
-MAX_UNITS_PER_ACTOR = 64  # attempts in flight on one actor at most (each holds a thread there)
 
 
 CRASHING_ROW = "this row made the generator process crash on every attempt; it was skipped"
@@ -45,38 +44,6 @@ CRASHING_ROW = "this row made the generator process crash on every attempt; it w
 
 class JobInterrupted(Exception):
     """The driver was asked to stop (SIGTERM): nothing partial was committed; rerun to resume."""
-
-
-@dataclass
-class _Flight:
-    """An attempt of a unit in flight on an actor, with its last heartbeat (actor progress)."""
-
-    unit: WorkUnit
-    attempt: int
-    actor: int
-    start: tuple[int, int]  # the actor's (rows, tokens) when the attempt began
-    beat: tuple[int, int]  # ... at its last heartbeat
-    beat_at: float
-    rows: int  # output rows it decodes (input rows × generation.n)
-    hung: bool = False
-
-
-@dataclass
-class _PoolRun:
-    """The pool's run state: its bookkeeping while it runs a job's units."""
-
-    queue: deque[tuple[WorkUnit, int]]  # (unit, attempt) waiting for an actor
-    committed_rows: int  # rows of committed units, those of earlier runs included
-    units_on: list[int]  # per actor: attempts in flight there
-    rows_on: list[int]  # per actor: output rows of those attempts
-    alone: set[int] = field(default_factory=set)  # actors decoding a retry, which runs alone
-    inflight: dict[ray.ObjectRef, _Flight] = field(default_factory=dict)
-    recovering: dict[int, ray.ObjectRef] = field(default_factory=dict)  # actor -> its ready() while Ray restarts it
-    results: list[UnitResult] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)  # unit -> why it failed
-    crashes: dict[str, int] = field(default_factory=dict)  # unit -> attempts that ended with the actor's death
-    error_rows: dict[str, dict[int, str]] = field(default_factory=dict)  # unit -> rows not to decode, and why
-    commits: int = 0  # this run's
 
 
 class _StopOnSigterm:
@@ -127,7 +94,7 @@ class ActorPool:
             "num_cpus": w.num_cpus_per_actor,
             "num_gpus": w.num_gpus_per_actor if use_gpus else 0,
             "max_restarts": -1,  # unit attempts bound the restarts an actor's deaths can cause
-            # run_unit of each unit in flight there (`_actor_for`), and progress() polls beside them.
+            # run_unit of each unit in flight there (`PoolRun.actor_for`), and progress() polls beside them.
             "max_concurrency": MAX_UNITS_PER_ACTOR + 2,
             "resources": dict(w.custom_resources),
         }
@@ -197,9 +164,7 @@ class ActorPool:
         hung: its actor is restarted and the unit retried. SIGTERM stops the job between commits.
         """
         n = len(self.actors)
-        run = _PoolRun(
-            queue=deque((u, 1) for u in units), committed_rows=rows_before, units_on=[0] * n, rows_on=[0] * n
-        )
+        run = PoolRun(queue=deque((u, 1) for u in units), committed_rows=rows_before, units_on=[0] * n, rows_on=[0] * n)
         bar = tqdm(total=total_rows, initial=rows_before, unit="row", desc="generate", dynamic_ncols=True)
         started = time.perf_counter()
         snapshot = self._progress()
@@ -219,21 +184,17 @@ class ActorPool:
                 bar.close()
         return run.results, run.failures
 
-    def _dispatch(self, run: _PoolRun, output: OutputFolder, snapshot: list[tuple[int, int]]) -> None:
-        """Hand queued units to actors with room for them (`_actor_for`), in queue order where they fit."""
+    def _dispatch(self, run: PoolRun, output: OutputFolder, snapshot: list[tuple[int, int]]) -> None:
+        """Hand queued units to actors with room for them (`PoolRun.actor_for`), in queue order where they fit."""
         self._recovered(run.recovering)
         waiting: deque[tuple[WorkUnit, int]] = deque()
         while run.queue:
             unit, attempt = run.queue.popleft()
             rows = unit.num_rows * self.config.generation.n
-            a = self._actor_for(run, attempt, rows)
+            a = run.actor_for(attempt, rows, self.config.workers.batch_size)
             if a is None:
                 waiting.append((unit, attempt))
                 continue
-            run.units_on[a] += 1
-            run.rows_on[a] += rows
-            if attempt > 1:
-                run.alone.add(a)
             ref = self.actors[a].run_unit.remote(
                 unit,
                 attempt,
@@ -241,50 +202,24 @@ class ActorPool:
                 output.batch_log_url(unit.unit_id, attempt),
                 run.error_rows.get(unit.unit_id, {}),
             )
-            run.inflight[ref] = _Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic(), rows)
+            run.took_off(ref, Flight(unit, attempt, a, snapshot[a], snapshot[a], time.monotonic(), rows))
         run.queue = waiting
 
-    def _actor_for(self, run: _PoolRun, attempt: int, rows: int) -> int | None:
-        """The actor to take an attempt of `rows` output rows, or None for now.
-
-        A first attempt goes to the actor with the fewest rows in flight while it holds fewer than two
-        units or fewer than two batches' worth of rows (`workers.batch_size`): rows of the units there
-        join its running batch as others finish, so a batch spans units and the next unit waits ready,
-        however large units are. A retry runs alone on an actor with nothing in flight: whether the
-        unit fails again is then its own doing.
-        """
-        ready = [a for a in range(len(self.actors)) if a not in run.recovering and a not in run.alone]
-        if attempt > 1:
-            return next((a for a in ready if run.units_on[a] == 0), None)
-        room = 2 * self.config.workers.batch_size
-        fits = [
-            a for a in ready if run.units_on[a] < 2 or (run.units_on[a] < MAX_UNITS_PER_ACTOR and run.rows_on[a] < room)
-        ]
-        return min(fits, key=lambda a: run.rows_on[a], default=None)
-
-    def _landed(self, run: _PoolRun, flight: _Flight) -> None:
-        """An attempt is no longer in flight on its actor."""
-        a = flight.actor
-        run.units_on[a] -= 1
-        run.rows_on[a] -= flight.rows
-        if flight.attempt > 1:
-            run.alone.discard(a)
-
-    def _settle(self, run: _PoolRun, flight: _Flight, ref: ray.ObjectRef, output: OutputFolder) -> None:
+    def _settle(self, run: PoolRun, flight: Flight, ref: ray.ObjectRef, output: OutputFolder) -> None:
         """An attempt ended: commit what it staged, or decide what its failure means."""
         try:
             result: UnitResult = ray.get(ref)
         except (RayActorError, RayTaskError) as exc:
             self._attempt_failed(run, flight, exc)
             return
-        self._landed(run, flight)
+        run.landed(flight)
         output.publish(result)
         run.results.append(result)
         run.committed_rows += result.num_rows
         run.commits += 1
         faults.after_commit(self.faults, run.commits)
 
-    def _attempt_failed(self, run: _PoolRun, flight: _Flight, exc: RayActorError | RayTaskError) -> None:
+    def _attempt_failed(self, run: PoolRun, flight: Flight, exc: RayActorError | RayTaskError) -> None:
         """Retry the unit, look for a row that crashes the actor, or fail the unit: an input error
         fails it at once; after `workers.max_unit_attempts` attempts, a unit whose attempts killed
         their actor gets as many more, each after a search that turns the crashing row into an
@@ -292,7 +227,7 @@ class ActorPool:
         unit, attempt, a = flight.unit, flight.attempt, flight.actor
         message = "no progress for workers.unit_timeout_s" if flight.hung else _cause(exc)
         tqdm.write(f"unit {unit.unit_id} attempt {attempt} failed: {message}", file=sys.stderr)
-        self._landed(run, flight)
+        run.landed(flight)
         if isinstance(exc, RayActorError):  # Ray restarts it; no work until it is back
             if a not in run.recovering:
                 run.recovering[a] = self._ready(a)
@@ -314,7 +249,7 @@ class ActorPool:
         else:
             run.failures[unit.unit_id] = message
 
-    def _watch(self, inflight: dict[ray.ObjectRef, _Flight], snapshot: list[tuple[int, int]], timeout_s: float) -> None:
+    def _watch(self, inflight: dict[ray.ObjectRef, Flight], snapshot: list[tuple[int, int]], timeout_s: float) -> None:
         """Heartbeats: an attempt's actor finishing batches is alive; one silent past `timeout_s` is
         restarted (the attempt then fails and is retried)."""
         now = time.monotonic()
@@ -422,7 +357,7 @@ class ActorPool:
         self.actors = []
 
 
-def _show_progress(bar: tqdm, run: _PoolRun, snapshot: list[tuple[int, int]], elapsed_s: float) -> None:
+def _show_progress(bar: tqdm, run: PoolRun, snapshot: list[tuple[int, int]], elapsed_s: float) -> None:
     """Rows committed plus rows the attempts in flight have finished, and the actors' tokens/s."""
     in_flight_rows = sum(max(0, snapshot[f.actor][0] - f.start[0]) for f in run.inflight.values())
     bar.n = min(bar.total, run.committed_rows + in_flight_rows)

@@ -139,7 +139,8 @@ def test_bench_keeps_one_controller_per_contender_so_variants_of_a_strategy_lear
 
     from omegaconf import OmegaConf
 
-    from jobs.bench.decoding import Bench, BenchConfig
+    from jobs.bench.decoding import Bench
+    from jobs.bench.settings import BenchConfig
 
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a b a b"}) + "\n")
     keys = [f"model={tiny_model_dir}", f"prompts={tmp_path / 'prompts.jsonl'}", "strategies=[lookahead]"]
@@ -162,7 +163,8 @@ def test_bench_keeps_one_controller_per_contender_so_variants_of_a_strategy_lear
 
 def test_a_bench_controller_is_told_what_forwards_cost_at_its_batch_size_as_an_actors_is(tiny_model_dir, tmp_path):
     """The in-process bench times the code a job runs: its cold controller starts as an actor's does."""
-    from jobs.bench.decoding import Bench, BenchConfig
+    from jobs.bench.decoding import Bench
+    from jobs.bench.settings import BenchConfig
     from pipeline.config import load_config
     from strategies.control.controller import bucket
     from workers.warm_up import TIMED_WIDTHS
@@ -239,7 +241,7 @@ def test_job_decoding_sums_every_batch_record(tmp_path):
 
 
 def test_job_rows_give_the_rounds_lowest_and_highest_decode_ratio(capsys):
-    from jobs.bench.job import Timed, print_rows, summarize
+    from jobs.bench.job_table import Timed, print_rows, summarize
 
     runs = {
         ("autoregressive", "cold"): [Timed(20.0, 10.0, 1000), Timed(20.0, 10.0, 1000), Timed(20.0, 10.0, 1000)],
@@ -253,7 +255,8 @@ def test_job_rows_give_the_rounds_lowest_and_highest_decode_ratio(capsys):
 
 
 def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the_aims():
-    from jobs.bench.job import VLLM_PLAIN, Timed, aims, summarize, vllm_row
+    from jobs.bench.job_table import Timed, aims, summarize
+    from jobs.bench.vllm_peer import VLLM_PLAIN, vllm_row
 
     runs = {
         ("autoregressive", "cold"): [Timed(20.0, 10.0, 1000), Timed(40.0, 20.0, 1000)],  # round 2: machine slowed
@@ -288,7 +291,7 @@ def test_job_rows_pair_rounds_with_autoregressive_of_the_same_mode_and_print_the
 
 
 def test_job_vllm_without_its_python_is_a_row_that_says_how_to_measure_it():
-    from jobs.bench.job import VLLM_NGRAM, vllm_row, vllm_runs
+    from jobs.bench.vllm_peer import VLLM_NGRAM, vllm_row, vllm_runs
 
     class Config:
         vllm_python = ""
@@ -383,8 +386,9 @@ def test_a_scale_bench_prints_its_usage_names_a_wrong_key_and_runs_with_the_keys
 
 
 def test_job_mode_times_in_process_the_jobs_rows_never_a_batch_filled_beyond_them(tmp_path, tiny_model_dir):
-    from jobs.bench.decoding import Bench, BenchConfig
+    from jobs.bench.decoding import Bench
     from jobs.bench.job import in_process_contenders
+    from jobs.bench.settings import BenchConfig
 
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("a = 1", "def f():")))
     config = BenchConfig(

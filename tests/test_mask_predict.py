@@ -18,7 +18,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.bench.agreement import agreement, chrf, token_accuracy
-from jobs.bench.decoding import Bench, BenchConfig
+from jobs.bench.decoding import Bench
+from jobs.bench.settings import BenchConfig
 from jobs.train.cmlm import cmlm_from_target, cmlm_tokenizer_and_config
 from pipeline.config import load_config
 from pipeline.driver import run_job

@@ -27,8 +27,8 @@ def test_the_job_bench_decodes_in_process_with_the_threads_of_a_jobs_actor():
     """x bench compares a job with its own code: the in-process side runs the actor's threads."""
     import os
 
-    from jobs.bench.decoding import BenchConfig
     from jobs.bench.job import job_torch_threads
+    from jobs.bench.settings import BenchConfig
 
     assert job_torch_threads(BenchConfig(job_overrides=["workers.torch_threads=3"])) == 3
     assert job_torch_threads(BenchConfig()) == default_torch_threads(os.cpu_count() or 1, 1)

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from jobs.bench.decoding import read_prompts
 from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET
 from pipeline.config import load_config
 from pipeline.errors import JobError
+from pipeline.prompt_files import read_prompts
 from strategies.base import GenerationParams, RowRequest
 from strategies.config_option import option
 from strategies.decoders.autoregressive import AutoregressiveStrategy

@@ -1,4 +1,4 @@
-"""`accelgen bench`: our strategies against transformers' `generate`, side by side in one run.
+"""`accelgen bench` in process, its default mode: our strategies against transformers' `generate`, side by side.
 
 Every contender decodes the same prompts (the first `num_prompts`, cycled to fill a batch) in
 batches of each batch size, for the same fixed length (EOS ignored; `min_new_tokens` for
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import gzip
 import json
 import statistics
 import time
@@ -23,116 +22,26 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jobs.args import config_or_usage
 from jobs.bench.agreement import agreement
 from jobs.bench.rounds import format_range, paired, per_round, spread
-from jobs.shipped import SAMPLE_PROMPTS, SHIPPED_TARGET, shipped_or_none
+from jobs.bench.settings import BenchConfig
 from pipeline.errors import JobError
+from pipeline.prompt_files import read_prompts
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
-from strategies.config_option import option
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import DRAFTERS, EAGLE_TREES, PROMPT_LOOKUP_SIZINGS, StrategyOptions
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key
-from workers.common.model_kinds import KINDS, needed_by
-from workers.common.storage import filesystem
+from workers.common.model_kinds import needed_by
 from workers.model_loading import load_models, resolve_dtype
 from workers.rows import repetition_rate
 from workers.warm_up import timed_forwards
 
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "transformers.generate", "transformers.assisted", "transformers.prompt_lookup"
 JACOBI_COUNTS = ("iterations", "blocks", "committed", "fast_forwarded", "stationary")
-
-
-@dataclass
-class _BenchSettings:
-    prompts: str = option(str(SAMPLE_PROMPTS), "Prompts: a Parquet URL, or a JSONL(.gz) file with a prompt field.")
-    prompt_column: str = option("prompt", "Column (Parquet) or field (JSONL) holding the prompt.")
-    num_prompts: int = option(16, "Prompts decoded per contender and batch size (cycled to fill a batch).")
-    model: str = option(str(SHIPPED_TARGET), "Target model: local folder or fsspec URL.")
-    dtype: str = option("auto", "Model dtype; auto: float32 on CPU, bfloat16 on GPU.")
-    strategies: list[str] = option(["autoregressive"], "Our strategies to time (strategy.* below sets options).")
-    mask_predict_iterations: list[int] = option(
-        [],
-        "With mask_predict among the strategies: time it at each of these passes T (e.g. [1,2,4,10]), one "
-        "contender each. Empty: strategy.mask_predict.iterations alone.",
-    )
-    drafters: list[str] = option(
-        [],
-        "With speculative or specdec among the strategies: time it with each of these drafters (draft_model, "
-        "cmlm), one contender each. Empty: strategy.<name>.drafter alone.",
-    )
-    eagle_trees: list[str] = option(
-        [],
-        "With eagle among the strategies: time it with each of these trees (chain, static, dynamic), one contender "
-        "each, the other strategy.eagle.* options shared. Empty: strategy.eagle.tree alone.",
-    )
-    lookup_sizings: list[str] = option(
-        [],
-        "With prompt_lookup among the strategies: time it with each of these draft sizings (acceptance, fixed), one "
-        "contender each. Empty: strategy.prompt_lookup.sizing alone.",
-    )
-    lookahead_nodes: list[int] = option(
-        [],
-        "With lookahead among the strategies: time it with each of these tree budgets (its decoding_length), one "
-        "contender each. Empty: strategy.lookahead.decoding_length alone.",
-    )
-    lookahead_lookup_first: list[bool] = option(
-        [],
-        "With lookahead among the strategies: time it with prompt lookup tried first and without (true, false), one "
-        "contender each. Empty: strategy.lookahead.prompt_lookup_first alone.",
-    )
-    transformers: list[str] = option(
-        ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
-    )
-    batch_sizes: list[int] = option([1, 32], "Batch sizes to time.")
-    max_new_tokens: int = option(64, "Tokens generated per row (fixed length).")
-    max_prompt_tokens: int = option(256, "Prompts are cut to their last this many tokens.")
-    repeats: int = option(3, "Interleaved repeats per configuration; the table shows medians.")
-    torch_threads: int = option(
-        0, "torch threads; 0: all cores (job=true: as many as a job's actor runs, `workers.torch_threads`)."
-    )
-    pack_weights: bool = option(
-        True,
-        "Float32 on CPU: matmuls through packed weights (oneDNN, MKL, a transposed copy) where timed faster "
-        "(`model.pack_weights`); false: F.linear.",
-    )
-    compare_f_linear: bool = option(
-        False,
-        "With pack_weights: also time each of our contenders with F.linear ('<name> F.linear'), interleaved with "
-        "the rest, so the table shows what packing gains in one run.",
-    )
-    # Fixed strategies are measured as themselves (adaptive=false); `auto` always runs its controller.
-    strategy: StrategyOptions = field(default_factory=lambda: StrategyOptions(adaptive=False))
-    report: str = option("", "Also write the table as JSON to this path.")
-    lookup_tokens: int = option(
-        0, "transformers' prompt_lookup_num_tokens; 0: strategy.num_speculative_tokens (the draft length of ours)."
-    )
-    # The cost table (jobs/bench/costs.py): forwards by batch x new tokens, plain and drafting steps by phase.
-    costs: bool = option(
-        False, "Print the cost table instead: forwards by batch size x new tokens, and each strategy's step by phase."
-    )
-    cost_new_tokens: list[int] = option([1, 2, 4, 8, 16], "costs=true: new tokens per row of each timed forward.")
-    cost_cache_tokens: int = option(200, "costs=true: cached tokens per row under each timed forward.")
-    # Whole jobs (jobs/bench/job.py): each contender runs as `accelgen generate` processes.
-    job: bool = option(False, "Time whole `accelgen generate` jobs, cold and warm, instead of in-process decoding.")
-    job_shards: int = option(3, "job=true: input shards the num_prompts rows are split into.")
-    warm: bool = option(True, "job=true: after each cold job, time a warm one (the next job, new output folder).")
-    job_overrides: list[str] = option([], "job=true: key=value given to every job (e.g. workers.torch_threads=2).")
-    warm_cache_key: str = option(
-        "",
-        "job=true: the job key of a cache shared between jobs (e.g. the controller's statistics URL): each cold job "
-        "gets a new empty one, the warm job after it the same. Empty: jobs share nothing.",
-    )
-    vllm: list[str] = option(
-        ["plain", "ngram"], "job=true: vLLM peers: plain (offline generate), ngram (its n-gram speculation)."
-    )
-    vllm_python: str = option(
-        "", "job=true: python of a virtual environment holding vLLM (README); empty: vLLM not measured."
-    )
 
 
 @dataclass(frozen=True)
@@ -156,30 +65,6 @@ SWEEPS = (
     Sweep("lookahead_nodes", ("lookahead",), "lookahead", "decoding_length", "nodes"),
     Sweep("lookahead_lookup_first", ("lookahead",), "lookahead", "prompt_lookup_first", "lookup_first"),
 )
-
-
-def _bench_config() -> type:
-    """The bench's keys: its settings, then one key per optional model kind (`workers/common/model_kinds.py`),
-    the shipped family's by default, as the job's `model.<kind>`."""
-    kinds = [(kind.name, str | None, option(shipped_or_none(kind.name), kind.help)) for kind in KINDS]
-    config = dataclasses.make_dataclass("BenchConfig", kinds, bases=(_BenchSettings,))
-    config.__module__ = __name__
-    return config
-
-
-BenchConfig = _bench_config()
-
-
-def read_prompts(url: str, column: str) -> list[str]:
-    fs, path = filesystem(url, {})
-    if path.endswith((".jsonl", ".jsonl.gz")):
-        with fs.open(path, "rb") as f:
-            data = gzip.decompress(f.read()) if path.endswith(".gz") else f.read()
-        return [json.loads(line)[column] for line in data.decode("utf-8").splitlines() if line.strip()]
-    import pyarrow.parquet as pq
-
-    with fs.open(path, "rb") as f:
-        return [p for p in pq.read_table(f, columns=[column]).column(column).to_pylist() if p]
 
 
 @dataclass
@@ -370,8 +255,8 @@ class Bench:
             order = list(contenders.items())
             for _ in range(self.config.repeats):
                 for name, fn in order:
-                    # A pass starts with no garbage of earlier ones: a Lookahead pass leaves a trie of
-                    # some 10^5 objects whose collection would otherwise land in the next pass's time.
+                    # A pass starts with no garbage of earlier ones: a Lookahead pass leaves a large trie
+                    # whose collection would otherwise land in the next pass's time.
                     gc.collect()
                     runs[name].append(fn(batches))
                 order.reverse()  # rounds alternate their order: a contender is not always first or last
@@ -458,37 +343,3 @@ tau: tokens per verify step (accepted draft tokens + the target's own), plain st
 same: rows identical to generate's greedy output; rep: share of repeated 4-grams per completion;
 tokacc / chrF: token accuracy and character n-gram F-score (0-100) against the target's greedy output;
 acceptance by position: share of verify steps reaching draft depth d+1 that accepted it (per head)"""
-
-
-def main(args: list[str]) -> int:
-    config = config_or_usage("usage: accelgen bench [CONFIG.yaml] [key=value ...]", BenchConfig(), args)
-    if config is None:
-        return 0
-    unknown = sorted(set(config.strategies) - set(registry.available()))
-    if unknown:
-        raise JobError(f"strategies: unknown {unknown}; available: {', '.join(registry.available())}")
-    for sweep in (s for s in SWEEPS if s.allowed is not None):
-        unknown_values = sorted(set(getattr(config, sweep.key)) - set(sweep.allowed))
-        if unknown_values:
-            raise JobError(f"{sweep.key}: unknown {unknown_values}; use {', '.join(sweep.allowed)}")
-    if config.job:
-        from jobs.bench import job as bench_job
-
-        return bench_job.main(config)
-    bench = Bench(config)
-    if config.costs:
-        from jobs.bench import costs
-
-        table = costs.measure(bench)
-        costs.print_table(table)
-        if config.report:
-            with open(config.report, "w") as f:
-                json.dump(table, f, indent=1)
-        return 0
-    print_header()
-    rows = bench.run(on_rows=print_rows)
-    print(LEGEND)
-    if config.report:
-        with open(config.report, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
