@@ -136,9 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """The `accelgen` command (and `python -m jobs.cli`): `main`, then, after `generate`, Ray stopped here
-    and the process left at once. Left to the interpreter, a finished job spent some 2.9 s after its
-    summary (24 rows at batch 32 on 2 cores: Ray's exit hook 1.9 s, half a second of it a sleep for
-    late messages; the interpreter's teardown of torch, Ray and the rest 1.0 s), a fifth of a cold
+    and the process left at once. Left to the interpreter, a finished job would wait on Ray's exit hook
+    (which sleeps for late messages) and the teardown of torch, Ray and the rest: seconds of a cold
     job's time outside decoding. By then the output is committed and every file closed: what is left
     to do is Ray's processes, stopped here, and buffered output, flushed."""
     argv = sys.argv[1:]

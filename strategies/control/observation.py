@@ -133,7 +133,7 @@ class Observation(Estimates):
         return {"exploring_s": round(explored, 6), "exploring_lost_s": round(lost, 6), "decoding_s": round(decoded, 6)}
 
     def time_forwards(self, batch_size: int, seconds_by_width: dict[int, list[float]]) -> None:
-        """Forwards timed before decoding (an actor's start, `workers.generator`): per width (new tokens
+        """Forwards timed before decoding (an actor's start, `workers.warm_up`): per width (new tokens
         per row, 1 among them), the seconds of forwards over `batch_size` rows. Without them a cold
         controller prices a drafter's first step, wider than any forward it has run, as that many plain
         steps, and the exploration budget holds a cold job at batch 1 to plain steps long before its

@@ -38,7 +38,7 @@ class AcceptanceRule(ABC):
 
 @dataclass(frozen=True)
 class ExactMatch(AcceptanceRule):
-    """The target's own choice decides (`acceptance.walk`, run as `walk_rows`): lossless for any draft, chain or
+    """The target's own choice decides (`tree_walks.walk`, run as `walk_rows`): lossless for any draft, chain or
     tree, greedy or sampled. Greedy, the argmax is taken only at the slots the walk reaches."""
 
     name: ClassVar[str] = "exact"
@@ -82,7 +82,7 @@ class Relaxed(AcceptanceRule):
 
 @dataclass(frozen=True)
 class Typical(AcceptanceRule):
-    """Medusa's typical acceptance (`acceptance.typical_walk`) at temperature > 0, on the target's probabilities
+    """Medusa's typical acceptance (`tree_walks.typical_walk`) at temperature > 0, on the target's probabilities
     after temperature and filtering, then the target's keyed sample; at temperature 0 exact matching,
     as the reference's (see `acceptance`'s docstring for where it differs)."""
 
