@@ -29,7 +29,8 @@ once per proposal:
 at batch 1 on a CPU a pass is mostly per-operation host work and reading its weights, so each
 operation saved per depth counts.
 
-A job refuses a head whose `target_weights_sha256` is not its target's (`workers.common.model_files.check_trained_for_target`).
+A job refuses a head whose `target_weights_sha256` is not its target's
+(`workers.common.model_files.check_trained_for_target`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ The exits live in a small folder of their own:
     exits.json          format, shape, and the target they were trained for (path, weights sha256)
     exits.safetensors   norms, adapters and classifiers (the LM head is the target's, never saved)
 
-A job refuses exits whose `target.weights_sha256` is not its target's (`workers.common.model_files.check_trained_for_target`).
+A job refuses exits whose `target.weights_sha256` is not its target's
+(`workers.common.model_files.check_trained_for_target`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ Shared heads draft over their draft vocabulary only (`draft_logits`): at batch 1
 three or four heads' states through all V rows of the LM head was most of a Medusa step's drafting.
 Training and the heads' accuracy against every token use the whole LM head (`forward`).
 
-A job refuses heads whose `target.weights_sha256` is not its target's (`workers.common.model_files.check_trained_for_target`).
+A job refuses heads whose `target.weights_sha256` is not its target's
+(`workers.common.model_files.check_trained_for_target`).
 """
 
 from __future__ import annotations
