@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import socket
 import threading
 import time
@@ -39,17 +40,18 @@ from workers.common.contract import (
     row_ids_of_id_column,
 )
 from workers.common.controller_stats import StatsKey
+from workers.common.output_formats import ResponseContext, encode_part
 from workers.common.row_settings import RowSettings, row_settings
 from workers.common.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.common.storage import filesystem, write_bytes
 from workers.engine import DecodeEngine, Pending, SegmentRecord
+from workers.json_input import ROW_ID, chat_rows, read_json_unit, request_file_input, row_problems
 from workers.model_loading import load_models, resolve_dtype
+from workers.prompt_texts import encode, unit_prompts
 from workers.rows import (
     StopStrings,
     as_text,
-    chat_prompts,
     completion_text,
-    prompt_problem,
     repetition_rate,
     too_long_message,
 )
@@ -80,6 +82,8 @@ class Generator:
     def __init__(self, spec: WorkerSpec, actor_name: str = "") -> None:
         # When the constructor began (epoch): before it, the process started and imported this module.
         self.init_began = time.time()
+        if spec.input.format == "openai_batch":
+            spec = dataclasses.replace(spec, input=request_file_input(spec.input))
         self.spec = spec
         self.actor = actor_name or f"{socket.gethostname()}:{os.getpid()}"
         # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
@@ -194,7 +198,7 @@ class Generator:
         table = self._read_unit(unit)
         columns, records, by_option = self.decode_table(table, unit, attempt, error_rows)
         out = pa.table(columns, schema=output_schema(self.spec, table))
-        data = _parquet_bytes(out)
+        data = encode_part(out, self.spec.output.format, self._responses(table))
         _write(staged_url, data, self.spec.output.storage_options)
         _write(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output.storage_options)
         faults.after_upload(self.faults, unit.unit_id, attempt)
@@ -233,6 +237,8 @@ class Generator:
 
     def _read_unit(self, unit: WorkUnit) -> pa.Table:
         spec = self.spec
+        if unit.input_format != "parquet":
+            return read_json_unit(unit, spec)
         wanted = [
             spec.input.messages_column or spec.input.prompt_column,
             *([spec.input.id_column] if spec.input.id_column else []),
@@ -262,7 +268,7 @@ class Generator:
         spec = self.spec
         n, samples = table.num_rows, spec.generation.n
         row_ids = self._row_ids(table, unit)
-        errors = dict(error_rows)  # input row -> why it is not decoded
+        errors = {**row_problems(table), **error_rows}  # input row -> why it is not decoded
         token_ids, prompt_tokens = self._tokenize(table, errors)
         settings = self._row_settings(table, row_ids, token_ids, errors)
         groups = self._groups(table, token_ids, settings, errors)
@@ -302,6 +308,8 @@ class Generator:
         return Decoded(columns, [self._record(r) for r in ticket.records], by_option)
 
     def _row_ids(self, table: pa.Table, unit: WorkUnit) -> list[str]:
+        if ROW_ID in table.column_names:  # a JSON Lines unit's, read with its rows
+            return table.column(ROW_ID).to_pylist()
         if self.spec.input.id_column:
             return row_ids_of_id_column(table.column(self.spec.input.id_column)).to_pylist()
         return [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(table.num_rows)]
@@ -310,22 +318,17 @@ class Generator:
         """Token ids of the rows to decode, and every tokenized row's prompt length, by row index: plain
         prompts, or chat messages rendered by the tokenizer's template. A bad prompt, or one too long
         for the model, goes into `errors`."""
-        spec = self.spec
-        if spec.input.messages_column:
-            prompts, problems = chat_prompts(self.tokenizer, table.column(spec.input.messages_column).to_pylist())
-        else:
-            prompts = table.column(spec.input.prompt_column).to_pylist()
-            problems = [prompt_problem(p) for p in prompts]
+        chat = chat_rows(table, self.spec.input)
+        prompts, problems = unit_prompts(self.tokenizer, table, self.spec.input, chat)
         for i, problem in enumerate(problems):
             if problem and i not in errors:
                 errors[i] = problem
         decodable = [i for i in range(len(prompts)) if i not in errors]
-        texts = [as_text(prompts[i]) for i in decodable]
-        # A chat template writes its own special tokens.
-        encoded = self.tokenizer(texts, add_special_tokens=not spec.input.messages_column)["input_ids"] if texts else []
+        encoded = encode(self.tokenizer, {i: as_text(prompts[i]) for i in decodable}, chat)
         prompt_tokens: dict[int, int] = {}
         token_ids: dict[int, list[int]] = {}
-        for i, ids in zip(decodable, encoded, strict=True):
+        for i in decodable:
+            ids = encoded[i]
             prompt_tokens[i] = len(ids)
             if len(ids) >= self.runner.max_context:
                 errors[i] = too_long_message(len(ids), self.runner.max_context)
@@ -342,6 +345,13 @@ class Generator:
         for name, value in row.columns.items():
             columns[name][o] = value
         _fill_scores(columns, o, row)
+
+    def _responses(self, table: pa.Table) -> ResponseContext | None:
+        """What a Batch API part says beyond its rows (`output.format=openai_batch`), else None."""
+        if self.spec.output.format != "openai_batch":
+            return None
+        model = posixpath.basename(self.spec.model.target.rstrip("/"))
+        return ResponseContext(chat_rows(table, self.spec.input), model, self.spec.job_id)
 
     def _open_decoding(self, group: tuple[str, tuple], requests: list[RowRequest]) -> Decoding:
         name, key = group
