@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import os
-import posixpath
 import socket
 import threading
 import time
@@ -40,12 +39,12 @@ from workers.common.contract import (
     row_ids_of_id_column,
 )
 from workers.common.controller_stats import StatsKey
-from workers.common.output_formats import ResponseContext, encode_part
+from workers.common.output_formats import encode_part
 from workers.common.row_settings import RowSettings, row_settings
 from workers.common.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.common.storage import filesystem, write_bytes
 from workers.engine import DecodeEngine, Pending, SegmentRecord
-from workers.json_input import ROW_ID, chat_rows, read_json_unit, request_file_input, row_problems
+from workers.json_input import ROW_ID, as_read, chat_rows, read_json_unit, response_context, row_problems
 from workers.model_loading import load_models, resolve_dtype
 from workers.prompt_texts import encode, unit_prompts
 from workers.rows import (
@@ -82,9 +81,7 @@ class Generator:
     def __init__(self, spec: WorkerSpec, actor_name: str = "") -> None:
         # When the constructor began (epoch): before it, the process started and imported this module.
         self.init_began = time.time()
-        if spec.input.format == "openai_batch":
-            spec = dataclasses.replace(spec, input=request_file_input(spec.input))
-        self.spec = spec
+        self.spec = spec = as_read(spec)
         self.actor = actor_name or f"{socket.gethostname()}:{os.getpid()}"
         # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
         torch.set_num_threads(spec.workers.torch_threads if spec.workers.torch_threads > 0 else os.cpu_count() or 1)
@@ -198,7 +195,7 @@ class Generator:
         table = self._read_unit(unit)
         columns, records, by_option = self.decode_table(table, unit, attempt, error_rows)
         out = pa.table(columns, schema=output_schema(self.spec, table))
-        data = encode_part(out, self.spec.output.format, self._responses(table))
+        data = encode_part(out, self.spec.output.format, response_context(self.spec, table))
         _write(staged_url, data, self.spec.output.storage_options)
         _write(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output.storage_options)
         faults.after_upload(self.faults, unit.unit_id, attempt)
@@ -345,13 +342,6 @@ class Generator:
         for name, value in row.columns.items():
             columns[name][o] = value
         _fill_scores(columns, o, row)
-
-    def _responses(self, table: pa.Table) -> ResponseContext | None:
-        """What a Batch API part says beyond its rows (`output.format=openai_batch`), else None."""
-        if self.spec.output.format != "openai_batch":
-            return None
-        model = posixpath.basename(self.spec.model.target.rstrip("/"))
-        return ResponseContext(chat_rows(table, self.spec.input), model, self.spec.job_id)
 
     def _open_decoding(self, group: tuple[str, tuple], requests: list[RowRequest]) -> Decoding:
         name, key = group

@@ -11,6 +11,7 @@ accelgen cannot honour (`openai_batch`). The columns then have one type whatever
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ import pyarrow as pa
 from workers.common.contract import derived_row_id
 from workers.common.json_lines import compression, json_text, parse_object, rows_of, where
 from workers.common.openai_batch import PARAMS_COLUMNS, parse_request
+from workers.common.output_formats import ResponseContext
 from workers.common.row_settings import RowSettings, row_settings
 from workers.common.sections import InputConfig
 from workers.common.spec import UnitInputError, WorkerSpec, WorkUnit
@@ -34,6 +36,14 @@ _SETTING_TYPES = {
     "stop": pa.list_(pa.string()),
     "seed": pa.int64(),
 }
+
+
+def as_read(spec: WorkerSpec) -> WorkerSpec:
+    """The job as the generator reads its units: a request file's input keys name the columns
+    `read_json_unit` builds (`request_file_input`); other inputs' keys stay as they are."""
+    if spec.input.format != "openai_batch":
+        return spec
+    return dataclasses.replace(spec, input=request_file_input(spec.input))
 
 
 def request_file_input(config: InputConfig) -> InputConfig:
@@ -75,6 +85,14 @@ def chat_rows(table: pa.Table, config: InputConfig) -> list[bool]:
     if REQUEST_MESSAGES in table.column_names:
         return [m is not None for m in table.column(REQUEST_MESSAGES).to_pylist()]
     return [False] * table.num_rows
+
+
+def response_context(spec: WorkerSpec, table: pa.Table) -> ResponseContext | None:
+    """What a Batch API part says beyond its rows (`output.format=openai_batch`), else None."""
+    if spec.output.format != "openai_batch":
+        return None
+    model = posixpath.basename(spec.model.target.rstrip("/"))
+    return ResponseContext(chat_rows(table, spec.input), model, spec.job_id)
 
 
 def _unit_rows(unit: WorkUnit, storage_options: dict[str, Any]) -> list[tuple[int, bytes]]:
