@@ -232,3 +232,19 @@ def test_format_keys_that_cannot_work_are_refused_naming_the_key(tmp_path, overr
     with pytest.raises(JobError, match="invalid config") as raised:
         validate(job_config(tmp_path, tmp_path / "model", *overrides))
     assert message in str(raised.value)
+
+
+def test_request_files_refuse_duplicate_custom_ids_and_read_bad_lines_as_error_rows(tmp_path):
+    good = json.dumps(_request("a", prompt="x", max_tokens=3))
+    _lines(tmp_path / "r.jsonl", [good, "{broken", json.dumps({"body": {"prompt": "y"}})])
+    _, shards = _scan(tmp_path, "openai_batch", rows_per_unit=10)
+    check_text_input(shards, InputConfig(url="x", format="openai_batch"))
+    assert shards[0].row_ids == ("a", "r.jsonl#1", "r.jsonl#2")
+    table = read_json_unit(plan_input_units(shards, 10)[0], _spec(InputConfig(url="x", format="openai_batch")))
+    assert table.column("body.max_tokens").to_pylist() == [3, None, None]
+    problems = row_problems(table)
+    assert sorted(problems) == [1, 2] and problems[2].endswith("r.jsonl line 3: the request has no custom_id")
+    _lines(tmp_path / "s.jsonl", [good])
+    _, shards = _scan(tmp_path, "openai_batch")
+    with pytest.raises(JobError, match=r"custom_id: 1 ids appear on more than one line, e\.g\. \['a'\]"):
+        check_text_input(shards, InputConfig(url="x", format="openai_batch"))

@@ -28,8 +28,14 @@ PARAMS_COLUMNS = {
     "stop": "body.stop",
     "seed": "body.seed",
 }
-_BODY_FIELDS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "stop": "stop"}
-_HONOURED = frozenset({*_BODY_FIELDS, "max_completion_tokens", "seed"})
+_BODY_FIELDS = {
+    "max_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "seed": "seed",
+}
+_HONOURED = frozenset({*_BODY_FIELDS, "max_completion_tokens"})
 # Read elsewhere (prompt, messages, n), or not needed: the job's model.target decodes every row,
 # whatever model the request names.
 _READ_OR_IGNORED = frozenset({"prompt", "messages", "n", "model", "user", "metadata", "store", "service_tier"})
@@ -103,8 +109,7 @@ def _body_problem(body: dict[str, Any], request: Request, samples: int) -> str |
         request.prompt = body["prompt"]
     values = {setting: body.get(name) for name, setting in _BODY_FIELDS.items()}
     if body.get("max_completion_tokens") is not None:
-        values["max_new_tokens"] = body["max_completion_tokens"]
-    values["seed"] = body.get("seed")
+        values["max_new_tokens"] = body["max_completion_tokens"]  # the chat API's newer name of max_tokens
     checked = row_settings(_ANY, values, PARAMS_COLUMNS, request.custom_id or "")
     if isinstance(checked, str):
         return checked
