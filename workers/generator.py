@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import socket
@@ -122,7 +121,7 @@ class Generator:
         # The output path's first call loads modules (pyarrow imports pandas at its first array built from
         # Python values, about 0.5 s of CPU): paid here, and not by the first unit's part while the next
         # batch decodes beside it, which the two threads' shared GIL would stall for as long.
-        _parquet_bytes(pa.table({name: [] for name in OUTPUT_SCHEMA.names}, schema=OUTPUT_SCHEMA))
+        encode_part(pa.table({name: [] for name in OUTPUT_SCHEMA.names}, schema=OUTPUT_SCHEMA), "parquet")
         self._strategies: dict[str, Strategy] = {}
         self._strategy(spec.strategy.name)  # fail at start, not at the first unit
         g = spec.generation
@@ -486,12 +485,6 @@ def _fill_scores(columns: dict[str, list], i: int, row: RowOutput) -> None:
             [{"token_id": t, "logprob": v} for t, v in zip(s.top_ids, s.top_logprobs, strict=True)]
             for s in row.logprobs
         ]
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    return buffer.getvalue()
 
 
 def _write(url: str, data: bytes, storage_options: dict[str, Any]) -> None:
