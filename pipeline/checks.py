@@ -12,6 +12,7 @@ import math
 from pipeline.artifact_checks import artifact_problems
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
+from pipeline.format_checks import format_problems
 from strategies import registry
 from strategies.options import Bound, out_of_bounds
 from workers.common.model_kinds import missing_models
@@ -53,6 +54,7 @@ def validate(config: JobConfig) -> None:
     problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
     problems.extend(missing_models(config.strategy, config.model))
     problems.extend(artifact_problems(config))
+    problems.extend(format_problems(config))
     if problems:
         raise JobError("invalid config:\n  " + "\n  ".join(problems))
 

@@ -3,7 +3,8 @@
 Layout of `output.url`:
 
     _job.json                       identity of the job that owns the folder (written first)
-    part-<unit_id>.parquet          one committed part per work unit (deterministic name)
+    part-<unit_id>.parquet          one committed part per work unit (deterministic name; .jsonl
+                                    when output.format is jsonl or openai_batch)
     _commits/<unit_id>.json         commit record of a part: rows, sha256, bytes (written after it)
     _staging/<unit_id>/<attempt>    parts staged by actors, never read by users
     _logs/batches/<unit_id>/…jsonl  per-batch throughput records (at least once; attempt in each)
@@ -42,8 +43,9 @@ def commit_record_name(unit: str) -> str:
 
 
 class OutputFolder:
-    def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any], part_suffix: str = ".parquet") -> None:
         self.url = url.rstrip("/")
+        self.part_suffix = part_suffix  # the parts' format's (`output_formats.part_suffix`)
         self.fs, self.path = filesystem(self.url, storage_options)
         self.prefix = protocol_prefix(self.fs)
         self.publish_s = 0.0  # time spent in `publish`: the job's commits phase
@@ -126,7 +128,7 @@ class OutputFolder:
     def publish(self, result: UnitResult) -> dict[str, Any]:
         """Move a staged part to its final name, then record the commit. Returns the record."""
         began = time.perf_counter()
-        name = part_name(result.unit_id)
+        name = part_name(result.unit_id, self.part_suffix)
         staged = result.staged_url.removeprefix(self.prefix)
         if self.prefix:
             # Object stores have no atomic rename: copy to the final key (one atomic object write), then drop.

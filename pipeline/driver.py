@@ -19,13 +19,15 @@ from pipeline.checks import validate
 from pipeline.commit import OutputFolder
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
+from pipeline.input_formats import check_text_input, plan_input_units, resolve_format, scan_text_shards
 from pipeline.job_record import job_record, model_hash, optional_models
 from pipeline.lossy import lossy_strategies, strategies_of_parts
 from pipeline.phases import Phases
-from pipeline.shards import Shard, check_columns, check_ids, list_shards, plan_units
+from pipeline.shards import Listing, Shard, check_columns, check_ids, list_data_files, read_shards
 from strategies.control.controller import ControllerSettings
 from workers.common import controller_stats
 from workers.common.model_files import has_chat_template
+from workers.common.output_formats import part_suffix
 from workers.common.spec import UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 
 
@@ -45,7 +47,7 @@ def run_job(config: JobConfig, phases: Phases | None = None) -> JobOutcome:
     before it calls this), so that the summary's phases add up to the whole job."""
     phases = phases or Phases()
     validate(config)
-    output = OutputFolder(config.output.url, config.output.storage_options)
+    output = OutputFolder(config.output.url, config.output.storage_options, part_suffix(config.output.format))
     pool = None if output.finished() else ActorPool(config, _actor_spec(config, output), phases)
     try:
         return _plan_and_run(config, output, pool, phases)
@@ -67,7 +69,7 @@ def _actor_spec(config: JobConfig, output: OutputFolder) -> WorkerSpec:
 
 def _plan_and_run(config: JobConfig, output: OutputFolder, pool: ActorPool | None, phases: Phases) -> JobOutcome:
     shards = _checked_shards(config)
-    units = plan_units(shards, config.input.rows_per_unit)
+    units = plan_input_units(shards, config.input.rows_per_unit)
     record = job_record(config, shards)
     job_id = record["fingerprint"]
     total_rows = sum(u.num_rows for u in units) * config.generation.n  # output rows
@@ -154,7 +156,11 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
     longest step before the first unit starts.
     """
     started = time.perf_counter()
-    shards = list_shards(config.input.url, config.input.storage_options, exclude=config.output.url)
+    listing = list_data_files(config.input.url, config.input.storage_options, exclude=config.output.url)
+    input_format = resolve_format(config.input.format, listing, config.input.url)
+    if input_format != "parquet":
+        return _checked_text_shards(config, listing, input_format, started)
+    shards = read_shards(listing)
     check_columns(
         shards,
         config.input.prompt_column,
@@ -173,6 +179,19 @@ def _checked_shards(config: JobConfig) -> list[Shard]:
         f"checked in {time.perf_counter() - started:.1f}s"
     )
     return shards
+
+
+def _checked_text_shards(config: JobConfig, listing: Listing, input_format: str, started: float) -> list[Shard]:
+    """The JSON Lines files of the input, scanned and checked (`pipeline/input_formats.py`)."""
+    shards = scan_text_shards(listing, input_format, config.input.rows_per_unit, config.input.id_column, False)
+    check_text_input(shards, dataclasses.replace(config.input, format=input_format))
+    if config.input.messages_column:
+        _check_chat_template(config)
+    print(
+        f"planning: {len(shards)} {input_format} files, {sum(s.num_rows for s in shards)} rows read and checked "
+        f"in {time.perf_counter() - started:.1f}s"
+    )
+    return list(shards)
 
 
 def _check_chat_template(config: JobConfig) -> None:

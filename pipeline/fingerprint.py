@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from pipeline.config import JobConfig
+from pipeline.input_formats import formats_identity
 from pipeline.shards import Shard
 from workers.common.model_kinds import KINDS
 
@@ -50,6 +51,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "token_ids": config.output.token_ids,
         },
         "strategy": dataclasses.asdict(config.strategy),
+        **formats_identity(config.output.format, shards),
     }
 
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import matplotlib
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.commit import MANIFEST_FILE
 from pipeline.errors import JobError
 from pipeline.shards import parallel_map
+from workers.common.output_formats import read_part_rows
 from workers.common.storage import filesystem, join
 
 matplotlib.use("Agg")  # no display: figures are only ever rendered to PNG bytes
@@ -58,10 +58,11 @@ def read_job(url: str, storage_options: dict[str, Any]) -> JobRecords:
             "run the job to completion first"
         ) from None
     columns = ["strategy", "num_generated_tokens", "finish_reason", "error"]
+    config = manifest.get("config", {})
+    output_format, samples = config.get("output", {}).get("format", "parquet"), config.get("generation", {}).get("n", 1)
 
     def read_part(part: dict[str, Any]) -> pa.Table:
-        with fs.open(join(root, part["part"]), "rb") as f:
-            return pq.read_table(f, columns=columns)
+        return read_part_rows(fs.cat_file(join(root, part["part"])), output_format, columns, samples)
 
     parts = parallel_map(read_part, manifest["parts"], READ_THREADS)
     logs = fs.find(join(root, "_logs", "batches")) if fs.exists(join(root, "_logs", "batches")) else []

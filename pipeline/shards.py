@@ -46,18 +46,36 @@ class Shard:
     schema: pa.Schema
 
 
-def list_shards(
-    url: str, storage_options: dict[str, Any], exclude: str | None = None, threads: int = PLANNING_THREADS
-) -> list[Shard]:
-    """The Parquet shards at `url` (a file, a directory searched recursively, or a glob), sorted by name.
+@dataclass(frozen=True)
+class Listing:
+    """The data files of an input: their filesystem, paths (sorted), listing details and the root
+    their names are relative to."""
+
+    fs: AbstractFileSystem
+    prefix: str  # protocol prefix of URLs on `fs` (`protocol_prefix`)
+    paths: list[str]
+    details: dict[str, dict[str, Any]]
+    root: str
+
+    def name(self, path: str) -> str:
+        """A file's name relative to the input root (derived row ids start from it)."""
+        return posixpath.relpath(path, self.root) if self.root else path
+
+    def stamp(self, path: str) -> str:
+        """The file's modification time or ETag: part of the job's identity."""
+        info = self.details[path]
+        return str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("etag") or "")
+
+
+def list_data_files(url: str, storage_options: dict[str, Any], exclude: str | None = None) -> Listing:
+    """The data files at `url` (a file, a directory searched recursively, or a glob), sorted by name.
 
     As in Spark, Hive and Hadoop, files and folders whose names start with `_` or `.` below the
     input root are not data (job markers, staging folders, editor and OS files). `exclude` (the
     job's output folder) is never listed, wherever it sits: an output inside the input folder must
-    not feed the job its own parts. Footers are read by `threads` concurrent ranged reads.
+    not feed the job its own parts.
     """
     fs, path = filesystem(url, storage_options)
-    prefix = protocol_prefix(fs)
     excluded = _same_filesystem_path(fs, exclude)
     if excluded and _is_within(_literal_prefix(path), excluded):
         raise JobError(
@@ -68,10 +86,23 @@ def list_shards(
     paths = sorted(p for p in files if not (excluded and _is_within(p, excluded)))
     if not paths:
         raise JobError(
-            f"input.url {url} matches no Parquet files (files and folders named _* or .*, and the output "
+            f"input.url {url} matches no data files (files and folders named _* or .*, and the output "
             "folder, are skipped)"
         )
-    return parallel_map(lambda p: _read_shard(fs, prefix, p, files[p], root), paths, threads)
+    return Listing(fs, protocol_prefix(fs), paths, files, root)
+
+
+def list_shards(
+    url: str, storage_options: dict[str, Any], exclude: str | None = None, threads: int = PLANNING_THREADS
+) -> list[Shard]:
+    """The Parquet shards at `url` (`list_data_files`), sorted by name; footers are read by `threads`
+    concurrent ranged reads."""
+    return read_shards(list_data_files(url, storage_options, exclude), threads)
+
+
+def read_shards(listing: Listing, threads: int = PLANNING_THREADS) -> list[Shard]:
+    """The listed files as Parquet shards, their footers read by `threads` concurrent ranged reads."""
+    return parallel_map(lambda p: _read_shard(listing, p), listing.paths, threads)
 
 
 def parallel_map(fn: Callable[[T], R], items: list[T], threads: int) -> list[R]:
@@ -98,7 +129,9 @@ def _list_files(fs: AbstractFileSystem, url: str, path: str) -> tuple[dict[str, 
     elif fs.exists(path):
         return {path: fs.info(path)}, posixpath.dirname(path)
     else:
-        raise JobError(f"input.url {url} does not exist: point it at a Parquet file, a folder of them, or a glob")
+        raise JobError(
+            f"input.url {url} does not exist: point it at a Parquet or JSON Lines file, a folder of them, or a glob"
+        )
     return {p: info for p, info in found.items() if info.get("type") == "file" and not _is_hidden(p, root)}, root
 
 
@@ -131,20 +164,19 @@ def _is_within(path: str, folder: str) -> bool:
     return path.rstrip("/") == folder or path.startswith(folder + "/")
 
 
-def _read_shard(fs: AbstractFileSystem, prefix: str, path: str, info: dict[str, Any], root: str) -> Shard:
-    url = prefix + path
-    size = int(info.get("size") or 0)
+def _read_shard(listing: Listing, path: str) -> Shard:
+    url = listing.prefix + path
+    size = int(listing.details[path].get("size") or 0)
     try:
-        meta = read_footer(fs, path, size)
+        meta = read_footer(listing.fs, path, size)
         schema = meta.schema.to_arrow_schema()
     except Exception as exc:
         raise JobError(f"cannot read the Parquet footer of {url}: {exc}; fix or remove the file") from None
-    stamp = info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("etag") or ""
     return Shard(
         url=url,
-        name=posixpath.relpath(path, root) if root else path,
+        name=listing.name(path),
         size=size,
-        stamp=str(stamp),
+        stamp=listing.stamp(path),
         num_rows=meta.num_rows,
         row_group_rows=tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)),
         schema=schema,

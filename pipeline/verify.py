@@ -17,13 +17,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from pipeline.commit import JOB_FILE, MANIFEST_FILE
+from pipeline.input_formats import resolve_format, scan_text_shards, text_row_ids
 from pipeline.markers import SUCCESS_FILE
-from pipeline.shards import list_shards, parallel_map, read_ids
+from pipeline.shards import list_data_files, parallel_map, read_ids, read_shards
 from workers.common.contract import derived_row_id, row_ids_of_id_column
+from workers.common.output_formats import read_part_rows
 from workers.common.storage import filesystem, join
 
 _BOOKKEEPING = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE)
@@ -63,12 +64,18 @@ def verify(output_url: str, input_url: str | None, storage_options: dict[str, An
         report.problems.append(f"{name} is not in the manifest")
     for name in sorted(set(listed) - present):
         report.problems.append(f"{name} is in the manifest but missing")
-    checked = parallel_map(lambda n: _check_part(fs, join(root, n), listed[n]), sorted(set(listed) & present), _THREADS)
+    config = manifest["config"]
+    samples, output_format = config["generation"].get("n", 1), config["output"].get("format", "parquet")
+    checked = parallel_map(
+        lambda n: _check_part(fs, join(root, n), listed[n], output_format, samples),
+        sorted(set(listed) & present),
+        _THREADS,
+    )
     report.problems.extend(problem for problem, _ in checked if problem)
     rows = pa.concat_tables([part_rows for _, part_rows in checked if part_rows is not None] or [_NO_ROWS])
     ids = rows.column("row_id")
     report.parts, report.rows = sum(not problem for problem, _ in checked), len(ids)
-    report.problems.extend(_sample_problems(rows, manifest["config"]["generation"].get("n", 1)))
+    report.problems.extend(_sample_problems(rows, samples))
     if input_url is not None:
         expected = input_row_ids(input_url, manifest, storage_options, exclude=output_url)
         missing = expected.filter(pc.invert(pc.is_in(expected, value_set=ids)))
@@ -102,20 +109,19 @@ def _sample_problems(rows: pa.Table, n: int) -> list[str]:
     return problems
 
 
-def _check_part(fs: AbstractFileSystem, path: str, part: dict[str, Any]) -> tuple[str | None, pa.Table | None]:
+def _check_part(
+    fs: AbstractFileSystem, path: str, part: dict[str, Any], output_format: str, samples: int
+) -> tuple[str | None, pa.Table | None]:
     """A part against its manifest entry: (the problem or None, its row ids and sample indices; None when
-    the bytes differ). Parts written before `sample_index` existed hold sample 0 of each row."""
+    the bytes differ)."""
     name = part["part"]
     data = fs.cat_file(path)
     if len(data) != part["bytes"] or hashlib.sha256(data).hexdigest() != part["sha256"]:
         return f"{name}: checksum differs from the manifest", None
-    file = pq.ParquetFile(pa.BufferReader(data))
-    if "sample_index" in file.schema_arrow.names:
-        rows = file.read(columns=["row_id", "sample_index"])
-    else:
-        ids = file.read(columns=["row_id"]).column("row_id")
-        rows = pa.table({"row_id": ids, "sample_index": pa.array([0] * len(ids), pa.int64())})
-    rows = rows.cast(_NO_ROWS.schema)
+    try:
+        rows = read_part_rows(data, output_format, ["row_id", "sample_index"], samples)
+    except Exception as exc:
+        return f"{name}: not a readable {output_format} part ({exc})", None
     if rows.num_rows != part["rows"]:
         return f"{name}: {rows.num_rows} rows, the manifest says {part['rows']}", rows
     return None, rows
@@ -130,8 +136,13 @@ def input_row_ids(
 ) -> pa.ChunkedArray:
     """The row ids a job over `input_url` must produce, with the job's own id rule (its id column, or
     shard path and row index). `exclude` is the job's output folder, which its listing left out."""
-    id_column = manifest["config"]["input"]["id_column"]
-    shards = list_shards(input_url, storage_options, exclude=exclude)
+    config = manifest["config"]["input"]
+    id_column = config["id_column"]
+    listing = list_data_files(input_url, storage_options, exclude=exclude)
+    input_format = resolve_format(config.get("format"), listing, input_url)
+    if input_format != "parquet":
+        return text_row_ids(scan_text_shards(listing, input_format, config["rows_per_unit"], id_column, True))
+    shards = read_shards(listing)
     if id_column:
         columns = [row_ids_of_id_column(ids) for ids in read_ids(shards, id_column, storage_options)]
     else:

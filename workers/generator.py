@@ -31,11 +31,13 @@ from workers import unit_rows
 from workers.common import faults
 from workers.common.contract import FINISH_ERROR
 from workers.common.controller_stats import StatsKey
+from workers.common.output_formats import encode_part
 from workers.common.row_settings import RowSettings
 from workers.common.spec import UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.engine import DecodeEngine, Pending
+from workers.json_input import as_read, response_context, row_problems
 from workers.model_loading import LoadedModels, load_models, resolve_dtype
-from workers.output_part import empty_columns, fill_row, output_schema, parquet_bytes, stage, throughput_record
+from workers.output_part import empty_columns, fill_row, output_schema, stage, throughput_record
 from workers.rows import StopStrings, completion_text
 from workers.warm_up import device_identity, load_output_modules, prepare_target, start_controller
 
@@ -52,7 +54,7 @@ class Generator:
     def __init__(self, spec: WorkerSpec, actor_name: str = "") -> None:
         # When the constructor began (epoch): before it, the process started and imported this module.
         self.init_began = time.time()
-        self.spec = spec
+        self.spec = spec = as_read(spec)
         self.actor = actor_name or f"{socket.gethostname()}:{os.getpid()}"
         # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
         torch.set_num_threads(spec.workers.torch_threads if spec.workers.torch_threads > 0 else os.cpu_count() or 1)
@@ -160,7 +162,7 @@ class Generator:
         table = unit_rows.read_unit(self.spec, unit)
         columns, records, by_option = self.decode_table(table, unit, attempt, error_rows)
         out = pa.table(columns, schema=output_schema(self.spec, table))
-        data = parquet_bytes(out)
+        data = encode_part(out, self.spec.output.format, response_context(self.spec, table))
         stage(staged_url, data, self.spec.output.storage_options)
         stage(log_url, "".join(json.dumps(r) + "\n" for r in records).encode(), self.spec.output.storage_options)
         faults.after_upload(self.faults, unit.unit_id, attempt)
@@ -203,7 +205,7 @@ class Generator:
         spec = self.spec
         samples = spec.generation.n
         row_ids = unit_rows.row_ids(spec, table, unit)
-        errors = dict(error_rows)  # input row -> why it is not decoded
+        errors = {**row_problems(table), **error_rows}  # input row -> why it is not decoded
         token_ids, prompt_tokens = unit_rows.tokenize(spec, self.tokenizer, self.runner.max_context, table, errors)
         settings = unit_rows.settings_by_row(spec, self.job_settings, table, row_ids, token_ids, errors)
         groups = unit_rows.groups(spec, table, token_ids, settings, errors, self._refusal)

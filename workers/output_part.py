@@ -4,11 +4,9 @@ stages; the driver alone commits (docs/design.md, "Data flow of one job")."""
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from strategies.base import FINISH_LENGTH, RowOutput
 from strategies.control.controller import AdaptiveController
@@ -80,12 +78,6 @@ def _fill_scores(columns: dict[str, list], i: int, row: RowOutput) -> None:
             [{"token_id": t, "logprob": v} for t, v in zip(s.top_ids, s.top_logprobs, strict=True)]
             for s in row.logprobs
         ]
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    return buffer.getvalue()
 
 
 def stage(url: str, data: bytes, storage_options: dict[str, Any]) -> None:

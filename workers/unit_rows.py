@@ -17,15 +17,20 @@ from workers.common.contract import derived_row_id, row_ids_of_id_column
 from workers.common.row_settings import RowSettings, row_settings
 from workers.common.spec import UnitInputError, WorkerSpec, WorkUnit
 from workers.common.storage import filesystem
-from workers.rows import as_text, chat_prompts, prompt_problem, too_long_message
+from workers.json_input import ROW_ID, chat_rows, read_json_unit
+from workers.prompt_texts import encode, unit_prompts
+from workers.rows import as_text, too_long_message
 
 # What a batch shares: its strategy's name and the settings that shape the loop (`RowSettings.batch_key`).
 Group = tuple[str, tuple]
 
 
 def read_unit(spec: WorkerSpec, unit: WorkUnit) -> pa.Table:
-    """The unit's row groups, in the input columns the job reads. An unreadable or changed file is a
-    `UnitInputError`: no retry on another actor reads it better."""
+    """The unit's row groups, in the input columns the job reads (a JSON Lines unit: its lines, with each
+    row's id and problem). An unreadable or changed file is a `UnitInputError`: no retry on another
+    actor reads it better."""
+    if unit.input_format != "parquet":
+        return read_json_unit(unit, spec)
     wanted = [
         spec.input.messages_column or spec.input.prompt_column,
         *([spec.input.id_column] if spec.input.id_column else []),
@@ -51,7 +56,10 @@ def read_unit(spec: WorkerSpec, unit: WorkUnit) -> pa.Table:
 
 
 def row_ids(spec: WorkerSpec, table: pa.Table, unit: WorkUnit) -> list[str]:
-    """Each row's id: its `input.id_column`, else one derived from its place in its shard."""
+    """Each row's id: read with a JSON Lines unit's rows, else its `input.id_column`, else one derived from
+    its place in its shard."""
+    if ROW_ID in table.column_names:
+        return table.column(ROW_ID).to_pylist()
     if spec.input.id_column:
         return row_ids_of_id_column(table.column(spec.input.id_column)).to_pylist()
     return [derived_row_id(unit.shard_name, unit.first_row + i) for i in range(table.num_rows)]
@@ -63,21 +71,17 @@ def tokenize(
     """Token ids of the rows to decode, and every tokenized row's prompt length, by row index: plain
     prompts, or chat messages rendered by the tokenizer's template. A bad prompt, or one too long
     for the model (`max_context` tokens), goes into `errors`."""
-    if spec.input.messages_column:
-        prompts, problems = chat_prompts(tokenizer, table.column(spec.input.messages_column).to_pylist())
-    else:
-        prompts = table.column(spec.input.prompt_column).to_pylist()
-        problems = [prompt_problem(p) for p in prompts]
+    chat = chat_rows(table, spec.input)
+    prompts, problems = unit_prompts(tokenizer, table, spec.input, chat)
     for i, problem in enumerate(problems):
         if problem and i not in errors:
             errors[i] = problem
     decodable = [i for i in range(len(prompts)) if i not in errors]
-    texts = [as_text(prompts[i]) for i in decodable]
-    # A chat template writes its own special tokens.
-    encoded = tokenizer(texts, add_special_tokens=not spec.input.messages_column)["input_ids"] if texts else []
+    encoded = encode(tokenizer, {i: as_text(prompts[i]) for i in decodable}, chat)
     prompt_tokens: dict[int, int] = {}
     token_ids: dict[int, list[int]] = {}
-    for i, ids in zip(decodable, encoded, strict=True):
+    for i in decodable:
+        ids = encoded[i]
         prompt_tokens[i] = len(ids)
         if len(ids) >= max_context:
             errors[i] = too_long_message(len(ids), max_context)

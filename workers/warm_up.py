@@ -16,8 +16,8 @@ from strategies.runtime import linear
 from strategies.runtime.runner import ModelRunner, synthetic_contexts
 from workers.common.contract import OUTPUT_SCHEMA
 from workers.common.controller_stats import StatsKey
+from workers.common.output_formats import encode_part
 from workers.common.spec import WorkerSpec
-from workers.output_part import parquet_bytes
 
 # The forwards an actor times before its first batch for its controller (`timed_forwards`): new tokens
 # per row, as the cost bench's grid (a draft's verify is 1 + its nodes wide: 5 to 17 by the defaults),
@@ -73,4 +73,4 @@ def load_output_modules() -> None:
     """Load what building a part loads on first use (pyarrow imports pandas at its first array built from
     Python values): paid at start, and not by the first unit's part while the next batch decodes beside
     it, which the two threads' shared GIL would stall for as long."""
-    parquet_bytes(pa.table({name: [] for name in OUTPUT_SCHEMA.names}, schema=OUTPUT_SCHEMA))
+    encode_part(pa.table({name: [] for name in OUTPUT_SCHEMA.names}, schema=OUTPUT_SCHEMA), "parquet")

@@ -91,6 +91,6 @@ def parse_unit_id(unit: str) -> tuple[int, int]:
     return int(shard), int(group)
 
 
-def part_name(unit: str) -> str:
-    """The file name of a unit's committed part in the output folder."""
-    return f"part-{unit}.parquet"
+def part_name(unit: str, suffix: str = ".parquet") -> str:
+    """The file name of a unit's committed part in the output folder (`suffix`: its format's)."""
+    return f"part-{unit}{suffix}"

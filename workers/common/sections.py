@@ -20,7 +20,17 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
 @dataclass
 class InputConfig:
-    url: str = option(MISSING, "Parquet input: a file, a directory or a glob; any fsspec URL (s3://, gs://, …).")
+    url: str = option(
+        MISSING, "Parquet or JSON Lines input: a file, a directory or a glob; any fsspec URL (s3://, gs://, …)."
+    )
+    format: str | None = option(
+        None,
+        "parquet, jsonl (one JSON object per line; the *_column keys name its fields) or openai_batch (OpenAI "
+        "Batch API request lines: custom_id is the row id, the body gives the prompt or messages and the row's "
+        "settings). Empty: jsonl when every input file is named *.jsonl, *.ndjson or *.json (each optionally "
+        "followed by .gz, .bz2 or .xz: compressed, read whole as one unit), parquet when none is, and an "
+        "error when the names are mixed.",
+    )
     prompt_column: str = option("prompt", "Column holding the prompt text.")
     id_column: str | None = option(
         None, "Column holding a unique row id. Empty: ids are derived from shard path and row index."
@@ -30,7 +40,11 @@ class InputConfig:
         "Column of chat messages (a list of {role, content} structs, or JSON text of one), rendered through "
         "the tokenizer's chat template with the generation prompt. Set: input.prompt_column is not read.",
     )
-    keep_columns: list[str] = option([], "Input columns copied unchanged into the output.")
+    keep_columns: list[str] = option(
+        [],
+        "Input columns copied unchanged into the output (JSON Lines fields: a string as it is, other values "
+        "as their JSON text).",
+    )
     strategy_column: str | None = option(
         None, "Optional column naming a strategy per row (empty values: strategy.name); unknown: an error row."
     )
@@ -41,7 +55,9 @@ class InputConfig:
     )
     storage_options: dict[str, Any] = option({}, "fsspec storage options for the input (endpoint, credentials).")
     rows_per_unit: int = option(
-        4096, "Shards with more rows are split into work units of whole row groups up to about this size."
+        4096,
+        "Shards with more rows are split into work units of whole row groups up to about this size; plain "
+        "(uncompressed) JSON Lines files into runs of this many rows.",
     )
 
 
@@ -63,6 +79,12 @@ class OutputConfig:
         "multiplies the output's size. Raise it to ask for more.",
     )
     token_ids: bool = option(False, "Add `token_ids`: the generated token ids.")
+    format: str = option(
+        "parquet",
+        "Format of the parts (part-<unit>.parquet, or .jsonl): parquet; jsonl (the same columns, one JSON object "
+        "per output row); openai_batch (OpenAI Batch API response lines, one per input row, custom_id its "
+        "row_id, its samples as choices; failed rows as error lines; no keep_columns or score columns).",
+    )
 
 
 def _model_config() -> type:

@@ -13,14 +13,16 @@ from workers.common.sections import GenerationConfig, InputConfig, ModelConfig, 
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """A shard, or a run of its row groups: the unit of scheduling, retry and commit."""
+    """A shard, or a run of its row groups or lines: the unit of scheduling, retry and commit."""
 
     unit_id: str  # deterministic from the input listing (never from row content)
     shard_url: str  # where to read it (fsspec URL or path)
     shard_name: str  # path relative to the input root; derived row ids start from it
     row_groups: tuple[int, ...]
-    first_row: int  # index within the shard of the unit's first row
+    first_row: int  # index within the shard of the unit's first row (JSON Lines: its line index)
     num_rows: int
+    input_format: str = "parquet"  # or a JSON Lines format (`workers/common/json_lines.py`)
+    byte_range: tuple[int, int] | None = None  # JSON Lines: the bytes holding its lines (None: the whole file)
 
 
 @dataclass(frozen=True)
