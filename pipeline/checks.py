@@ -13,7 +13,7 @@ from pipeline.artifact_checks import artifact_problems
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from strategies import registry
-from strategies.options import Bound, out_of_bounds
+from strategies.config_bounds import Bound, out_of_bounds
 from workers.common.model_kinds import missing_models
 from workers.common.row_settings import INT64
 from workers.common.row_settings import SETTINGS as ROW_SETTINGS

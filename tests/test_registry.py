@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from strategies import registry
-from strategies.options import DRAFTERS, StrategyOptions
+from strategies.methods.chain import DRAFTERS
+from strategies.options import StrategyOptions
 from strategies.verification.acceptance import ACCEPTORS
 from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
 from workers.common.contract import OUTPUT_SCHEMA

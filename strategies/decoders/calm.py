@@ -41,8 +41,7 @@ import torch.nn.functional as F
 
 from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, OutputColumns, RowOutput, RowRequest, Segment, decode_to_end
-from strategies.declared import CALM_LOGPROBS_REFUSAL, CALM_OUTPUT_COLUMNS
-from strategies.options import CalmOptions
+from strategies.methods.calm import CALM_LOGPROBS_REFUSAL, CALM_OUTPUT_COLUMNS, CalmOptions
 from strategies.runtime.batch import Batch, Row, start_batch
 from strategies.runtime.linear import linear
 from strategies.runtime.runner import LayerPass, ModelRunner

@@ -31,8 +31,11 @@ from strategies.base import (
     decode_to_end,
     finish_reason,
 )
-from strategies.declared import MASK_PREDICT_LOGPROBS_REFUSAL, MASK_PREDICT_OUTPUT_COLUMNS
-from strategies.options import MaskPredictOptions
+from strategies.methods.mask_predict import (
+    MASK_PREDICT_LOGPROBS_REFUSAL,
+    MASK_PREDICT_OUTPUT_COLUMNS,
+    MaskPredictOptions,
+)
 from strategies.runtime.batch import Row
 
 NAME = "mask_predict"

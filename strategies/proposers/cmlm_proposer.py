@@ -19,7 +19,7 @@ import torch
 
 from strategies.artifacts.cmlm import CMLM
 from strategies.base import GenerationParams
-from strategies.declared import CMLM_DRAFTER
+from strategies.methods.chain import CMLM_DRAFTER
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer

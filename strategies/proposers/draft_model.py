@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from strategies.base import GenerationParams
-from strategies.declared import DRAFT_MODEL
+from strategies.methods.chain import DRAFT_MODEL
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, greedy_tokens, keyed_uniform, sample_from

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from strategies.base import GenerationParams
-from strategies.options import JACOBI_INITS, JACOBI_MODES
+from strategies.methods.jacobi import JACOBI_INITS, JACOBI_MODES
 from strategies.proposers.prompt_lookup import NgramIndex
 from strategies.runtime.sampling import greedy_tokens
 from strategies.runtime.target_states import TargetStates

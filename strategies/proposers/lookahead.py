@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from strategies.base import GenerationParams
-from strategies.options import LOOKAHEAD_MODES
+from strategies.methods.lookahead import LOOKAHEAD_MODES
 from strategies.proposers.prompt_lookup import PromptLookupProposer
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft, merge_drafts
