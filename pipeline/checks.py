@@ -2,7 +2,7 @@
 
 Each bad value is refused with its key, what the key must be and the value given; all of a config's
 problems are listed at once. Strategy options are checked beside the strategies
-(`strategies.registry.problems`), with the same messages (`strategies.options.out_of_bounds`).
+(`strategies.registry.problems`), with the same messages (`strategies.config_bounds.out_of_bounds`).
 """
 
 from __future__ import annotations
