@@ -30,10 +30,9 @@ from strategies.methods import (
     specdec,
     speculative,
 )
-from strategies.methods.spec import Artifacts, Models, Spec
+from strategies.methods.spec import Artifacts, Models, Spec, StrategySection
 
 if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
     from strategies.verification.control import Controller
 
 SPECS: tuple[Spec, ...] = (
@@ -70,7 +69,7 @@ def output_columns() -> OutputColumns:
     return {column: kind for spec in SPECS for column, kind in spec.output_columns.items()}
 
 
-def lossy_reason(name: str, options: StrategyOptions) -> str | None:
+def lossy_reason(name: str, options: StrategySection) -> str | None:
     """Why strategy `name` with these options may emit other tokens than the target would, or None;
     `auto` is lossy through its lossy `strategy.candidates` (only with `strategy.allow_lossy_candidates`)."""
     if name == AUTO:
@@ -79,7 +78,7 @@ def lossy_reason(name: str, options: StrategyOptions) -> str | None:
     return None if spec is None else spec.lossy(options)
 
 
-def needs_models(name: str, options: StrategyOptions) -> set[str]:
+def needs_models(name: str, options: StrategySection) -> set[str]:
     """Which optional model kinds strategy `name` uses; `auto` those of its
     `strategy.candidates`, or any when they are left to the models at hand."""
     if name == AUTO:
@@ -88,18 +87,18 @@ def needs_models(name: str, options: StrategyOptions) -> set[str]:
     return set() if spec is None else set(spec.models(options))
 
 
-def models_needed(options: StrategyOptions) -> set[str]:
+def models_needed(options: StrategySection) -> set[str]:
     """The model kinds (`model.<kind>` keys) the strategy `options.name` uses under its options."""
     return needs_models(options.name, options)
 
 
-def auto_candidates(options: StrategyOptions, has: set[str]) -> list[str]:
+def auto_candidates(options: StrategySection, has: set[str]) -> list[str]:
     """`strategy.candidates`, or every lossless drafting strategy whose models (`has`) are available,
     cheapest drafting first."""
     return auto.candidates(options, _SPECS, has)
 
 
-def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> list[str]:
+def problems(options: StrategySection, greedy: bool, logprobs: bool = False) -> list[str]:
     """What is wrong with the strategy options for this job (`logprobs`: it reports the target's
     log-probabilities), each naming its key (empty: nothing). Every strategy's own options are checked,
     since a strategy column may name any of them."""
@@ -119,12 +118,12 @@ def problems(options: StrategyOptions, greedy: bool, logprobs: bool = False) -> 
     return found
 
 
-def artifact_problems(names: set[str], options: StrategyOptions, artifacts: Artifacts) -> list[str]:
+def artifact_problems(names: set[str], options: StrategySection, artifacts: Artifacts) -> list[str]:
     """What the options of strategies `names` ask of the job's local artifacts that they cannot give."""
     return [problem for spec in SPECS if spec.name in names for problem in spec.artifact_check(options, artifacts)]
 
 
-def create(options: StrategyOptions, models: Models, controller: Controller | None = None) -> Strategy:
+def create(options: StrategySection, models: Models, controller: Controller | None = None) -> Strategy:
     """The strategy `options.name`, once its options pass its checks (the constructors do not repeat
     them); drafting strategies run under `controller` when one is given."""
     name = options.name

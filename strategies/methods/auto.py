@@ -10,10 +10,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from strategies.base import Strategy
-from strategies.methods.spec import DraftingSpec, Models, Spec, speculative_loop
+from strategies.methods.spec import DraftingSpec, Models, Spec, StrategySection, speculative_loop
 
 if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
     from strategies.verification.control import Controller
 
 NAME = "auto"
@@ -26,21 +25,21 @@ def drafting(specs: Mapping[str, Spec]) -> dict[str, DraftingSpec]:
     return {spec.name: spec for spec in sorted(drafters, key=lambda spec: spec.cost)}
 
 
-def lossy(options: StrategyOptions, specs: Mapping[str, Spec]) -> str | None:
+def lossy(options: StrategySection, specs: Mapping[str, Spec]) -> str | None:
     """Why `auto` may emit other tokens than the target would: its lossy `strategy.candidates` (only with
     `strategy.allow_lossy_candidates`)."""
     reasons = [f"{c}: {r}" for c in options.candidates if c in specs and (r := specs[c].lossy(options))]
     return f"auto chooses by timing among lossy candidates ({'; '.join(reasons)})" if reasons else None
 
 
-def needs(options: StrategyOptions, specs: Mapping[str, Spec]) -> set[str]:
+def needs(options: StrategySection, specs: Mapping[str, Spec]) -> set[str]:
     """The model kinds of its `strategy.candidates`, or any when they are left to the models at hand."""
     if options.candidates:
         return set().union(*(specs[c].models(options) for c in options.candidates if c in specs))
     return set().union(*(spec.models(options) for spec in specs.values()))
 
 
-def candidates(options: StrategyOptions, specs: Mapping[str, Spec], has: set[str]) -> list[str]:
+def candidates(options: StrategySection, specs: Mapping[str, Spec], has: set[str]) -> list[str]:
     """`strategy.candidates`, or every lossless drafting method whose models (`has`) are available, in
     exploration order (`drafting`)."""
     if options.candidates:
@@ -52,7 +51,7 @@ def candidates(options: StrategyOptions, specs: Mapping[str, Spec], has: set[str
     ]
 
 
-def problems(options: StrategyOptions, specs: Mapping[str, Spec]) -> list[str]:
+def problems(options: StrategySection, specs: Mapping[str, Spec]) -> list[str]:
     """What is wrong with `auto`'s own options, each naming its key."""
     found = []
     if not options.adaptive:
@@ -72,7 +71,7 @@ def problems(options: StrategyOptions, specs: Mapping[str, Spec]) -> list[str]:
 
 
 def build(
-    options: StrategyOptions, models: Models, controller: Controller | None, specs: Mapping[str, Spec]
+    options: StrategySection, models: Models, controller: Controller | None, specs: Mapping[str, Spec]
 ) -> Strategy:
     """The loop over its candidates' drafters, each once its options pass its checks."""
     if controller is None:

@@ -4,19 +4,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from strategies.base import Strategy
-from strategies.methods.spec import DecoderSpec, Models
+from strategies.methods.spec import DecoderSpec, Models, StrategySection
 from strategies.verification.control import AUTOREGRESSIVE
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = AUTOREGRESSIVE  # also what the controller calls a plain step
 
 
-def decoder(options: StrategyOptions, models: Models) -> Strategy:
+def decoder(options: StrategySection, models: Models) -> Strategy:
     from strategies.decoders.autoregressive import AutoregressiveStrategy
 
     return AutoregressiveStrategy(models.target)

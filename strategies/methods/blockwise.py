@@ -5,17 +5,13 @@ they are among the target's top-k (exact at k=1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.config_bounds import out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import DraftCost, DraftingSpec, Models, need
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection, need
 from strategies.proposers.medusa_choices import chain_choices
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, ExactMatch, Relaxed
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = "blockwise"
 
@@ -28,12 +24,12 @@ class BlockwiseOptions:
     )
 
 
-def acceptance(options: StrategyOptions) -> AcceptanceRule:
+def acceptance(options: StrategySection) -> AcceptanceRule:
     top_k = options.blockwise.top_k
     return Relaxed(top_k) if top_k > 1 else ExactMatch()
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.medusa import HeadsProposer
 
     heads = need(models, "heads", NAME)
@@ -41,7 +37,7 @@ def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> 
     return DraftingMethod(NAME, HeadsProposer(NAME, heads, chain_choices(k)), k, k, rule)
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     top_k = options.blockwise.top_k
     return out_of_bounds([("strategy.blockwise.top_k", top_k, top_k >= 1, ">= 1 (1: exact)")])
 

@@ -5,15 +5,11 @@ confident enough (`decoders/calm.py`). Lossy; never among `auto`'s candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.base import OutputColumns, Strategy
 from strategies.config_bounds import one_of, out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import Artifacts, DecoderSpec, Models, need
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
+from strategies.methods.spec import Artifacts, DecoderSpec, Models, StrategySection, need
 
 NAME = "calm"
 CALM_MEASURES = ("softmax", "gap", "state", "classifier")
@@ -56,24 +52,24 @@ class CalmOptions:
     )
 
 
-def decoder(options: StrategyOptions, models: Models) -> Strategy:
+def decoder(options: StrategySection, models: Models) -> Strategy:
     from strategies.decoders.calm import CalmStrategy
 
     return CalmStrategy(models.target, need(models, "exits", NAME), options.calm)
 
 
-def lossy(options: StrategyOptions) -> str:
+def lossy(options: StrategySection) -> str:
     return (
         "CALM's early exit (strategy.calm): a token may be an intermediate layer's guess, chosen where its "
         f"{options.calm.measure} confidence reached {options.calm.threshold}"
     )
 
 
-def refusal(options: StrategyOptions, greedy: bool, logprobs: bool) -> str | None:
+def refusal(options: StrategySection, greedy: bool, logprobs: bool) -> str | None:
     return CALM_LOGPROBS_REFUSAL if logprobs else None
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     cm = options.calm
     return (
         one_of("strategy.calm.measure", cm.measure, CALM_MEASURES)
@@ -88,7 +84,7 @@ def check(options: StrategyOptions) -> list[str]:
     )
 
 
-def artifact_check(options: StrategyOptions, artifacts: Artifacts) -> list[str]:
+def artifact_check(options: StrategySection, artifacts: Artifacts) -> list[str]:
     """The classifier measure with local exits trained without one."""
     found = artifacts.record("exits")
     if options.calm.measure != "classifier" or found is None or found[1].classifier:

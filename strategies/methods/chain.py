@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from strategies.methods.spec import Models, need
+from strategies.methods.spec import Models, StrategySection, need
 from strategies.verification.drafting import DraftingMethod
 
 if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
     from strategies.verification.rules import AcceptanceRule
 
 
@@ -31,20 +30,20 @@ CHAIN_DRAFTERS = {d.name: d for d in (DRAFT_MODEL, CMLM_DRAFTER)}
 DRAFTERS = tuple(CHAIN_DRAFTERS)  # the `strategy.<name>.drafter` values
 
 
-def chosen(method: str, options: StrategyOptions) -> ChainDrafter:
+def chosen(method: str, options: StrategySection) -> ChainDrafter:
     """The drafter `strategy.<method>.drafter` names; an unknown one is the default's, after
     `check_drafter` has reported it."""
     return CHAIN_DRAFTERS.get(getattr(options, method).drafter, DRAFT_MODEL)
 
 
-def check_drafter(method: str, options: StrategyOptions) -> list[str]:
+def check_drafter(method: str, options: StrategySection) -> list[str]:
     drafter = getattr(options, method).drafter
     if drafter not in CHAIN_DRAFTERS:
         return [f"strategy.{method}.drafter={drafter!r}: use one of {', '.join(CHAIN_DRAFTERS)}"]
     return []
 
 
-def chain_drafter(method: str, options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def chain_drafter(method: str, options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     """The chosen drafter, drafting `strategy.num_speculative_tokens` tokens per step."""
     from strategies.proposers.cmlm_proposer import CMLMProposer
     from strategies.proposers.draft_model import DraftModelProposer

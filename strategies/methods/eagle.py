@@ -5,16 +5,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.config_bounds import one_of, out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import DraftCost, DraftingSpec, Models, need
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection, need
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = "eagle"
 EAGLE_TREES = ("dynamic", "static", "chain")
@@ -40,7 +36,7 @@ class EagleOptions:
     )
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.eagle import EagleProposer
 
     o, head = options.eagle, need(models, "eagle", NAME)
@@ -50,7 +46,7 @@ def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> 
     return DraftingMethod(NAME, EagleProposer(head, o.top_k, static_nodes), o.depth, o.nodes, rule, trees=True)
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     eg = options.eagle
     return one_of("strategy.eagle.tree", eg.tree, EAGLE_TREES) + out_of_bounds(
         [

@@ -5,16 +5,12 @@ until they reach its greedy fixed point (`proposers/jacobi.py`). Greedy rows onl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.config_bounds import one_of, out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import DraftCost, DraftingSpec, Models
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = "jacobi"
 JACOBI_MODES = ("pj", "pgj", "hgj")
@@ -32,7 +28,7 @@ class JacobiOptions:
     )
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.jacobi import JacobiProposer
 
     o = options.jacobi
@@ -40,7 +36,7 @@ def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> 
     return DraftingMethod(NAME, JacobiProposer(o.mode, o.block_size, o.init), depth, depth, rule, greedy_only=True)
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     jc = options.jacobi
     return (
         one_of("strategy.jacobi.mode", jc.mode, JACOBI_MODES)

@@ -5,17 +5,13 @@ after prompt lookup's chain where it finds one, verified exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.config_bounds import one_of, out_of_bounds
 from strategies.config_option import option
 from strategies.methods.prompt_lookup import lookup_proposer
-from strategies.methods.spec import DraftCost, DraftingSpec, Models
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = "lookahead"
 LOOKAHEAD_MODES = ("hier", "one")
@@ -41,7 +37,7 @@ class LookaheadOptions:
     )
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.lookahead import LookaheadProposer
 
     o = options.lookahead
@@ -54,7 +50,7 @@ def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> 
     )
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     la = options.lookahead
     return one_of("strategy.lookahead.mode", la.mode, LOOKAHEAD_MODES) + out_of_bounds(
         [

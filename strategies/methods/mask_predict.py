@@ -6,15 +6,11 @@ among `auto`'s candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.base import OutputColumns, Strategy
 from strategies.config_bounds import out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import DecoderSpec, Models, need
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
+from strategies.methods.spec import DecoderSpec, Models, StrategySection, need
 
 NAME = "mask_predict"
 # The CMLM passes the row took, all blocks together; the length chosen for each of its blocks.
@@ -44,20 +40,20 @@ class MaskPredictOptions:
     )
 
 
-def decoder(options: StrategyOptions, models: Models) -> Strategy:
+def decoder(options: StrategySection, models: Models) -> Strategy:
     from strategies.decoders.mask_predict import MaskPredictStrategy
 
     return MaskPredictStrategy(need(models, "cmlm", NAME), options.mask_predict)
 
 
-def lossy(options: StrategyOptions) -> str:
+def lossy(options: StrategySection) -> str:
     return (
         "Mask-Predict (strategy.mask_predict): the conditional masked LM's parallel guesses, never checked "
         "against the target"
     )
 
 
-def refusal(options: StrategyOptions, greedy: bool, logprobs: bool) -> str | None:
+def refusal(options: StrategySection, greedy: bool, logprobs: bool) -> str | None:
     if logprobs:
         return MASK_PREDICT_LOGPROBS_REFUSAL
     if not greedy:
@@ -68,7 +64,7 @@ def refusal(options: StrategyOptions, greedy: bool, logprobs: bool) -> str | Non
     return None
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     mp = options.mask_predict
     return out_of_bounds(
         [

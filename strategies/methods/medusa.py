@@ -5,17 +5,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.config_bounds import one_of, out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import Artifacts, DraftCost, DraftingSpec, Models, need
+from strategies.methods.spec import Artifacts, DraftCost, DraftingSpec, Models, StrategySection, need
 from strategies.proposers.medusa_choices import check_choices
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, ExactMatch, Typical
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = "medusa"
 
@@ -42,12 +38,12 @@ class MedusaOptions:
     typical_delta: float = option(0.3, "Typical acceptance δ (about √ε in the paper).")
 
 
-def acceptance(options: StrategyOptions) -> AcceptanceRule:
+def acceptance(options: StrategySection) -> AcceptanceRule:
     o = options.medusa
     return Typical(o.typical_epsilon, o.typical_delta) if o.acceptance == "typical" else ExactMatch()
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.medusa import HeadsProposer
 
     o, heads = options.medusa, need(models, "heads", NAME)
@@ -59,7 +55,7 @@ def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> 
     return DraftingMethod(NAME, HeadsProposer(NAME, heads, o.choices), depth, len(o.choices), rule, trees=branching)
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     md = options.medusa
     found = one_of("strategy.medusa.acceptance", md.acceptance, MEDUSA_ACCEPTANCE) + out_of_bounds(
         [
@@ -76,7 +72,7 @@ def check(options: StrategyOptions) -> list[str]:
     return found
 
 
-def artifact_check(options: StrategyOptions, artifacts: Artifacts) -> list[str]:
+def artifact_check(options: StrategySection, artifacts: Artifacts) -> list[str]:
     """A path deeper than the local heads, or a rank beyond their vocabulary."""
     found = artifacts.record("heads")
     if found is None:

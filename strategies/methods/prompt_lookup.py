@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING
 
 from strategies.config_bounds import one_of, out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import DraftCost, DraftingSpec, Models
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection
 from strategies.proposers.draft_sizing import AcceptanceRecord, linear_step_costs
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule
 
 if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
     from strategies.proposers.prompt_lookup import PromptLookupProposer
 
 NAME = "prompt_lookup"
@@ -48,7 +47,7 @@ class PromptLookupOptions:
     )
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     """Copied text is accepted whole more often than a model's guesses. By acceptance, each draft may be
     up to `max_speculative_tokens` long and the proposer cuts it to what its kind of match pays for (k
     is then only the controller's first guess at its usual length); fixed, drafts start at k tokens and
@@ -58,7 +57,7 @@ def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> 
     return DraftingMethod(NAME, lookup_proposer(options, cap), cap, cap, rule, start_depth=k)
 
 
-def lookup_proposer(options: StrategyOptions, cap: int) -> PromptLookupProposer:
+def lookup_proposer(options: StrategySection, cap: int) -> PromptLookupProposer:
     """Prompt lookup as `strategy.prompt_lookup` configures it, drafting at most `cap` tokens: the
     method's own proposer, and the first try of Lookahead's (`strategy.lookahead.prompt_lookup_first`)."""
     from strategies.proposers.prompt_lookup import PromptLookupProposer
@@ -72,7 +71,7 @@ def lookup_proposer(options: StrategyOptions, cap: int) -> PromptLookupProposer:
     )
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     pl = options.prompt_lookup
     return one_of("strategy.prompt_lookup.sizing", pl.sizing, PROMPT_LOOKUP_SIZINGS) + out_of_bounds(
         [

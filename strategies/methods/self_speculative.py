@@ -6,16 +6,12 @@ values (`proposers/self_speculative.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.config_bounds import out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import Artifacts, DraftCost, DraftingSpec, Models, need
+from strategies.methods.spec import Artifacts, DraftCost, DraftingSpec, Models, StrategySection, need
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, RejectionSampling
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = "self_speculative"
 
@@ -34,11 +30,11 @@ class SelfSpeculativeOptions:
     )
 
 
-def acceptance(options: StrategyOptions) -> AcceptanceRule:
+def acceptance(options: StrategySection) -> AcceptanceRule:
     return RejectionSampling()
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     from strategies.proposers.self_speculative import SelfSpeculativeProposer
 
     k, o = options.num_speculative_tokens, options.self_speculative
@@ -47,7 +43,7 @@ def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> 
     return DraftingMethod(NAME, proposer, k, k, rule)
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     ss = options.self_speculative
     return out_of_bounds(
         [
@@ -57,7 +53,7 @@ def check(options: StrategyOptions) -> list[str]:
     )
 
 
-def artifact_check(options: StrategyOptions, artifacts: Artifacts) -> list[str]:
+def artifact_check(options: StrategySection, artifacts: Artifacts) -> list[str]:
     """An exit layer the local exits do not have."""
     found = artifacts.record("exits")
     layer = options.self_speculative.exit_layer

@@ -23,13 +23,37 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from strategies.base import OutputColumns, Strategy
+from strategies.config_option import option
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, ExactMatch
 
 if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
     from strategies.runtime.runner import ModelRunner
     from strategies.verification.control import Controller
+
+
+@dataclass
+class StrategySection:
+    """The `strategy` config section as the methods read it: the options several methods share, directly
+    under `strategy`. Each method's own section is an attribute named after the method, which
+    `strategies.options.StrategyOptions` adds: it gathers the sections from the methods, so they read
+    the section through this base."""
+
+    name: str = option("autoregressive", "Decoding strategy; an unknown name lists the available ones.")
+    num_speculative_tokens: int = option(4, "Draft tokens proposed per step (chain length) by drafting strategies.")
+    adaptive: bool = option(True, "Let the controller turn speculation off where it does not pay and size drafts.")
+    candidates: list[str] = option(
+        [], "Drafting strategies `auto` chooses among. Empty: every lossless one whose models exist."
+    )
+    allow_lossy_candidates: bool = option(
+        False,
+        "Let strategy.candidates name lossy strategies (specdec, medusa with typical acceptance, "
+        "blockwise top-k). `auto` picks them by timing, so a row's tokens may differ from run to run.",
+    )
+
+    if TYPE_CHECKING:
+
+        def __getattr__(self, section: str) -> Any: ...
 
 
 class Models:
@@ -88,19 +112,19 @@ class DraftCost(IntEnum):
     MODEL = 3  # a model forward per draft token
 
 
-OptionsCheck = Callable[["StrategyOptions"], list[str]]
-ArtifactCheck = Callable[["StrategyOptions", Artifacts], list[str]]
+OptionsCheck = Callable[["StrategySection"], list[str]]
+ArtifactCheck = Callable[["StrategySection", Artifacts], list[str]]
 
 
-def no_problems(options: StrategyOptions) -> list[str]:
+def no_problems(options: StrategySection) -> list[str]:
     return []
 
 
-def no_artifact_problems(options: StrategyOptions, artifacts: Artifacts) -> list[str]:
+def no_artifact_problems(options: StrategySection, artifacts: Artifacts) -> list[str]:
     return []
 
 
-def exact_match(options: StrategyOptions) -> AcceptanceRule:
+def exact_match(options: StrategySection) -> AcceptanceRule:
     """The rule of a drafter whose drafts are kept only where the target chose them."""
     return ExactMatch()
 
@@ -116,12 +140,12 @@ class StrategySpec:
 
     name: str
     options: type | None = None
-    needs: tuple[str, ...] | Callable[[StrategyOptions], tuple[str, ...]] = ()
+    needs: tuple[str, ...] | Callable[[StrategySection], tuple[str, ...]] = ()
     check: OptionsCheck = no_problems
     artifact_check: ArtifactCheck = no_artifact_problems
     output_columns: OutputColumns = field(default_factory=dict)
 
-    def models(self, options: StrategyOptions) -> tuple[str, ...]:
+    def models(self, options: StrategySection) -> tuple[str, ...]:
         """The model kinds it uses under these options."""
         return self.needs if isinstance(self.needs, tuple) else self.needs(options)
 
@@ -133,10 +157,10 @@ class DraftingSpec(StrategySpec):
     builder, the drafter from loaded models and that rule. `cost`: where `auto` explores it."""
 
     cost: DraftCost
-    drafting: Callable[[StrategyOptions, Models, AcceptanceRule], DraftingMethod]
-    rule: Callable[[StrategyOptions], AcceptanceRule] = exact_match
+    drafting: Callable[[StrategySection, Models, AcceptanceRule], DraftingMethod]
+    rule: Callable[[StrategySection], AcceptanceRule] = exact_match
 
-    def lossy(self, options: StrategyOptions) -> str | None:
+    def lossy(self, options: StrategySection) -> str | None:
         """Why it may emit other tokens than the target would, or None."""
         verifier = self.rule(options)
         if verifier.lossless:
@@ -146,25 +170,25 @@ class DraftingSpec(StrategySpec):
             "not choose"
         )
 
-    def refusal(self, options: StrategyOptions, greedy: bool, logprobs: bool) -> str | None:
+    def refusal(self, options: StrategySection, greedy: bool, logprobs: bool) -> str | None:
         """Why it cannot decode rows of this job (greedy or not, log-probabilities asked or not), or None."""
         refused = self.rule(options).refusal(greedy, trees=False)
         return None if refused is None else f"strategy.name={self.name}: {refused}"
 
-    def drafter(self, options: StrategyOptions, models: Models) -> DraftingMethod:
+    def drafter(self, options: StrategySection, models: Models) -> DraftingMethod:
         """The drafter, as its own strategy and as one of `auto`'s, runs it."""
         return self.drafting(options, models, self.rule(options))
 
-    def build(self, options: StrategyOptions, models: Models, controller: Controller | None) -> Strategy:
+    def build(self, options: StrategySection, models: Models, controller: Controller | None) -> Strategy:
         """The speculative loop with this one drafter, under `controller` when one is given."""
         return speculative_loop(self.name, models.target, [self.drafter(options, models)], controller)
 
 
-def lossless(options: StrategyOptions) -> str | None:
+def lossless(options: StrategySection) -> str | None:
     return None
 
 
-def refuses_nothing(options: StrategyOptions, greedy: bool, logprobs: bool) -> str | None:
+def refuses_nothing(options: StrategySection, greedy: bool, logprobs: bool) -> str | None:
     return None
 
 
@@ -174,11 +198,11 @@ class DecoderSpec(StrategySpec):
     emit other tokens than the target would, or None. `refusal`: why it cannot decode rows of this job
     (greedy or not, log-probabilities asked or not), or None."""
 
-    decoder: Callable[[StrategyOptions, Models], Strategy]
-    lossy: Callable[[StrategyOptions], str | None] = lossless
-    refusal: Callable[[StrategyOptions, bool, bool], str | None] = refuses_nothing
+    decoder: Callable[[StrategySection, Models], Strategy]
+    lossy: Callable[[StrategySection], str | None] = lossless
+    refusal: Callable[[StrategySection, bool, bool], str | None] = refuses_nothing
 
-    def build(self, options: StrategyOptions, models: Models, controller: Controller | None) -> Strategy:
+    def build(self, options: StrategySection, models: Models, controller: Controller | None) -> Strategy:
         """Its loop; the controller plans drafting steps, which it has none of."""
         return self.decoder(options, models)
 

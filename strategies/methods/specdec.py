@@ -5,17 +5,13 @@ the target's top-β and its logit within a tolerance of the top-1's. Lossy unles
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.config_bounds import out_of_bounds
 from strategies.config_option import option
 from strategies.methods.chain import DRAFTERS, chain_drafter, check_drafter, chosen
-from strategies.methods.spec import DraftCost, DraftingSpec, Models
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, Relaxed
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = "specdec"
 
@@ -33,15 +29,15 @@ class SpecDecOptions:
     )
 
 
-def needs(options: StrategyOptions) -> tuple[str, ...]:
+def needs(options: StrategySection) -> tuple[str, ...]:
     return (chosen(NAME, options).model,)
 
 
-def acceptance(options: StrategyOptions) -> AcceptanceRule:
+def acceptance(options: StrategySection) -> AcceptanceRule:
     return Relaxed(options.specdec.top_beta, options.specdec.tolerance)
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     sd = options.specdec
     return check_drafter(NAME, options) + out_of_bounds(
         [
@@ -51,7 +47,7 @@ def check(options: StrategyOptions) -> list[str]:
     )
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     return chain_drafter(NAME, options, models, rule)
 
 

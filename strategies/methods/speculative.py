@@ -6,16 +6,12 @@ without draft probabilities (the CMLM's argmax tokens) is verified exactly inste
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from strategies.config_option import option
 from strategies.methods.chain import DRAFTERS, chain_drafter, check_drafter, chosen
-from strategies.methods.spec import DraftCost, DraftingSpec, Models
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling
-
-if TYPE_CHECKING:
-    from strategies.options import StrategyOptions
 
 NAME = "speculative"
 
@@ -29,19 +25,19 @@ class SpeculativeOptions:
     )
 
 
-def needs(options: StrategyOptions) -> tuple[str, ...]:
+def needs(options: StrategySection) -> tuple[str, ...]:
     return (chosen(NAME, options).model,)
 
 
-def acceptance(options: StrategyOptions) -> AcceptanceRule:
+def acceptance(options: StrategySection) -> AcceptanceRule:
     return RejectionSampling() if chosen(NAME, options).draft_probabilities else ExactMatch()
 
 
-def check(options: StrategyOptions) -> list[str]:
+def check(options: StrategySection) -> list[str]:
     return check_drafter(NAME, options)
 
 
-def drafting(options: StrategyOptions, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
     return chain_drafter(NAME, options, models, rule)
 
 
