@@ -1,6 +1,6 @@
 """The chain drafters `strategy.speculative.drafter` and `strategy.specdec.drafter` name: a model that
-drafts a chain token by token. Both methods draft with either; the proposers that run them take their
-attributes from here (`proposers/draft_model.py`, `proposers/cmlm_proposer.py`).
+drafts a chain token by token. Both methods draft with either, through the proposers named after them
+(`proposers/draft_model.py`, `proposers/cmlm_proposer.py`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What a method module declares (`DraftingSpec`, `DecoderSpec`), and what its builders are given
-(`Models`).
+"""What a method module declares (`DraftingSpec`, `DecoderSpec`), what it reads of the options
+(`StrategySection`), and what its builders are given (`Models`).
 
 Every drafting method is the speculative loop (`strategies.verification.speculative`) with one
 drafter: a proposer, its limits and the acceptance rule it is verified with (`rules.py`, applied by
