@@ -42,7 +42,7 @@ from strategies.base import BatchOutput, GenerationParams, RowRequest, Strategy
 from strategies.config_option import option
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.decoders.calm import CalmStrategy
-from strategies.options import CALM_MEASURES, CalmOptions
+from strategies.methods.calm import CALM_MEASURES, CalmOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from workers.model_loading import load_models, resolve_dtype

@@ -4,18 +4,23 @@ Some options are valid alone but not with the artifacts the job points at: a Med
 the heads, a self-speculation exit layer the exits do not have, CALM's classifier measure with exits
 trained without one. The actors refuse these as they build the strategy, but by then the job has
 claimed its output folder, and a corrected rerun into it would be refused as a different job. For
-local folders the driver reads the artifacts' small JSON records and refuses the job first.
+local folders the driver reads the artifacts' small JSON records, and each strategy the job may run
+says what its options ask of them (`StrategySpec.artifact_check`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import JobConfig
 from strategies import registry
 from strategies.artifacts.configs import read_exits_config, read_heads_config
-from strategies.proposers.medusa_choices import check_choices
 from workers.common.model_files import is_local, resolve_model_dir
+from workers.common.sections import ModelConfig
+
+# The records a check may ask for, by model kind: the marker file of its folder, and its reader.
+_RECORDS = {"heads": ("heads.json", read_heads_config), "exits": ("exits.json", read_exits_config)}
 
 
 def strategies_of(config: JobConfig) -> set[str]:
@@ -30,29 +35,23 @@ def strategies_of(config: JobConfig) -> set[str]:
 
 def artifact_problems(config: JobConfig) -> list[str]:
     """What the job's strategy options ask of its local heads and exits that they cannot give."""
-    used, options, found = strategies_of(config), config.strategy, []
-    heads_dir = _local(config.model.heads, "heads.json")
-    if heads_dir is not None and "medusa" in used:
-        heads = read_heads_config(heads_dir)
-        problem = check_choices(options.medusa.choices, heads.num_heads, heads.vocab_size)
-        if problem is not None:
-            found.append(f"strategy.medusa.choices: {problem} of model.heads={config.model.heads}")
-    exits_dir = _local(config.model.exits, "exits.json")
-    if exits_dir is not None:
-        exits = read_exits_config(exits_dir)
-        layer = options.self_speculative.exit_layer
-        if "self_speculative" in used and layer not in exits.layers:
-            found.append(
-                f"strategy.self_speculative.exit_layer={layer}: model.exits={config.model.exits} has exits "
-                f"after layers {exits.layers}; use one of them"
-            )
-        if "calm" in used and options.calm.measure == "classifier" and not exits.classifier:
-            found.append(
-                f"strategy.calm.measure=classifier: model.exits={config.model.exits} was trained without "
-                "its confidence classifier (accelgen train exits exits.classifier=true); or use softmax, gap "
-                "or state"
-            )
-    return found
+    return registry.artifact_problems(strategies_of(config), config.strategy, LocalArtifacts(config.model))
+
+
+class LocalArtifacts:
+    """The records of the job's `model.<kind>` folders that are local, each read once, when first asked."""
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.model = model
+        self.read: dict[str, tuple[str, Any] | None] = {}
+
+    def record(self, kind: str) -> tuple[str, Any] | None:
+        if kind not in self.read:
+            url = getattr(self.model, kind)
+            marker, reader = _RECORDS[kind]
+            folder = _local(url, marker)
+            self.read[kind] = None if folder is None else (url, reader(folder))
+        return self.read[kind]
 
 
 def _local(url: str | None, marker: str) -> Path | None:

@@ -2,7 +2,7 @@
 
 Each bad value is refused with its key, what the key must be and the value given; all of a config's
 problems are listed at once. Strategy options are checked beside the strategies
-(`strategies.registry.problems`), with the same messages (`strategies.options.out_of_bounds`).
+(`strategies.registry.problems`), with the same messages (`strategies.config_bounds.out_of_bounds`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.format_checks import format_problems
 from strategies import registry
-from strategies.options import Bound, out_of_bounds
+from strategies.config_bounds import Bound, out_of_bounds
 from workers.common.model_kinds import missing_models
 from workers.common.row_settings import INT64
 from workers.common.row_settings import SETTINGS as ROW_SETTINGS

@@ -34,7 +34,7 @@ class RowRequest:
 
 
 # An output column a strategy fills for its rows: its name and the Python type of its values (float,
-# int, list[int]). The registry declares each strategy's columns (`strategies.declared`);
+# int, list[int]). Each method declares its columns (`output_columns` of its spec, `strategies/methods/`);
 # the output contract (`workers/common/contract.py`) makes them nullable columns of every part.
 OutputColumns = dict[str, object]
 

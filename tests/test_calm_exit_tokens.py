@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.calm import CalmStrategy
-from strategies.options import CalmOptions
+from strategies.methods.calm import CalmOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 

@@ -31,7 +31,8 @@ from strategies.artifacts.exits import ExitHeads, load_exits, untrained_exits
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.decoders.calm import CalmStrategy, never_exiting_threshold, threshold_at
-from strategies.options import CALM_MEASURES, CalmOptions, StrategyOptions
+from strategies.methods.calm import CALM_MEASURES, CalmOptions
+from strategies.options import StrategyOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from workers.common.model_files import weights_sha256

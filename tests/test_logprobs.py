@@ -21,7 +21,7 @@ from strategies import registry
 from strategies.artifacts.exits import untrained_exits
 from strategies.base import GenerationParams, RowRequest
 from strategies.control.controller import AdaptiveController
-from strategies.declared import CALM_LOGPROBS_REFUSAL
+from strategies.methods.calm import CALM_LOGPROBS_REFUSAL
 from strategies.options import StrategyOptions
 from strategies.runtime.logprobs import score_tokens
 from strategies.runtime.runner import ModelRunner

@@ -23,7 +23,8 @@ from strategies.artifacts.configs import HeadsConfig
 from strategies.artifacts.heads import DraftHeads
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
-from strategies.options import MEDUSA_TREE, StrategyOptions
+from strategies.methods.medusa import MEDUSA_TREE
+from strategies.options import StrategyOptions
 from strategies.proposers.medusa import HeadsProposer
 from strategies.proposers.medusa_choices import chain_choices, check_choices
 from strategies.runtime.runner import ModelRunner

@@ -9,7 +9,14 @@ import pyarrow as pa
 import pytest
 
 from strategies import registry
-from strategies.options import DRAFTERS, StrategyOptions
+from strategies.methods.chain import CMLM_DRAFTER, DRAFT_MODEL, DRAFTERS
+from strategies.methods.jacobi import JACOBI_INITS, JACOBI_MODES
+from strategies.methods.lookahead import LOOKAHEAD_MODES
+from strategies.options import StrategyOptions
+from strategies.proposers.cmlm_proposer import CMLMProposer
+from strategies.proposers.draft_model import DraftModelProposer
+from strategies.proposers.jacobi import JacobiProposer
+from strategies.proposers.lookahead import LookaheadProposer
 from strategies.verification.acceptance import ACCEPTORS
 from strategies.verification.rules import AcceptanceRule, ExactMatch, RejectionSampling, Relaxed, Typical
 from workers.common.contract import OUTPUT_SCHEMA
@@ -132,3 +139,9 @@ def test_output_columns_are_the_ones_strategies_declare():
     assert registry.output_columns() == {"mean_exit_layer": float, "iterations": int, "block_lengths": list[int]}
     assert OUTPUT_SCHEMA.names[-3:] == ["mean_exit_layer", "iterations", "block_lengths"]
     assert OUTPUT_SCHEMA.field("block_lengths").type == pa.list_(pa.int64())
+
+
+def test_the_proposers_implement_what_the_method_options_offer():
+    assert (JacobiProposer.MODES, JacobiProposer.INITS) == (JACOBI_MODES, JACOBI_INITS)
+    assert LookaheadProposer.MODES == LOOKAHEAD_MODES
+    assert (DraftModelProposer.name, CMLMProposer.name) == (DRAFT_MODEL.name, CMLM_DRAFTER.name)

@@ -31,7 +31,10 @@ from strategies import registry
 from strategies.base import GenerationParams, RowRequest
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
-from strategies.options import DRAFTERS, EAGLE_TREES, PROMPT_LOOKUP_SIZINGS, StrategyOptions
+from strategies.methods.chain import DRAFTERS
+from strategies.methods.eagle import EAGLE_TREES
+from strategies.methods.prompt_lookup import PROMPT_LOOKUP_SIZINGS
+from strategies.options import StrategyOptions
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key

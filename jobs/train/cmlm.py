@@ -43,7 +43,7 @@ from pipeline.errors import JobError
 from strategies.artifacts.cmlm import CMLM, LENGTH_TOKEN, MASK_TOKEN, CMLMConfig, length_token, write_config
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.mask_predict import MaskPredictStrategy
-from strategies.options import MaskPredictOptions
+from strategies.methods.mask_predict import MaskPredictOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 

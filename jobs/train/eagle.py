@@ -42,7 +42,8 @@ from strategies import registry
 from strategies.artifacts.configs import EAGLE_KIND, EagleConfig
 from strategies.artifacts.eagle import EagleHead, load_eagle
 from strategies.base import GenerationParams, RowRequest
-from strategies.options import EAGLE_TREES, StrategyOptions
+from strategies.methods.eagle import EAGLE_TREES
+from strategies.options import StrategyOptions
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from workers.common.model_files import weights_sha256

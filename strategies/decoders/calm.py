@@ -34,15 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from strategies.artifacts.exits import ExitHeads
-from strategies.base import BatchOutput, GenerationParams, OutputColumns, RowOutput, RowRequest, Segment, decode_to_end
-from strategies.declared import CALM_LOGPROBS_REFUSAL, CALM_OUTPUT_COLUMNS
-from strategies.options import CalmOptions
+from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
 from strategies.runtime.batch import Batch, Row, start_batch
 from strategies.runtime.linear import linear
 from strategies.runtime.runner import LayerPass, ModelRunner
@@ -62,13 +60,22 @@ def never_exiting_threshold(tau: float) -> float:
     return 1 / (DECAY_FLOOR + (1 - DECAY_FLOOR) * math.exp(-tau))
 
 
+class CalmSettings(Protocol):
+    """What it reads of `strategy.calm` (`strategies.methods.calm.CalmOptions`, which checks them)."""
+
+    threshold: float
+    measure: str
+    decay_tau: float
+    min_layer: int
+    batch_exit: str
+
+
 class CalmStrategy:
     """Early exit per row and per token; skipped layers' keys and values filled by state propagation."""
 
     name = "calm"
-    output_columns: ClassVar[OutputColumns] = CALM_OUTPUT_COLUMNS
 
-    def __init__(self, runner: ModelRunner, exits: ExitHeads, options: CalmOptions) -> None:
+    def __init__(self, runner: ModelRunner, exits: ExitHeads, options: CalmSettings) -> None:
         runner.need_layers()
         if options.measure == "classifier" and not exits.has_classifier:
             raise ValueError(
@@ -82,7 +89,10 @@ class CalmStrategy:
 
     def open(self, requests: list[RowRequest], params: GenerationParams) -> CalmDecoding:
         if params.logprobs is not None:
-            raise ValueError(CALM_LOGPROBS_REFUSAL)
+            raise ValueError(
+                "strategy calm never runs the target's full forward for the tokens it chooses at intermediate "
+                "layers, so it has no target log-probabilities to report"
+            )
         return CalmDecoding(self, start_batch(self.runner, requests, params, row_type=_CalmRow))
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:

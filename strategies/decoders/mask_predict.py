@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Protocol
 
 import torch
 
@@ -24,15 +24,12 @@ from strategies.artifacts.cmlm import CMLM
 from strategies.base import (
     BatchOutput,
     GenerationParams,
-    OutputColumns,
     RowOutput,
     RowRequest,
     Segment,
     decode_to_end,
     finish_reason,
 )
-from strategies.declared import MASK_PREDICT_LOGPROBS_REFUSAL, MASK_PREDICT_OUTPUT_COLUMNS
-from strategies.options import MaskPredictOptions
 from strategies.runtime.batch import Row
 
 NAME = "mask_predict"
@@ -108,13 +105,21 @@ def best_lanes(scores: torch.Tensor, owners: list[int], rows: int) -> list[int]:
     return best
 
 
+class MaskPredictSettings(Protocol):
+    """What it reads of `strategy.mask_predict` (`strategies.methods.mask_predict.MaskPredictOptions`,
+    which checks them)."""
+
+    iterations: int
+    length_beam: int
+    max_length: int
+
+
 class MaskPredictStrategy:
     """Rows of one batch decoded block by block with the CMLM; the target is not run."""
 
     name = NAME
-    output_columns: ClassVar[OutputColumns] = MASK_PREDICT_OUTPUT_COLUMNS
 
-    def __init__(self, cmlm: CMLM, options: MaskPredictOptions) -> None:
+    def __init__(self, cmlm: CMLM, options: MaskPredictSettings) -> None:
         if options.max_length > cmlm.max_length:
             raise ValueError(
                 f"strategy.mask_predict.max_length={options.max_length} exceeds the CMLM's longest block "
@@ -128,7 +133,7 @@ class MaskPredictStrategy:
         if not params.sampling.greedy:
             raise ValueError("strategy.name=mask_predict decodes greedily only: set generation.temperature=0")
         if params.logprobs is not None:
-            raise ValueError(MASK_PREDICT_LOGPROBS_REFUSAL)
+            raise ValueError("strategy mask_predict never runs the target, so it has no target log-probabilities")
         decoding = MaskPredictDecoding(self, params)
         decoding.admit(requests)
         return decoding

@@ -13,13 +13,11 @@ with `strategy.specdec.drafter=cmlm`, greedy only).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
 from strategies.artifacts.cmlm import CMLM
 from strategies.base import GenerationParams
-from strategies.declared import CMLM_DRAFTER
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft
 from strategies.verification.proposer import ProposalContext, Proposer
@@ -32,9 +30,7 @@ class _CMLMRow:
 
 
 class CMLMProposer(Proposer[_CMLMRow]):
-    name = CMLM_DRAFTER.name
-    model: ClassVar[str] = CMLM_DRAFTER.model
-    draft_probabilities: ClassVar[bool] = CMLM_DRAFTER.draft_probabilities
+    name = "cmlm"  # the `strategy.<name>.drafter` value (`strategies.methods.chain`)
 
     def __init__(self, cmlm: CMLM, vocab_size: int) -> None:
         if cmlm.config.content_vocab_size > vocab_size:

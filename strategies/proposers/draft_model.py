@@ -9,12 +9,10 @@ drafted tokens that the target rejected are invalidated.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 
 from strategies.base import GenerationParams
-from strategies.declared import DRAFT_MODEL
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, greedy_tokens, keyed_uniform, sample_from
@@ -33,9 +31,7 @@ class _DraftRow:
 class DraftModelProposer(Proposer[_DraftRow]):
     """One record per row, and the draft's cache of every row (`kv`, rows in the records' order)."""
 
-    name = DRAFT_MODEL.name
-    model: ClassVar[str] = DRAFT_MODEL.model
-    draft_probabilities: ClassVar[bool] = DRAFT_MODEL.draft_probabilities
+    name = "draft_model"  # the `strategy.<name>.drafter` value (`strategies.methods.chain`)
     drafts_per_depth = True
 
     def __init__(self, draft: ModelRunner, vocab_size: int) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from strategies.base import GenerationParams
-from strategies.options import JACOBI_INITS, JACOBI_MODES
 from strategies.proposers.prompt_lookup import NgramIndex
 from strategies.runtime.sampling import greedy_tokens
 from strategies.runtime.target_states import TargetStates
@@ -51,10 +50,13 @@ class JacobiProposer(Proposer[_Row]):
 
     name = "jacobi"
     wants_verify_logits = True
+    # What it implements; `strategies.methods.jacobi` offers the same as `strategy.jacobi.mode` and `init`.
+    MODES = ("pj", "pgj", "hgj")
+    INITS = ("pad", "repeat", "retrieval")
 
     def __init__(self, mode: str, block_size: int, init: str) -> None:
-        if mode not in JACOBI_MODES or init not in JACOBI_INITS:
-            raise ValueError(f"jacobi: mode must be one of {JACOBI_MODES}, init one of {JACOBI_INITS}")
+        if mode not in self.MODES or init not in self.INITS:
+            raise ValueError(f"jacobi: mode must be one of {self.MODES}, init one of {self.INITS}")
         self.mode, self.block_size, self.init = mode, block_size, init
         self.blocks = self.iterations = self.committed = self.fast_forwarded = self.stationary = 0
 

@@ -32,7 +32,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from strategies.base import GenerationParams
-from strategies.options import LOOKAHEAD_MODES
 from strategies.proposers.prompt_lookup import PromptLookupProposer
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafts import Draft, merge_drafts
@@ -188,6 +187,7 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
     """
 
     name = "lookahead"
+    MODES = ("hier", "one")  # what it implements; `strategies.methods.lookahead` offers the same
 
     def __init__(
         self,
@@ -199,8 +199,8 @@ class LookaheadProposer(Proposer[_LookaheadRow]):
         own_prompt_weight: float = 3.0,
         lookup: PromptLookupProposer | None = None,  # tried first for every row; None: the trie alone
     ) -> None:
-        if mode not in LOOKAHEAD_MODES:
-            raise ValueError(f"lookahead mode {mode!r} is unknown; available: {', '.join(LOOKAHEAD_MODES)}")
+        if mode not in self.MODES:
+            raise ValueError(f"lookahead mode {mode!r} is unknown; available: {', '.join(self.MODES)}")
         self.decoding_length = decoding_length
         self.branch_length = branch_length
         self.max_query_length = max_query_length

@@ -1,5 +1,5 @@
 """A drafter as the speculative loop runs it: its proposer, its limits and the rule it is verified with.
-Torch-free, as the registry that builds these is read by the job's driver (`strategies.registry`).
+Torch-free, as the method modules that build these are read by the job's driver (`strategies/methods/`).
 """
 
 from __future__ import annotations

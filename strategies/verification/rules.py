@@ -3,7 +3,7 @@ and the sampling and draft shapes its math does not cover (`refusal`). The regis
 say whether a strategy is lossless and whether it can decode a job's rows, in the driver, before any
 model loads; the functions that apply a rule to a verify forward are `strategies.verification.acceptance`'s
 (`accept`). Each rule class declares `lossless`: a drafting strategy is lossless exactly when its rule
-is (`strategies.registry`), so a new rule cannot slip into `auto`'s defaults or out of the manifest's
+is (`strategies.methods.spec.DraftingSpec`), so a new rule cannot slip into `auto`'s defaults or out of the manifest's
 `lossy` without saying which it is.
 """
 

@@ -1,0 +1,62 @@
+"""EAGLE (Li et al. 2024): a head on the target's features drafts a chain or a tree
+(`proposers/eagle.py`), verified exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strategies.config_bounds import one_of, out_of_bounds
+from strategies.config_option import option
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection, need
+from strategies.verification.drafting import DraftingMethod
+from strategies.verification.rules import AcceptanceRule
+
+NAME = "eagle"
+EAGLE_TREES = ("dynamic", "static", "chain")
+
+
+@dataclass
+class EagleOptions:
+    tree: str = option(
+        "static",
+        f"One of {EAGLE_TREES}. static: EAGLE-1's fixed tree, the `nodes` paths of ranks below top_k "
+        "most likely under a fixed chance per rank (0.6 · 0.4^rank), every node of a depth expanded in one "
+        "pass; dynamic: EAGLE-2's tree, grown top_k nodes wide by cumulative draft confidence and reranked "
+        "to the node budget; chain: the head's top-1 token at each depth. static at 8 nodes: the fastest of "
+        "the three at 8 and 16 nodes and batch 1, 8 and 32 with the shipped head (README, 'EAGLE's defaults').",
+    )
+    depth: int = option(5, "Deepest draft path: draft steps of the head per step.")
+    top_k: int = option(4, "dynamic: children per expanded node, and nodes expanded per depth; static: ranks below it.")
+    nodes: int = option(
+        8,
+        "dynamic, static: most draft nodes verified per row and step (the controller may verify fewer "
+        "where its cost model says a wide verify forward does not pay: the dynamic tree keeps the most "
+        "confident, the static tree its first).",
+    )
+
+
+def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
+    from strategies.proposers.eagle import EagleProposer
+
+    o, head = options.eagle, need(models, "eagle", NAME)
+    if o.tree == "chain":
+        return DraftingMethod(NAME, EagleProposer(head, top_k=1), o.depth, o.depth, rule)
+    static_nodes = o.nodes if o.tree == "static" else 0
+    return DraftingMethod(NAME, EagleProposer(head, o.top_k, static_nodes), o.depth, o.nodes, rule, trees=True)
+
+
+def check(options: StrategySection) -> list[str]:
+    eg = options.eagle
+    return one_of("strategy.eagle.tree", eg.tree, EAGLE_TREES) + out_of_bounds(
+        [
+            ("strategy.eagle.depth", eg.depth, eg.depth >= 1, ">= 1"),
+            ("strategy.eagle.top_k", eg.top_k, eg.top_k >= 1, ">= 1"),
+            ("strategy.eagle.nodes", eg.nodes, eg.nodes >= 1, ">= 1"),
+        ]
+    )
+
+
+SPEC = DraftingSpec(
+    name=NAME, options=EagleOptions, cost=DraftCost.HEADS, needs=("eagle",), drafting=drafting, check=check
+)
