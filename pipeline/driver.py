@@ -21,7 +21,7 @@ from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.input_formats import check_text_input, plan_input_units, resolve_format, scan_text_shards
 from pipeline.job_record import job_record, model_hash, optional_models
-from pipeline.lossy import lossy_strategies, strategies_of_parts
+from pipeline.lossy import lossy_strategies, strategies_of_parts, unreproducible_sampling
 from pipeline.phases import Phases
 from pipeline.shards import Listing, Shard, check_columns, check_ids, list_data_files, read_shards
 from strategies.control.controller import ControllerSettings
@@ -95,9 +95,16 @@ def _plan_and_run(config: JobConfig, output: OutputFolder, pool: ActorPool | Non
     if failures or len(committed) != len(units):
         return _incomplete(job_id, summary, failures, len(units) - len(committed), len(units))
     parts = [committed[u.unit_id] for u in units]
-    lossy = lossy_strategies(config.strategy, strategies_of_parts(parts))
+    used = strategies_of_parts(parts)
     output.finish(
-        {**record, "lossy": lossy, "parts": parts, "total_rows": sum(p["rows"] for p in parts), "summary": summary}
+        {
+            **record,
+            "lossy": lossy_strategies(config.strategy, used),
+            "unreproducible_sampling": unreproducible_sampling(config.strategy, used),
+            "parts": parts,
+            "total_rows": sum(p["rows"] for p in parts),
+            "summary": summary,
+        }
     )
     _print_summary(summary)
     return JobOutcome("succeeded", summary)

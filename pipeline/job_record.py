@@ -11,7 +11,7 @@ from typing import Any
 from pipeline.config import JobConfig, to_plain_dict
 from pipeline.errors import JobError
 from pipeline.fingerprint import fingerprint, identity
-from pipeline.lossy import lossy_strategies
+from pipeline.lossy import lossy_strategies, unreproducible_sampling
 from pipeline.shards import Shard
 from workers.common.model_files import check_trained_for_target, is_local, model_weights_hash, resolve_model_dir
 from workers.common.model_kinds import BY_NAME, KINDS, ModelKind, needed_by
@@ -32,6 +32,7 @@ def job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
         "config": to_plain_dict(config),
         "versions": _versions(),
         "lossy": lossy_strategies(config.strategy),
+        "unreproducible_sampling": unreproducible_sampling(config.strategy),
     }
 
 

@@ -23,6 +23,13 @@ def lossy_strategies(options: StrategyOptions, used: Iterable[str] = ()) -> dict
     return {name: reason for name, reason in reasons.items() if reason is not None}
 
 
+def unreproducible_sampling(options: StrategyOptions, used: Iterable[str] = ()) -> dict[str, str]:
+    """The job's strategies whose samples at temperature > 0 may differ from run to run, each with why:
+    exact in distribution, not the target's keyed samples (`strategy.reproducible_sampling=false`)."""
+    reasons = {name: registry.unreproducible_reason(name, options) for name in sorted({options.name, *used})}
+    return {name: reason for name, reason in reasons.items() if reason is not None}
+
+
 def strategies_of_parts(parts: Iterable[dict[str, Any]]) -> set[str]:
     """The strategies that decoded the rows of committed parts, from their commit records."""
     return {name for part in parts for name in part.get("strategies", [])}

@@ -78,6 +78,12 @@ def lossy_reason(name: str, options: StrategySection) -> str | None:
     return None if spec is None else spec.lossy(options)
 
 
+def unreproducible_reason(name: str, options: StrategySection) -> str | None:
+    """Why strategy `name`'s samples at temperature > 0 may differ between runs of the same job, or None:
+    only `auto` that may pick a rejection-sampling candidate by timing."""
+    return auto.unreproducible(options, _SPECS) if name == AUTO else None
+
+
 def needs_models(name: str, options: StrategySection) -> set[str]:
     """Which optional model kinds strategy `name` uses; `auto` those of its
     `strategy.candidates`, or any when they are left to the models at hand."""

@@ -32,6 +32,21 @@ def lossy(options: StrategySection, specs: Mapping[str, Spec]) -> str | None:
     return f"auto chooses by timing among lossy candidates ({'; '.join(reasons)})" if reasons else None
 
 
+def unreproducible(options: StrategySection, specs: Mapping[str, Spec]) -> str | None:
+    """Why `auto`'s samples at temperature > 0 may change from run to run (`strategy.reproducible_sampling=
+    false` with candidates that sample by rejection), or None."""
+    if options.reproducible_sampling:
+        return None
+    names = options.candidates or [name for name, spec in drafting(specs).items() if spec.lossy(options) is None]
+    rejecting = [c for c in names if c in specs and not specs[c].rule(options).keyed_samples]
+    if not rejecting:
+        return None
+    return (
+        f"auto may sample with {', '.join(rejecting)} by rejection sampling (strategy.reproducible_sampling=false): "
+        "samples at temperature > 0 are exact in distribution but not reproducible from run to run"
+    )
+
+
 def needs(options: StrategySection, specs: Mapping[str, Spec]) -> set[str]:
     """The model kinds of its `strategy.candidates`, or any when they are left to the models at hand."""
     if options.candidates:
@@ -86,4 +101,4 @@ def build(
         if found:
             raise ValueError("; ".join(found))
         drafters.append(known[name].drafter(options, models))
-    return speculative_loop(NAME, models.target, drafters, controller)
+    return speculative_loop(NAME, models.target, drafters, controller, options.reproducible_sampling)

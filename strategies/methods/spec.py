@@ -50,6 +50,12 @@ class StrategySection:
         "Let strategy.candidates name lossy strategies (specdec, medusa with typical acceptance, "
         "blockwise top-k). `auto` picks them by timing, so a row's tokens may differ from run to run.",
     )
+    reproducible_sampling: bool = option(
+        True,
+        "At temperature > 0, `auto` drafts only with candidates that emit the target's keyed samples, so a rerun "
+        "samples the same tokens. false: rejection-sampling candidates too (self_speculative, speculative with a "
+        "draft model): exact in distribution, but a row's samples depend on the drafter `auto` picked by timing.",
+    )
 
     if TYPE_CHECKING:
 
@@ -211,9 +217,14 @@ Spec = DraftingSpec | DecoderSpec
 
 
 def speculative_loop(
-    name: str, target: ModelRunner, drafters: list[DraftingMethod], controller: Controller | None
+    name: str,
+    target: ModelRunner,
+    drafters: list[DraftingMethod],
+    controller: Controller | None,
+    keyed_samples_only: bool = False,
 ) -> Strategy:
-    """The speculative loop over `drafters` (several: `auto`'s), built in the actor."""
+    """The speculative loop over `drafters` (several: `auto`'s), built in the actor; `keyed_samples_only`:
+    rows sampled at temperature > 0 draft only with drafters whose rule emits the target's keyed samples."""
     from strategies.verification.speculative import SpeculativeStrategy
 
-    return SpeculativeStrategy(name, target, drafters, controller)
+    return SpeculativeStrategy(name, target, drafters, controller, keyed_samples_only)

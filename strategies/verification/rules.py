@@ -18,10 +18,14 @@ from typing import ClassVar
 class AcceptanceRule(ABC):
     """A rule of the verifier. `lossless`: every token it emits is the target's own (greedy: its argmax;
     sampling: a draw from its distribution), whatever was drafted. Required of every rule class: one
-    that does not declare it in its own body fails when it is defined."""
+    that does not declare it in its own body fails when it is defined. `keyed_samples`: at temperature
+    > 0 it emits exactly the target's keyed samples, the tokens plain decoding draws for the row, so a
+    rerun samples the same tokens whichever drafter decoded the row (exact in distribution is not
+    enough: rejection sampling draws its own uniforms against the draft's probabilities)."""
 
     name: ClassVar[str]
     lossless: ClassVar[bool]
+    keyed_samples: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -43,6 +47,7 @@ class ExactMatch(AcceptanceRule):
 
     name: ClassVar[str] = "exact"
     lossless: ClassVar[bool] = True
+    keyed_samples: ClassVar[bool] = True
 
     def refusal(self, greedy: bool, trees: bool) -> str | None:
         return None

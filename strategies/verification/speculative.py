@@ -81,7 +81,12 @@ class SpeculativeStrategy:
     """Speculative decoding with one drafter (a fixed strategy) or several under a controller (`auto`)."""
 
     def __init__(
-        self, name: str, runner: ModelRunner, drafters: list[DraftingMethod], controller: Controller | None = None
+        self,
+        name: str,
+        runner: ModelRunner,
+        drafters: list[DraftingMethod],
+        controller: Controller | None = None,
+        keyed_samples_only: bool = False,
     ):
         if controller is None and len(drafters) != 1:
             raise ValueError("several drafters need a controller to choose among them")
@@ -90,10 +95,17 @@ class SpeculativeStrategy:
         self.drafters = {d.name: d for d in drafters}
         self.options = [*self.drafters, AUTOREGRESSIVE]  # in the order a tie for a row's strategy goes
         self.controller = controller
+        # At temperature > 0, only drafters whose rule emits the target's keyed samples (`auto`'s
+        # `strategy.reproducible_sampling`): the others' rows decode with the rest, or plainly.
+        self.keyed_samples_only = keyed_samples_only
         # The target's hidden states are kept (and, off the lean forward, computed) only for drafters
         # that read them; a verify forward's logits are handed on only to drafters that read them.
         self.want_hidden = any(d.proposer.wants_hidden_states for d in drafters)
         self.want_verify_logits = any(d.proposer.wants_verify_logits for d in drafters)
+
+    def _samples(self, drafter: DraftingMethod) -> bool:
+        """Whether `drafter` may draft rows decoded at temperature > 0."""
+        return not drafter.greedy_only and (drafter.rule.keyed_samples or not self.keyed_samples_only)
 
     def generate(self, requests: list[RowRequest], params: GenerationParams) -> BatchOutput:
         return decode_to_end(self.name, self.open(requests, params), len(requests))
@@ -108,7 +120,7 @@ class SpeculativeStrategy:
         run = _Decoding(
             strategy=self,
             batch=start_batch(self.runner, requests, params, self.want_hidden, _LoopRow),
-            live={n: d for n, d in self.drafters.items() if params.sampling.greedy or not d.greedy_only},
+            live={n: d for n, d in self.drafters.items() if params.sampling.greedy or self._samples(d)},
         )
         batch_size = len(run.batch.active)
         if not batch_size:
