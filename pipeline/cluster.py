@@ -44,7 +44,7 @@ def init_ray(address: str) -> None:
         # batch's prefill then took its memory fresh from the kernel, 0.4-0.5 s of system time at batch
         # 24 on a 2-core VM (a page first touched cost some 10 µs while Ray ran), where the main arena
         # already held what loading and warming up the model had freed: open 0.69-0.76 s against
-        # 1.00-1.02 s with one arena per process (README, "Prefill in chunks").
+        # 1.00-1.02 s with one arena per process (docs/performance.md, "Prefill in chunks").
         os.environ.setdefault(MALLOC_ARENAS_ENV, "1")
         # "local": a cluster of this process's own, never another job's or session's that happens to run
         # on the machine (a bare init would join the latest one it finds).

@@ -96,7 +96,7 @@ class _BenchSettings:
         ["plain", "ngram"], "job=true: vLLM peers: plain (offline generate), ngram (its n-gram speculation)."
     )
     vllm_python: str = option(
-        "", "job=true: python of a virtual environment holding vLLM (README); empty: vLLM not measured."
+        "", "job=true: python of a virtual environment holding vLLM (docs/benchmarks.md); empty: vLLM not measured."
     )
 
 

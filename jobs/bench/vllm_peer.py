@@ -1,5 +1,5 @@
 """vLLM as a peer of `accelgen bench job=true`: its offline `generate` run in the virtual environment
-that holds it (`vllm_python`, README), as a separate process, since vLLM and this project's
+that holds it (`vllm_python`, docs/benchmarks.md), as a separate process, since vLLM and this project's
 dependencies do not share one environment. Its rate is of decoding alone."""
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ VLLM_PEERS = {"plain": VLLM_PLAIN, "ngram": VLLM_NGRAM}  # `vllm=[...]` -> conte
 def vllm_runs(config: Any, texts: list[str], work: Path, method: str) -> dict[str, Any]:
     """vLLM's offline `generate` of `texts` in the peer environment: {load_s, generate_s: [...], tokens}."""
     if not config.vllm_python:
-        return {"not_measured": "give vllm_python=/path/to/venv/bin/python (README, 'Benchmarks against peers')"}
+        return {
+            "not_measured": "give vllm_python=/path/to/venv/bin/python "
+            "(docs/benchmarks.md, 'Whole jobs, cold and warm, against peers')"
+        }
     prompts = work / "vllm_prompts.json"
     prompts.write_text(json.dumps(texts))
     result = work / f"vllm_{method}.json"

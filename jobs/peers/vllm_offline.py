@@ -1,7 +1,7 @@
 """vLLM's offline `generate` over a prompt list, timed: a peer for `accelgen bench job=true`.
 
-Runs with the python of a separate virtual environment that holds vLLM (README, "Benchmarks against
-peers"); it imports nothing of this project. Engine start-up (`load_s`) is timed apart from
+Runs with the python of a separate virtual environment that holds vLLM (docs/benchmarks.md, "Whole
+jobs, cold and warm, against peers"); it imports nothing of this project. Engine start-up (`load_s`) is timed apart from
 `generate` (`generate_s`, one entry per repeat after one untimed warm-up), and all prompts are
 given to one `generate` call: vLLM schedules them itself.
 

@@ -24,7 +24,8 @@ class EagleOptions:
         "most likely under a fixed chance per rank (0.6 · 0.4^rank), every node of a depth expanded in one "
         "pass; dynamic: EAGLE-2's tree, grown top_k nodes wide by cumulative draft confidence and reranked "
         "to the node budget; chain: the head's top-1 token at each depth. static at 8 nodes: the fastest of "
-        "the three at 8 and 16 nodes and batch 1, 8 and 32 with the shipped head (README, 'EAGLE's defaults').",
+        "the three at 8 and 16 nodes and batch 1, 8 and 32 with the shipped head "
+        "(docs/performance.md, 'EAGLE's defaults').",
     )
     depth: int = option(5, "Deepest draft path: draft steps of the head per step.")
     top_k: int = option(4, "dynamic: children per expanded node, and nodes expanded per depth; static: ranks below it.")

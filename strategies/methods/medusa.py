@@ -16,7 +16,7 @@ from strategies.verification.rules import AcceptanceRule, ExactMatch, Typical
 NAME = "medusa"
 
 # Medusa's default tree: 8 nodes over 3 heads, the paths of highest estimated acceptance first. Measured on
-# a 2-core CPU against trees of 3, 5, 16 and 32 nodes (README, "Draft heads"): wider trees accept more per
+# a 2-core CPU against trees of 3, 5, 16 and 32 nodes: wider trees accept more per
 # step (τ 2.15 at 8 nodes, 2.38 at 32) but a verify forward costs more per node than they gain.
 MEDUSA_TREE = [[0], [0, 0], [1], [0, 0, 0], [2], [0, 1], [1, 0], [3]]
 MEDUSA_ACCEPTANCE = ("exact", "typical")

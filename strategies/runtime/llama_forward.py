@@ -271,7 +271,7 @@ class LlamaForward(LayerMath):
         grows every step into storage that is reallocated as it grows. The parts compiled here see
         shapes that depend on the batch and the new tokens only, compiled with dynamic sizes (sizes of
         1 are specialized: a few compiles per actor). Compiling the whole forward, cache included, also
-        gives the same tokens but compiled longer and saved less (`jobs/bench/compile.py`, README).
+        gives the same tokens but compiled longer and saved less (`jobs/bench/compile.py`, docs/performance.md).
         """
         self.qkv = torch.compile(self.qkv, dynamic=True)
         self.heads = torch.compile(self.heads, dynamic=True)

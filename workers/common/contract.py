@@ -3,8 +3,8 @@ and output parts together (docs/design.md, "Output contract").
 
 Each of these is built and parsed here alone: the driver plans and commits with them, the generator
 writes rows with them, `accelgen verify` checks a finished job against them, and the tests ask them
-instead of spelling a format out. It sits in `workers/` because the actors write the rows and
-imports only go down (jobs → pipeline → workers → strategies).
+instead of spelling a format out. It sits in `workers/common/` because the actors write the rows and the driver
+reads them, and imports only go down (jobs → pipeline → workers → workers/common → strategies).
 """
 
 from __future__ import annotations

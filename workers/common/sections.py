@@ -101,7 +101,8 @@ def _model_config() -> type:
             option(
                 False,
                 "torch.compile each layer's parts around attention (Llama-family targets): fewer, fused operations "
-                "per step, after a compile of tens of seconds per actor (README, 'torch.compile of the decode step').",
+                "per step, after a compile of tens of seconds per actor "
+                "(docs/performance.md, 'torch.compile of the decode step').",
             ),
         ),
         (
@@ -112,7 +113,7 @@ def _model_config() -> type:
                 "Float32 on CPU: matmuls through a copy of the weights made once for the kernel (oneDNN's, MKL's, "
                 "or F.linear's sgemm over the weights transposed) whose whole forwards timed fastest at each row "
                 "count as the actor started (a second copy of the weights in memory). False: F.linear everywhere "
-                "(README, 'Weights packed for oneDNN').",
+                "(docs/performance.md, 'Weights packed for oneDNN').",
             ),
         ),
         ("cache_dir", str, option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")),
