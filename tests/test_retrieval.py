@@ -235,7 +235,9 @@ def test_retrieval_drafts_a_cycle_whole_at_every_step(batch):
     params = GenerationParams(new_tokens, SamplingParams(), frozenset(), ignore_eos=True)
     reference = [[(p[-1] + 1 + i) % vocab for i in range(new_tokens)] for p in prompts]
     for strategy in (
-        SpeculativeStrategy("prompt_lookup", cycle, [DraftingMethod("prompt_lookup", PromptLookupProposer(1, 3), 4, 4)]),
+        SpeculativeStrategy(
+            "prompt_lookup", cycle, [DraftingMethod("prompt_lookup", PromptLookupProposer(1, 3), 4, 4)]
+        ),
         SpeculativeStrategy("lookahead", cycle, [DraftingMethod("lookahead", LookaheadProposer(12, 4, 4), 4, 12)]),
     ):
         out = strategy.generate(requests, params)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mixed_prompts import PROMPTS
 from drafted import assert_drafted
+from mixed_prompts import PROMPTS
 from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
 
