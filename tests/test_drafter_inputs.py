@@ -190,7 +190,8 @@ def test_heads_read_the_final_state_of_the_last_accepted_position(target, tiny_m
     (t+1 is the target's own): drafting below a pending token at position L-1, the heads must read
     h_{L-2}, from the step that just verified, at every step of every row.
 
-    Catches the planted bug "Medusa heads read the previous step's hidden state"."""
+    Catches the planted bugs "Medusa heads read the previous step's hidden state" and "Medusa's
+    proposer raises from its third draft on" (a fault)."""
     heads = tiny_heads(target, tiny_model_dir)
     proposer = TracingHeads("heads", heads, [list(c) for c in choices])
     depth = max(len(c) for c in choices)

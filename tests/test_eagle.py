@@ -106,6 +106,8 @@ def _scripted(target, proposer, tree):
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
 def test_eagle_equals_greedy(target, tiny_model_dir, prompts):
+    """Catches the planted bug "EAGLE head cache never truncated": the proposer raises at its second
+    step and the loop decodes plainly, still greedy; the fault and the verify-step count show it."""
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), prompts, params)
     sequences = [p + r for p, r in zip(prompts, reference, strict=True)]

@@ -109,6 +109,9 @@ def _scripted(target, proposer, choices):
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
 def test_heads_strategies_equal_greedy(target, tiny_model_dir, prompts):
+    """Scripted heads always right take the fewest verify steps, always wrong accept nothing; random heads
+    through the registry draft every step. Catches the planted bug "Medusa's proposer raises from its
+    third draft on" (the output stays greedy; the fault and the plain steps after it do not)."""
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), prompts, params)
     for choices in (TREE, chain_choices(K)):

@@ -68,9 +68,10 @@ def _options(name: str, settings: dict[str, str]) -> StrategyOptions:
 
 @pytest.mark.parametrize("drafter", list(TAU))
 def test_a_shipped_drafter_reaches_its_tau_floor(shipped_run, drafter):
-    """Catches the planted bugs "EAGLE head fed (feature t, token t)" (EAGLE τ falls to about 1) and
-    "Medusa heads read the previous step's hidden state" (Medusa and blockwise τ fall by a fifth), and
-    any shipped drafter that raises (a fault)."""
+    """Catches the planted bugs "EAGLE head fed (feature t, token t)" (EAGLE τ falls to about 1),
+    "Medusa heads read the previous step's hidden state" (Medusa and blockwise τ fall below their
+    floors), and, as faults, "EAGLE head cache never truncated" and "Medusa's proposer raises from its
+    third draft on"."""
     models, requests, params, reference = shipped_run
     name, settings, measured, floor = TAU[drafter]
     out = registry.create(_options(name, settings), models).generate(requests, params)
