@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from drafted import assert_drafted
 from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
 
@@ -105,6 +106,8 @@ def _scripted(target, proposer, tree):
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
 def test_eagle_equals_greedy(target, tiny_model_dir, prompts):
+    """Catches the planted bug "EAGLE head cache never truncated": the proposer raises at its second
+    step and the loop decodes plainly, still greedy; the fault and the verify-step count show it."""
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), prompts, params)
     sequences = [p + r for p, r in zip(prompts, reference, strict=True)]
@@ -114,16 +117,23 @@ def test_eagle_equals_greedy(target, tiny_model_dir, prompts):
         out = _scripted(target, right, tree).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
         assert out.stats["tau"] > DEPTH  # every draft accepted: DEPTH + 1 tokens a step but the last
+        # ...at every step of every row: a head that raises after its first step ("head cache never
+        # truncated") leaves τ at DEPTH + 1 over the one step it verified, and plain steps after it.
+        assert_drafted(out.stats, every_step=True)
+        assert sum(out.stats["verify_steps"].values()) == len(prompts) * -(-(params.max_new_tokens - 1) // (DEPTH + 1))
         wrong = ScriptedEagle(head, top_k, sequences, right_depth=0, static_nodes=static_nodes)
         out = _scripted(target, wrong, tree).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
-        assert out.stats["accepted_tokens"] == 0 and out.stats["draft_tokens"] > 0
+        assert out.stats["accepted_tokens"] == 0
+        assert_drafted(out.stats, every_step=True)
     # A head of random weights through the registry, as a job builds it: chain, static and dynamic tree.
     models = registry.Models(target, eagle=head)
     for tree in ("chain", "static", "dynamic"):
         options = StrategyOptions(name="eagle")
         options.eagle.tree = tree
-        assert _tokens(registry.create(options, models), prompts, params) == reference
+        out = registry.create(options, models).generate(_requests(prompts), params)
+        assert [r.tokens for r in out.rows] == reference
+        assert_drafted(out.stats, every_step=True)
 
 
 class RecordingEagle(EagleProposer):
@@ -173,6 +183,7 @@ def test_the_heads_cache_after_partial_acceptance_equals_a_fresh_run_over_the_ac
     partial = ScriptedEagle(head, 3, sequences, right_depth=2)
     out = _scripted(target, partial, tree=True).generate(_requests(PROMPTS), params)
     assert [r.tokens for r in out.rows] == reference
+    assert_drafted(out.stats, every_step=True)
     assert out.stats["acceptance_by_position"][:3] == [1.0, 1.0, 0.0]  # every step accepts 2 of its drafts
     later = [(context, root) for context, root in partial.roots if len(context) > 8]
     assert len(later) > 10
@@ -227,6 +238,7 @@ def test_sampled_eagle_emits_the_targets_own_keyed_samples(target, tiny_model_di
         _requests(PROMPTS), params
     )
     assert [r.tokens for r in out.rows] == reference and out.stats["tau"] > DEPTH
+    assert_drafted(out.stats, every_step=True)
 
 
 def _table(probabilities: dict[tuple[int, ...], dict[int, float]], vocab: int):
@@ -451,7 +463,7 @@ def test_the_shipped_head_on_the_shipped_target_equals_greedy(prompts):
         options.eagle.tree = tree
         out = registry.create(options, models).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
-        assert out.stats["accepted_tokens"] > 0  # a trained head's drafts are accepted
+        assert_drafted(out.stats, every_step=True, tau_at_least=2.0)  # its τ floors: test_shipped_tau.py
 
 
 def test_a_proposer_fuses_the_heads_weights_once_and_again_only_after_they_change(target, tiny_model_dir):

@@ -14,6 +14,7 @@ import pytest
 import ray
 import torch
 from conftest import build_tiny_model
+from drafted import assert_drafted
 from job_config import job_config
 from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
@@ -184,7 +185,7 @@ def test_self_speculative_equals_greedy(model, target, prompts):
             options.self_speculative.min_confidence = min_confidence
             out = registry.create(options, models).generate(_requests(prompts), params)
             assert [r.tokens for r in out.rows] == reference
-            assert out.stats["draft_tokens"] > 0
+            assert_drafted(out.stats, every_step=min_confidence == 0.0)
     finally:
         del target._forward_reusing
     assert len(reused) >= out.target_forwards  # every verify reused the draft's early layers
@@ -194,7 +195,8 @@ def test_sampled_self_speculation_runs_to_length(model, target):
     models = registry.Models(target, exits=trained_like_exits(model))
     strategy = registry.create(StrategyOptions(name="self_speculative"), models)
     out = strategy.generate(_requests(PROMPTS), _params(12, temperature=0.8, top_k=40, seed=1))
-    assert all(len(r.tokens) == 12 for r in out.rows) and out.stats["draft_tokens"] > 0
+    assert all(len(r.tokens) == 12 for r in out.rows)
+    assert_drafted(out.stats, every_step=True)
     assert registry.lossy_reason("self_speculative", StrategyOptions()) is None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drafted import assert_drafted
 from transformers import AutoModelForCausalLM
 
 from strategies import registry
@@ -53,6 +54,7 @@ def test_jacobi_equals_greedy_in_every_mode(target, prompts, mode):
         out = _jacobi(target, mode, init).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference, init
         assert out.stats["jacobi_iterations"] > 0
+        assert_drafted(out.stats, every_step=mode != "hgj")  # hgj decodes a block's tail plainly
         if mode == "pj":  # every iteration commits at least one token: at most n iterations per block
             assert out.stats["jacobi_iterations"] <= len(prompts) * (params.max_new_tokens - 1)
 

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
+from drafted import assert_drafted
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jobs.bench.agreement import agreement, chrf, token_accuracy
@@ -192,10 +193,12 @@ def test_speculative_with_the_cmlm_drafter_is_greedy_decoding(models, prompts):
     options.speculative.drafter = "cmlm"
     out = registry.create(options, models).generate(_requests(prompts), params)
     assert [r.tokens for r in out.rows] == reference
-    assert out.stats["draft_tokens"] > 0
+    assert_drafted(out.stats, every_step=True)
     exact = StrategyOptions(name="specdec", adaptive=False)
     exact.specdec.drafter, exact.specdec.top_beta, exact.specdec.tolerance = "cmlm", 1, 0.0
-    assert [r.tokens for r in registry.create(exact, models).generate(_requests(prompts), params).rows] == reference
+    out = registry.create(exact, models).generate(_requests(prompts), params)
+    assert [r.tokens for r in out.rows] == reference
+    assert_drafted(out.stats, every_step=True)
 
 
 def test_mask_predict_is_lossy_greedy_only_and_never_chosen_by_auto():

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
+from drafted import assert_drafted
 from job_config import job_config
 from mixed_prompts import PROMPTS
 from transformers import AutoModelForCausalLM
@@ -109,6 +110,9 @@ def _scripted(target, proposer, choices):
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
 def test_heads_strategies_equal_greedy(target, tiny_model_dir, prompts):
+    """Scripted heads always right take the fewest verify steps, always wrong accept nothing; random heads
+    through the registry draft every step. Catches the planted bug "Medusa's proposer raises from its
+    third draft on" (the output stays greedy; the fault and the plain steps after it do not)."""
     params = _params()
     reference = _tokens(AutoregressiveStrategy(target), prompts, params)
     for choices in (TREE, chain_choices(K)):
@@ -116,15 +120,19 @@ def test_heads_strategies_equal_greedy(target, tiny_model_dir, prompts):
         out = right.generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
         assert out.stats["tau"] > K  # every draft accepted: K + 1 tokens a step but the last
+        assert_drafted(out.stats, every_step=True)
+        assert sum(out.stats["verify_steps"].values()) == len(prompts) * -(-(params.max_new_tokens - 1) // (K + 1))
         wrong = _scripted(target, ScriptedHeads(reference, choices, target.vocab_size, right=False), choices)
         out = wrong.generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
-        assert out.stats["accepted_tokens"] == 0 and out.stats["draft_tokens"] > 0
+        assert out.stats["accepted_tokens"] == 0
+        assert_drafted(out.stats, every_step=True)
     # Heads of random weights through the registry, as a job builds them.
     models = registry.Models(target, heads=tiny_heads(target, tiny_model_dir))
     for name in ("medusa", "blockwise"):
-        strategy = registry.create(StrategyOptions(name=name), models)
-        assert _tokens(strategy, prompts, params) == reference
+        out = registry.create(StrategyOptions(name=name), models).generate(_requests(prompts), params)
+        assert [r.tokens for r in out.rows] == reference
+        assert_drafted(out.stats, every_step=True)
 
 
 def test_a_tree_accepts_down_a_branch_that_is_not_the_top_1(target):
@@ -136,6 +144,7 @@ def test_a_tree_accepts_down_a_branch_that_is_not_the_top_1(target):
     out = _scripted(target, proposer, choices).generate(_requests(PROMPTS), params)
     assert [r.tokens for r in out.rows] == reference
     assert out.stats["acceptance_by_position"][:3] == [1.0, 1.0, 1.0]
+    assert_drafted(out.stats, every_step=True)
     chain = ScriptedHeads(reference, chain_choices(3), target.vocab_size, truth_rank={1: 1})
     out = _scripted(target, chain, chain_choices(3)).generate(_requests(PROMPTS), params)
     assert out.stats["acceptance_by_position"][1] == 0.0  # the top-1 chain never passes head 1
@@ -145,7 +154,9 @@ def test_sampled_medusa_emits_the_targets_own_keyed_samples(target, tiny_model_d
     params = _params(16, temperature=0.8, top_k=40, seed=3)
     reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
     models = registry.Models(target, heads=tiny_heads(target, tiny_model_dir))
-    assert _tokens(registry.create(StrategyOptions(name="medusa"), models), PROMPTS, params) == reference
+    out = registry.create(StrategyOptions(name="medusa"), models).generate(_requests(PROMPTS), params)
+    assert [r.tokens for r in out.rows] == reference
+    assert_drafted(out.stats, every_step=True)
 
 
 def test_relaxed_and_typical_modes_refuse_or_run_as_documented(target, tiny_model_dir):

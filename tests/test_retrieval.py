@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+from bigram_model import argmax_table, bigram_model
+from drafted import assert_drafted
 from transformers import AutoModelForCausalLM
 
 from strategies.base import GenerationParams, RowRequest
@@ -218,7 +220,30 @@ def test_retrieval_strategies_equal_greedy(runner, batch):
         for _ in range(2):  # the second pass runs on a warm trie
             out = strategy.generate(requests, params)
             assert [r.tokens for r in out.rows] == reference, strategy.name
-        assert out.stats["draft_tokens"] > 0
+        assert_drafted(out.stats)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_retrieval_drafts_a_cycle_whole_at_every_step(batch):
+    """A target that cycles through its vocabulary repeats its prompt: every draft is the continuation,
+    so each row takes its fewest verify steps and plain steps are none. A drafter that raises or stops
+    drafting falls below both."""
+    vocab, depth, new_tokens = 8, 4, 24
+    cycle = ModelRunner(bigram_model(argmax_table([(t + 1) % vocab for t in range(vocab)])))
+    prompts = [[*range(vocab), 0, 1], [3, 4, 5, 6, 7, 0, 1, 2, 3], [6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0]][:batch]
+    requests = [RowRequest(p, i) for i, p in enumerate(prompts)]
+    params = GenerationParams(new_tokens, SamplingParams(), frozenset(), ignore_eos=True)
+    reference = [[(p[-1] + 1 + i) % vocab for i in range(new_tokens)] for p in prompts]
+    for strategy in (
+        SpeculativeStrategy(
+            "prompt_lookup", cycle, [DraftingMethod("prompt_lookup", PromptLookupProposer(1, 3), 4, 4)]
+        ),
+        SpeculativeStrategy("lookahead", cycle, [DraftingMethod("lookahead", LookaheadProposer(12, 4, 4), 4, 12)]),
+    ):
+        out = strategy.generate(requests, params)
+        assert [r.tokens for r in out.rows] == reference, strategy.name
+        assert_drafted(out.stats, every_step=True, tau_at_least=depth)
+        assert sum(out.stats["verify_steps"].values()) == batch * -(-(new_tokens - 1) // (depth + 1))
 
 
 def test_retrieval_sampling_equals_autoregressive_sampling(runner):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drafted import assert_drafted
 from mixed_prompts import PROMPTS
 from scripted_proposer import ScriptedProposer
 from transformers import AutoModelForCausalLM
@@ -65,6 +66,7 @@ def test_speculative_equals_autoregressive(target, random_draft, tiny_model_dir,
         spec = _spec("speculative", target, DraftModelProposer(draft, target.vocab_size))
         out = spec.generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
+        assert_drafted(out.stats, every_step=True)
         if draft is same_model:  # every draft accepted: k+1 tokens per forward until the end
             assert out.stats["accepted_tokens"] == out.stats["draft_tokens"]
             assert out.target_forwards <= len(prompts) * -(-(params.max_new_tokens - 1) // (K + 1))
@@ -72,10 +74,30 @@ def test_speculative_equals_autoregressive(target, random_draft, tiny_model_dir,
         proposer = ScriptedProposer(reference, target.vocab_size, right)
         out = _spec("scripted", target, proposer).generate(_requests(prompts), params)
         assert [r.tokens for r in out.rows] == reference
-        if right:
+        assert_drafted(out.stats, every_step=True)
+        if right:  # K + 1 tokens a step but the last: every row's steps, each a verify step
             assert out.stats["tau"] > K
+            assert sum(out.stats["verify_steps"].values()) == len(prompts) * _steps(params.max_new_tokens, K)
         else:
             assert out.stats["accepted_tokens"] == 0 and out.stats["draft_tokens"] > 0
+
+
+def _steps(new_tokens: int, depth: int) -> int:
+    """Verify steps a row takes when every draft of `depth` tokens is accepted (the prefill emits one)."""
+    return -(-(new_tokens - 1) // (depth + 1))
+
+
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_a_drafter_that_raises_fails_the_drafted_check(target, fail_at):
+    """The same tokens either way: only the faults tell, at the first call and at a later one."""
+    params = _params()
+    reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
+    out = _spec("scripted", target, ScriptedProposer(reference, target.vocab_size, fail_at=fail_at)).generate(
+        _requests(PROMPTS), params
+    )
+    assert [r.tokens for r in out.rows] == reference
+    with pytest.raises(AssertionError, match="raised and was turned off"):
+        assert_drafted(out.stats)
 
 
 def test_boundaries_eos_in_a_draft_max_tokens_mid_draft_and_context_end(target, tiny_model_dir):
@@ -105,7 +127,9 @@ def test_specdec(target, random_draft):
     reference = _tokens(AutoregressiveStrategy(target), PROMPTS, params)
     proposer = DraftModelProposer(random_draft, target.vocab_size)
     exact = _spec("specdec", target, proposer, Relaxed(top_beta=1, tolerance=0.0))
-    assert _tokens(exact, PROMPTS, params) == reference
+    out = exact.generate(_requests(PROMPTS), params)
+    assert [r.tokens for r in out.rows] == reference
+    assert_drafted(out.stats, every_step=True)
     # From the same state (one step, the same drafts), β > 1 accepts at least as many tokens...
     one_step = _params(K + 1)
     strict = exact.generate(_requests(PROMPTS), one_step).stats["accepted_tokens"]
