@@ -21,6 +21,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 from tqdm import tqdm
 
+from pipeline.auto_dtype import measured_choice
 from pipeline.cluster import init_ray
 from pipeline.commit import OutputFolder
 from pipeline.config import JobConfig
@@ -32,7 +33,6 @@ from strategies.control.controller import Learned
 from workers.actor import GeneratorActor
 from workers.common import faults
 from workers.common.controller_stats import StatsKey
-from workers.common.dtype_choice import choose_auto_dtype
 from workers.common.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
@@ -105,8 +105,7 @@ class ActorPool:
         remote = ray.remote(GeneratorActor).options(**options)
         self.created_at = time.time()
         self.actors = [remote.remote(spec, f"actor-{i}") for i in range(n)]
-        # `model.dtype=auto` on CPU: the job's dtype, handed to every actor with `ready()` (restarted ones
-        # too); "" until `choose_dtype` measures, where the job recorded none and runs on CPUs.
+        # `model.dtype=auto` on CPU: the job's dtype for every actor's `ready()`; "" until `choose_dtype`.
         self.auto_dtype = spec.auto_dtype
         self.measures_dtype = config.model.dtype == "auto" and not spec.auto_dtype and not use_gpus
         self.resources_per_actor = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
@@ -131,25 +130,15 @@ class ActorPool:
         return self.actors[a].ready.remote(self.job_id, self.auto_dtype or None)
 
     def choose_dtype(self) -> str:
-        """`model.dtype=auto` for a new job on CPUs (`measures_dtype`): the first actor times a decode step
-        in float32 and bfloat16 as it starts, and the pool chooses once for every actor
-        (`workers.common.dtype_choice`). The choice, printed; "" where nothing was measured (a CPU
-        without bfloat16 matrix hardware: float32, as its device decides)."""
-        timeout_s = self.config.workers.actor_start_timeout_s
+        """`model.dtype=auto` for a new job on CPUs (`measures_dtype`): the first actor times a decode step in
+        each dtype as it starts, and the choice (`pipeline.auto_dtype.measured_choice`) goes to every actor."""
         try:
-            info = ray.get(self.actors[0].ready.remote(None, None, True), timeout=timeout_s)
-        except (RayActorError, RayTaskError) as exc:
+            info = ray.get(
+                self.actors[0].ready.remote(None, None, True), timeout=self.config.workers.actor_start_timeout_s
+            )
+        except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
             raise JobError(f"generator actor 0 failed to start: {_cause(exc)}") from None
-        except ray.exceptions.GetTimeoutError:
-            raise JobError(
-                f"generator actor 0 was not running after workers.actor_start_timeout_s={timeout_s:g}s"
-            ) from None
-        seconds = info.get("dtype_seconds")
-        if not seconds:
-            return ""
-        self.auto_dtype = choose_auto_dtype(False, info["bf16_flags"], seconds)
-        steps = ", ".join(f"{name} {1e3 * s:.1f} ms" for name, s in seconds.items())
-        print(f"model.dtype=auto: {self.auto_dtype} (CPU with {', '.join(info['bf16_flags'])}; a decode step: {steps})")
+        self.auto_dtype = measured_choice(info)
         return self.auto_dtype
 
     def _wait_ready(self, timeout_s: float) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.actor_pool import ActorPool, JobInterrupted
+from pipeline.auto_dtype import job_auto_dtype
 from pipeline.checks import validate
 from pipeline.commit import JOB_FILE, OutputFolder
 from pipeline.config import JobConfig
@@ -78,7 +79,7 @@ def _plan_and_run(
 ) -> JobOutcome:
     shards = _checked_shards(config)
     units = plan_units(shards, config.input.rows_per_unit)
-    record = job_record(config, shards, _auto_dtype(pool, phases, recorded_dtype))
+    record = job_record(config, shards, job_auto_dtype(pool, phases, recorded_dtype))
     job_id = record["fingerprint"]
     total_rows = sum(u.num_rows for u in units) * config.generation.n  # output rows
     if output.claim(job_id, record):
@@ -109,18 +110,6 @@ def _plan_and_run(
     )
     _print_summary(summary)
     return JobOutcome("succeeded", summary)
-
-
-def _auto_dtype(pool: ActorPool | None, phases: Phases, recorded: str | None) -> str:
-    """The dtype `model.dtype=auto` chose by measuring, for the job's identity: a resumed job's recorded
-    one, or a new job's, once the pool's first actor has measured (`ActorPool.choose_dtype`); "" where
-    none was measured. The job claims its output folder with it, so it is chosen before the claim."""
-    if recorded is not None or pool is None or not pool.measures_dtype:
-        return recorded or ""
-    phases.lap("planning")
-    chosen = pool.choose_dtype()
-    phases.lap("actor_start")
-    return chosen
 
 
 def _run_units(
