@@ -21,6 +21,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 from tqdm import tqdm
 
+from pipeline.auto_dtype import measured_choice
 from pipeline.cluster import init_ray
 from pipeline.commit import OutputFolder
 from pipeline.config import JobConfig
@@ -104,6 +105,9 @@ class ActorPool:
         remote = ray.remote(GeneratorActor).options(**options)
         self.created_at = time.time()
         self.actors = [remote.remote(spec, f"actor-{i}") for i in range(n)]
+        # `model.dtype=auto` on CPU: the job's dtype for every actor's `ready()`; "" until `choose_dtype`.
+        self.auto_dtype = spec.auto_dtype
+        self.measures_dtype = config.model.dtype == "auto" and not spec.auto_dtype and not use_gpus
         self.resources_per_actor = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
         self.started: list[dict[str, Any]] = []
 
@@ -122,8 +126,20 @@ class ActorPool:
                 phases.take("actor_start", name, seconds)
 
     def _ready(self, a: int) -> ray.ObjectRef:
-        """Actor `a`'s `ready()`, which also names the job to it (again, after a restart)."""
-        return self.actors[a].ready.remote(self.job_id)
+        """Actor `a`'s `ready()`, which also names the job and its dtype to it (again, after a restart)."""
+        return self.actors[a].ready.remote(self.job_id, self.auto_dtype or None)
+
+    def choose_dtype(self) -> str:
+        """`model.dtype=auto` for a new job on CPUs (`measures_dtype`): the first actor times a decode step in
+        each dtype as it starts, and the choice (`pipeline.auto_dtype.measured_choice`) goes to every actor."""
+        try:
+            info = ray.get(
+                self.actors[0].ready.remote(None, None, True), timeout=self.config.workers.actor_start_timeout_s
+            )
+        except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
+            raise JobError(f"generator actor 0 failed to start: {_cause(exc)}") from None
+        self.auto_dtype = measured_choice(info)
+        return self.auto_dtype
 
     def _wait_ready(self, timeout_s: float) -> list[dict[str, Any]]:
         """Every actor's `ready()` once it has started. Ray waits forever for an actor it cannot schedule;

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.actor_pool import ActorPool, JobInterrupted
+from pipeline.auto_dtype import job_auto_dtype
 from pipeline.checks import validate
-from pipeline.commit import OutputFolder
+from pipeline.commit import JOB_FILE, OutputFolder
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.input_formats import check_text_input, plan_input_units, resolve_format, scan_text_shards
-from pipeline.job_record import job_record, model_hash, optional_models
+from pipeline.job_record import job_record, model_hash, optional_models, recorded_auto_dtype
 from pipeline.lossy import lossy_strategies, strategies_of_parts, unreproducible_sampling
 from pipeline.phases import Phases
 from pipeline.shards import Listing, Shard, check_columns, check_ids, list_data_files, read_shards
@@ -48,29 +49,39 @@ def run_job(config: JobConfig, phases: Phases | None = None) -> JobOutcome:
     phases = phases or Phases()
     validate(config)
     output = OutputFolder(config.output.url, config.output.storage_options, part_suffix(config.output.format))
-    pool = None if output.finished() else ActorPool(config, _actor_spec(config, output), phases)
+    recorded = recorded_auto_dtype(output.read_json(JOB_FILE)) if config.model.dtype == "auto" else ""
+    pool = None if output.finished() else ActorPool(config, _actor_spec(config, output, recorded), phases)
     try:
-        return _plan_and_run(config, output, pool, phases)
+        return _plan_and_run(config, output, pool, phases, recorded)
     finally:
         if pool is not None:
             pool.shutdown()
 
 
-def _actor_spec(config: JobConfig, output: OutputFolder) -> WorkerSpec:
+def _actor_spec(config: JobConfig, output: OutputFolder, recorded_dtype: str | None) -> WorkerSpec:
     """What the actors start with before the input is planned: the job's id comes later
-    (`ActorPool.wait_ready`); the target's weights hash (cached, as the fingerprint will want it again)
-    and the statistics the controllers warm-start from do not depend on the input."""
+    (`ActorPool.wait_ready`); the target's weights hash (cached, as the fingerprint will want it again),
+    the statistics the controllers warm-start from and a resumed job's dtype for `model.dtype=auto`
+    (`recorded_dtype`, `job_record.recorded_auto_dtype`: float32 on CPU where it recorded none) do not
+    depend on the input."""
     stats = controller_stats.for_job(
         config.workers.controller_stats_url, output.url, dict(config.output.storage_options)
     )
     target_sha256 = model_hash(config, config.model.target, "model.target")
-    return dataclasses.replace(worker_spec(config, job_id=""), target_sha256=target_sha256, controller_stats=stats)
+    spec = dataclasses.replace(worker_spec(config, job_id=""), target_sha256=target_sha256, controller_stats=stats)
+    if recorded_dtype is None:
+        return spec
+    if recorded_dtype:
+        print(f"model.dtype=auto: {recorded_dtype} on CPU, as the job recorded")
+    return dataclasses.replace(spec, auto_dtype=recorded_dtype or "float32")
 
 
-def _plan_and_run(config: JobConfig, output: OutputFolder, pool: ActorPool | None, phases: Phases) -> JobOutcome:
+def _plan_and_run(
+    config: JobConfig, output: OutputFolder, pool: ActorPool | None, phases: Phases, recorded_dtype: str | None
+) -> JobOutcome:
     shards = _checked_shards(config)
     units = plan_input_units(shards, config.input.rows_per_unit)
-    record = job_record(config, shards)
+    record = job_record(config, shards, job_auto_dtype(pool, phases, recorded_dtype))
     job_id = record["fingerprint"]
     total_rows = sum(u.num_rows for u in units) * config.generation.n  # output rows
     if output.claim(job_id, record):

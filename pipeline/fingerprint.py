@@ -1,7 +1,8 @@
 """A job's identity: a hash of everything that decides its output rows, and nothing else.
 
 In: the input listing (names, sizes, modification stamps), the columns read, the target and every
-optional model the job uses (`workers/common/model_kinds.py`: path and weights hash), the dtype, the
+optional model the job uses (`workers/common/model_kinds.py`: path and weights hash), the dtype (and
+the dtype `model.dtype=auto` chose on CPU by measuring, `workers/common/dtype_choice.py`), the
 generation and strategy settings, and the columns asked for (token ids, log-probabilities). Out:
 credentials and storage options, actor counts, batch sizes, the Ray address — changing those must resume a job,
 not start a different one.
@@ -20,11 +21,16 @@ from pipeline.shards import Shard
 from workers.common.model_kinds import KINDS
 
 FORMAT_VERSION = 1
+AUTO_DTYPE_KEY = "dtype_chosen"  # under the identity's "model"
 
 
-def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str]) -> dict[str, Any]:
+def identity(
+    config: JobConfig, shards: list[Shard], model_hashes: dict[str, str], auto_dtype: str = ""
+) -> dict[str, Any]:
     """The fields the fingerprint hashes, as data (kept in `_job.json` so a mismatch can be explained).
-    `model_hashes`: the weights hash of the target and of each optional model the job uses, by kind."""
+    `model_hashes`: the weights hash of the target and of each optional model the job uses, by kind.
+    `auto_dtype`: what `model.dtype=auto` chose by measuring on CPU; "": no choice was measured (the
+    device alone decided), and the identity is what it was before such choices were made."""
     return {
         "format_version": FORMAT_VERSION,
         "input": [[s.name, s.size, s.stamp] for s in shards],
@@ -42,6 +48,7 @@ def identity(config: JobConfig, shards: list[Shard], model_hashes: dict[str, str
             "draft": None,
             **{kind.name: getattr(config.model, kind.name) for kind in KINDS if kind.name in model_hashes},
             "dtype": config.model.dtype,
+            **({AUTO_DTYPE_KEY: auto_dtype} if auto_dtype else {}),
             "weights_sha256": model_hashes,
         },
         "generation": dataclasses.asdict(config.generation),

@@ -10,22 +10,23 @@ from typing import Any
 
 from pipeline.config import JobConfig, to_plain_dict
 from pipeline.errors import JobError
-from pipeline.fingerprint import fingerprint, identity
+from pipeline.fingerprint import AUTO_DTYPE_KEY, fingerprint, identity
 from pipeline.lossy import lossy_strategies, unreproducible_sampling
 from pipeline.shards import Shard
 from workers.common.model_files import check_trained_for_target, is_local, model_weights_hash, resolve_model_dir
 from workers.common.model_kinds import BY_NAME, KINDS, ModelKind, needed_by
 
 
-def job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
+def job_record(config: JobConfig, shards: list[Shard], auto_dtype: str = "") -> dict[str, Any]:
     """The job's identity and fingerprint (the hash of what decides its rows: input listing, models'
-    weights, settings), its config, versions and lossy strategies: `_job.json`, and the manifest's head."""
+    weights, settings, the dtype `model.dtype=auto` chose by measuring), its config, versions and lossy
+    strategies: `_job.json`, and the manifest's head."""
     hashes = {"target": model_hash(config, config.model.target, "model.target")}
     for name in optional_models(config):
         kind = BY_NAME[name]
         hashes[name] = model_hash(config, getattr(config.model, name), kind.key, kind)
         _check_trained_for_target(config, kind)
-    ident = identity(config, shards, hashes)
+    ident = identity(config, shards, hashes, auto_dtype)
     return {
         "fingerprint": fingerprint(ident),
         "identity": ident,
@@ -34,6 +35,15 @@ def job_record(config: JobConfig, shards: list[Shard]) -> dict[str, Any]:
         "lossy": lossy_strategies(config.strategy),
         "unreproducible_sampling": unreproducible_sampling(config.strategy),
     }
+
+
+def recorded_auto_dtype(record: dict[str, Any] | None) -> str | None:
+    """The dtype `model.dtype=auto` chose by measuring for the job of `record` (its `_job.json`), which a
+    resumed job decodes in again; "" where it recorded none (its device decided: float32 on CPU); None
+    where there is no record (a new job, which may measure)."""
+    if record is None:
+        return None
+    return record.get("identity", {}).get("model", {}).get(AUTO_DTYPE_KEY, "")
 
 
 def optional_models(config: JobConfig) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -105,3 +106,26 @@ def test_a_drafters_ceiling_is_its_speed_with_the_target_forward_alone():
     assert row["x_plain"] == pytest.approx(1.2)
     assert row["x_ceiling"] == pytest.approx(1.5)
     assert row["host_over_plain"] == pytest.approx(0.5)
+
+
+def test_the_plain_step_is_one_decode_step_of_the_batch_at_hand(tmp_path, tiny_model_dir, monkeypatch):
+    """A target whose every step's forward takes 100 ms more, and every prefill 500 ms more: the plain
+    step comes out at about one such step, at every batch size and however many prompts the table
+    decodes, never a multiple of it nor a share of the prefills."""
+    prompts = ["def add(a, b):\n    return a + b\n", "class Stack:\n    def push(self, x):\n"]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    forward, step_s, prefill_s = ModelRunner.forward, 0.1, 0.5
+
+    def slowed(self, kv, input_ids, *args, **kwargs):
+        time.sleep(step_s if input_ids.shape[1] == 1 else prefill_s)
+        return forward(self, kv, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "forward", slowed)
+    monkeypatch.setattr(ModelRunner, "warm_up", lambda self, batch_size: None)  # no kernels to choose by timing
+    report = tmp_path / "costs.json"
+    args = [f"model={tiny_model_dir}", f"prompts={tmp_path / 'prompts.jsonl'}", "num_prompts=4", "costs=true"]
+    args += ["strategies=[autoregressive]", "batch_sizes=[1,2]", "cost_new_tokens=[1]", "cost_cache_tokens=8"]
+    args += ["torch_threads=1", "max_new_tokens=6", "repeats=1", f"report={report}"]
+    assert cli(["bench", *args]) == 0
+    plain = {entry["batch_size"]: entry["plain_step_ms"] for entry in json.loads(report.read_text())["batches"]}
+    assert all(1e3 * step_s <= ms < 1.5e3 * step_s for ms in plain.values()), plain

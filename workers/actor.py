@@ -24,8 +24,10 @@ class GeneratorActor:
 
         self.generator = Generator(spec, actor)
 
-    def ready(self, job_id: str | None = None) -> dict[str, Any]:
-        return self.generator.ready(job_id)
+    def ready(
+        self, job_id: str | None = None, auto_dtype: str | None = None, measure_dtypes: bool = False
+    ) -> dict[str, Any]:
+        return self.generator.ready(job_id, auto_dtype, measure_dtypes)
 
     def controller_statistics(self) -> tuple[StatsKey, Learned] | None:
         return self.generator.controller_statistics()

@@ -25,21 +25,29 @@ from transformers.utils import logging as transformers_logging
 from strategies import registry
 from strategies.base import Decoding, GenerationParams, RowOutput, RowRequest, Strategy
 from strategies.control.controller import Learned
+from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from workers import unit_rows
 from workers.common import faults
 from workers.common.contract import FINISH_ERROR
 from workers.common.controller_stats import StatsKey
+from workers.common.dtype_choice import bf16_matrix_flags
 from workers.common.output_formats import encode_part
 from workers.common.row_settings import RowSettings
 from workers.common.spec import UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.engine import DecodeEngine, Pending
 from workers.json_input import as_read, response_context, row_problems
-from workers.model_loading import LoadedModels, load_models, resolve_dtype
+from workers.model_loading import DTYPE_NAMES, LoadedModels, load_models, resolve_dtype
 from workers.output_part import empty_columns, fill_row, output_schema, stage, throughput_record
 from workers.rows import StopStrings, completion_text
-from workers.warm_up import device_identity, load_output_modules, prepare_target, start_controller
+from workers.warm_up import (
+    decode_step_seconds,
+    device_identity,
+    load_output_modules,
+    prepare_target,
+    start_controller,
+)
 
 
 class Decoded(NamedTuple):
@@ -59,18 +67,12 @@ class Generator:
         # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
         torch.set_num_threads(spec.workers.torch_threads if spec.workers.torch_threads > 0 else os.cpu_count() or 1)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = resolve_dtype(spec.model.dtype, self.device)
-        loaded = self._load_models()
-        self.tokenizer, self.models, self.target_load_s = loaded.tokenizer, loaded.models, loaded.target_load_s
-        self.runner = self.models.target
-        prepare_target(self.runner, spec)
-        self.stats_key = StatsKey(
-            spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")
-        )
-        self.controller = start_controller(spec, self.runner, self.stats_key)
+        # `model.dtype=auto` on CPU: a bfloat16 load measured for the driver's choice, with the float32 kernel choice.
+        self._candidate: tuple[LoadedModels, dict[int, str]] | None = None
+        loaded = self._load_models(resolve_dtype(spec.model.dtype, self.device, spec.auto_dtype))
+        prepare_target(loaded.models.target, spec)
+        self._start(loaded)
         load_output_modules()
-        self._strategies: dict[str, Strategy] = {}
-        self._strategy(spec.strategy.name)  # fail at start, not at the first unit
         g = spec.generation
         self.params = GenerationParams(
             max_new_tokens=g.max_new_tokens,
@@ -94,14 +96,27 @@ class Generator:
         )
         freeze_loaded()  # last: the modules, models and the strategy loaded above are never scanned again
 
-    def _load_models(self) -> LoadedModels:
-        """The job's models on the actor's device in its dtype, the optional ones left to load when a
+    def _start(self, loaded: LoadedModels) -> None:
+        """Decode with `loaded`, its target prepared (`prepare_target`): its controller, its strategies."""
+        self.tokenizer, self.models, self.target_load_s = loaded.tokenizer, loaded.models, loaded.target_load_s
+        self.runner = self.models.target
+        self.dtype = self.runner.dtype
+        spec = self.spec
+        self.stats_key = StatsKey(
+            spec.target_sha256, device_identity(self.device), str(self.dtype).removeprefix("torch.")
+        )
+        self.controller = start_controller(spec, self.runner, self.stats_key)
+        self._strategies: dict[str, Strategy] = {}
+        self._strategy(spec.strategy.name)  # fail at start, not at the first unit
+
+    def _load_models(self, dtype: torch.dtype) -> LoadedModels:
+        """The job's models on the actor's device in `dtype`, the optional ones left to load when a
         strategy that uses them is first created."""
         spec = self.spec
         transformers_logging.disable_progress_bar()  # one progress bar per job, the driver's
         loaded = load_models(
             spec.model.target,
-            self.dtype,
+            dtype,
             self.device,
             spec.models,
             cache_dir=spec.model.cache_dir,
@@ -122,15 +137,23 @@ class Generator:
             self._strategies[name] = registry.create(options, self.models, self.controller)
         return self._strategies[name]
 
-    def ready(self, job_id: str | None = None) -> dict[str, Any]:
+    def ready(
+        self, job_id: str | None = None, auto_dtype: str | None = None, measure_dtypes: bool = False
+    ) -> dict[str, Any]:
         """The actor's device, and its own account of its start-up for the job's phases: when its
         constructor began (epoch seconds) and how long each model it loaded so far took (the target at
         start; the optional ones when a strategy first used them, so a later call may list more).
 
         `job_id`: the job's id for the batch records. Actors start before the driver has planned the
-        input, which the id is a hash of; the driver names it with every `ready()`."""
+        input, which the id is a hash of; the driver names it with every `ready()`. `model.dtype=auto`
+        on CPU (`workers.common.dtype_choice`): `measure_dtypes` times a decode step in float32 and in
+        bfloat16 first (`dtype_seconds`, beside the CPU's `bf16_flags`), for the driver to choose by;
+        `auto_dtype` is the job's choice, which the actor decodes in from then on."""
         if job_id is not None:
             self.spec = dataclasses.replace(self.spec, job_id=job_id)
+        measured = self._measure_dtypes() if measure_dtypes else None
+        if auto_dtype is not None:
+            self._use_auto_dtype(auto_dtype)
         return {
             "actor": self.actor,
             "device": str(self.device),
@@ -139,7 +162,45 @@ class Generator:
             "packed_bytes": self.runner.packed_weight_bytes,
             "init_began": self.init_began,
             "load_s": {"target": self.target_load_s, **self.models.load_s},
+            "bf16_flags": bf16_matrix_flags(),
+            **({"dtype_seconds": measured} if measured else {}),
         }
+
+    def _auto_on_cpu(self) -> bool:
+        return self.spec.model.dtype == "auto" and self.device.type == "cpu"
+
+    def _measure_dtypes(self) -> dict[str, float] | None:
+        """A decode step timed in float32 (the models loaded) and in bfloat16 (a second load, kept until
+        the driver chooses), where `auto` may choose bfloat16: on CPU with bfloat16 matrix hardware."""
+        if not self._auto_on_cpu() or self.dtype != torch.float32 or not bf16_matrix_flags():
+            return None
+        batch_size = self.spec.workers.batch_size
+        seconds = {"float32": decode_step_seconds(self.runner, batch_size)}
+        float32_kernels = linear.choice()
+        candidate = self._load_models(torch.bfloat16)
+        prepare_target(candidate.models.target, self.spec)
+        seconds["bfloat16"] = decode_step_seconds(candidate.models.target, batch_size)
+        self._candidate = (candidate, float32_kernels)
+        return seconds
+
+    def _use_auto_dtype(self, name: str) -> None:
+        """Decode in `name` from now on where `model.dtype=auto` on CPU leaves it to the job: the measured
+        bfloat16 load where that is the choice, a new load where the actor holds another dtype."""
+        if not self._auto_on_cpu():
+            return
+        candidate, self._candidate = self._candidate, None
+        dtype = DTYPE_NAMES[name]
+        if dtype == self.dtype:
+            if candidate is not None:  # the bfloat16 warm-up chose kernels for itself: float32's again
+                linear.pack_by_rows(candidate[1])
+                self.runner.prepack()
+            return
+        if candidate is not None and candidate[0].models.target.dtype == dtype:
+            loaded = candidate[0]
+        else:
+            loaded = self._load_models(dtype)
+            prepare_target(loaded.models.target, self.spec)
+        self._start(loaded)
 
     def controller_statistics(self) -> tuple[StatsKey, Learned] | None:
         """What the controller learned, under the key the next job's actors look it up by (None: no

@@ -32,10 +32,11 @@ DTYPE_NAMES = {
 }
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is float32 on CPU (bf16 matmuls are slow there) and bfloat16 on GPU."""
+def resolve_dtype(name: str, device: torch.device, auto_on_cpu: str = "") -> torch.dtype:
+    """`auto` is bfloat16 on GPU, and on CPU the job's choice `auto_on_cpu` (`workers.common.dtype_choice`),
+    float32 until one is made."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" else DTYPE_NAMES[auto_on_cpu or "float32"]
     return DTYPE_NAMES[name]
 
 

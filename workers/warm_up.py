@@ -1,11 +1,13 @@
 """What an actor pays once at its start so that its first units do not: the target's kernels made ready,
-the controller told what earlier jobs learned and what forwards cost on this device, and the modules
-the output path loads on first use.
+the controller told what earlier jobs learned and what forwards cost on this device, the modules the
+output path loads on first use, and, where `model.dtype=auto` chooses on CPU, a decode step timed in each dtype.
 
 The bench times forwards as an actor does (`timed_forwards`), so that its controller starts as one.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import pyarrow as pa
 import torch
@@ -24,6 +26,8 @@ from workers.common.spec import WorkerSpec
 # over this many cached tokens per row.
 TIMED_WIDTHS = (1, 2, 4, 8, 16)
 TIMED_CONTEXT = 64
+# Plain steps timed per dtype where `model.dtype=auto` chooses float32 or bfloat16 on CPU (`decode_step_seconds`).
+DTYPE_STEP_SAMPLES = 5
 
 
 def device_identity(device: torch.device) -> str:
@@ -74,3 +78,12 @@ def load_output_modules() -> None:
     Python values): paid at start, and not by the first unit's part while the next batch decodes beside
     it, which the two threads' shared GIL would stall for as long."""
     encode_part(pa.table({name: [] for name in OUTPUT_SCHEMA.names}, schema=OUTPUT_SCHEMA), "parquet")
+
+
+def decode_step_seconds(runner: ModelRunner, batch_size: int) -> float:
+    """The median of `DTYPE_STEP_SAMPLES` plain steps' forwards (one new token per row) over `batch_size`
+    rows of `TIMED_CONTEXT` cached tokens, with the kernels `prepare_target` chose: what `model.dtype=auto`
+    compares float32 and bfloat16 by (`workers.common.dtype_choice`)."""
+    context = max(1, min(TIMED_CONTEXT, runner.max_context - 1))
+    contexts = synthetic_contexts(batch_size, context, runner.vocab_size)
+    return statistics.median(runner.forward_seconds(contexts, (1,), DTYPE_STEP_SAMPLES)[1])

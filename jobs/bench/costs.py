@@ -8,7 +8,8 @@ run, on the bench's prompts and models:
   (weights and attention over the cache) at the peak rate a large matmul reaches here through the
   forward's own `linear` (`strategies/runtime/linear.py`). A forward far above its bound is paying
   for launches, memory traffic or host work, not arithmetic;
-- the plain step: what an autoregressive step costs, host work included;
+- the plain step: what one autoregressive step of the batch at hand costs, host work included (the
+  median step, each timed alone);
 - for each drafting strategy, one drafting step split into where its time goes: propose, building
   the verify inputs, the target forward, acceptance, rollback of the rejected slots, and the rest
   (bookkeeping: the loop, the rows' finish checks, the proposers' updates). `host/plain` is the
@@ -30,9 +31,9 @@ from contextlib import contextmanager
 import torch
 
 from jobs.bench.decoding import Bench
-from strategies.base import RowRequest, decode_to_end
-from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.base import RowRequest
 from strategies.runtime import kv_cache
+from strategies.runtime.batch import decode_plainly, start_batch
 from strategies.runtime.linear import linear
 from strategies.runtime.runner import ModelRunner, synchronize
 from strategies.runtime.sampling import row_key
@@ -195,16 +196,19 @@ def _steps(bench: Bench, strategy: object, runner: ModelRunner, batches: list[li
 
 
 def plain_step_ms(bench: Bench, runner: ModelRunner, batches: list[list[list[int]]]) -> float:
-    """ms per autoregressive step after each batch's prefill (rows all run `max_new_tokens`, EOS ignored)."""
-    strategy = AutoregressiveStrategy(runner)
-    spent = 0.0
-    for batch in batches:
-        requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(batch)]
-        decoding = strategy.open(requests, bench.params)  # the prefill, not timed
-        started = time.perf_counter()
-        decode_to_end(strategy.name, decoding, len(requests))
-        spent += time.perf_counter() - started
-    return 1e3 * spent / (len(batches) * max(1, bench.params.max_new_tokens - 1))
+    """Median ms of one autoregressive step over every row of the batch at hand, as the decode loop
+    records each step (its forward and the host work around it, `decode_plainly`), EOS ignored. Each
+    step is timed alone, so that nothing outside a step (a prefill, a later batch, a slow first call)
+    is spread over the steps, and what a step is does not rest on a count of steps assumed."""
+    seconds: list[float] = []
+    for prompts in batches:
+        requests = [RowRequest(p, row_key(str(i))) for i, p in enumerate(prompts)]
+        batch = start_batch(runner, requests, bench.params)  # the prefill: not a step
+        while batch.active:
+            run = decode_plainly(runner, batch)
+            seconds += [s for s, rows in zip(run.seconds, run.rows, strict=True) if rows == len(prompts)]
+            batch.keep(run.still)
+    return 1e3 * statistics.median(seconds) if seconds else 0.0
 
 
 def measure(bench: Bench) -> dict:

@@ -109,9 +109,9 @@ class KernelTiming:
         choice: dict[int, str] = {}
         for rows, widths in shapes.items():
             contexts = synthetic_contexts(rows, context, self.vocab_size)
-            timed = self.kernel_seconds(contexts, widths, linear.kernels(), PACKING_ROUNDS)
+            timed = self.kernel_seconds(contexts, widths, linear.kernels(self.dtype), PACKING_ROUNDS)
             for width in widths:
-                choice[rows * width] = min(linear.kernels(), key=lambda kernel: min(timed[width, kernel]))
+                choice[rows * width] = min(linear.kernels(self.dtype), key=lambda kernel: min(timed[width, kernel]))
         return choice
 
     @torch.inference_mode()

@@ -1,14 +1,17 @@
-"""`linear`: what `F.linear` computes, with float32 inference on CPU through a kernel chosen per row count.
+"""`linear`: what `F.linear` computes, with float32 and bfloat16 inference on CPU through a kernel chosen
+per row count.
 
 Why: a decode step's matmuls have few rows (batch × new tokens: 1 to some 40), and float32 `F.linear`
 on CPU goes to MKL's sgemm, which packs the weight again on every call (and on AMD CPUs may not take
-their fastest path). A weight packed once spares that on every step. The kernels (`kernels()`):
+their fastest path); bfloat16 `F.linear` reads its weight in a layout the CPU's bfloat16 instructions
+(AVX512-BF16, AMX) do not take as it is. A weight packed once spares that on every step. The kernels
+(`kernels()`):
 
 - `F_LINEAR`: `F.linear` itself.
 - `ONEDNN`: oneDNN's linear over a weight reordered once for it. Unlike MKL's packed sgemm, one packed
   copy serves every row count, so a decode that mixes widths (plain steps, drafts of any size,
   prefills) keeps one copy of each weight in the caches.
-- `MKL`, where torch is built with MKL: MKL's own packed sgemm (`cblas_sgemm_compute` over a weight
+- `MKL`, where torch is built with MKL, float32 only: MKL's own packed sgemm (`cblas_sgemm_compute` over a weight
   packed once). MKL documents a pack as made for the dimensions it is packed with; one copy is used
   for every row count, so `warm_up` checks on the CPU at hand that it gives `F.linear`'s results at
   the row counts decoding meets (`mkl_agrees`) before the kernel may be chosen.
@@ -24,7 +27,7 @@ the caches, which a forward's weights do not stay in, and so misjudges it.
 
 The packed copy is kept beside the weight, made at the weight's first use and again when it changes
 in place (its version counter, which views and `detach` share); a weight whose tensor dies (for a
-slice, the tensor it views) takes its copy with it. Anything else (float64, bfloat16, GPU, a weight
+slice, the tensor it views) takes its copy with it. Anything else (float64, float16, GPU, a weight
 or input that needs gradients, code being compiled by `torch.compile`) is `F.linear` itself: the
 float64 equivalence tests run the same arithmetic as before. Packing costs a second copy of each
 weight in memory; `set_packing(False)` (`model.pack_weights=false`) turns it off.
@@ -54,6 +57,9 @@ F_LINEAR, ONEDNN, MKL, TRANSPOSED = "f_linear", "onednn", "mkl", "transposed"  #
 # (kernel, data pointer, shape, strides) -> (the weight tensor's weak reference, its version, packed copy)
 _packed: dict[tuple, tuple[weakref.ref, int, torch.Tensor]] = {}
 _enabled = torch.backends.mkldnn.is_available()
+# The dtypes whose CPU matmuls may run packed: bfloat16 only where oneDNN runs it on this CPU.
+_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+_DTYPES = (torch.float32, torch.bfloat16) if _BF16 else (torch.float32,)
 # Whether MKL's packed sgemm is built in and, once `warm_up` has checked it (`mkl_agrees`), computes F.linear.
 _mkl_ok = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 # The row counts timed by `pack_by_rows`, each with the kernel that ran its whole forwards fastest, sorted;
@@ -63,7 +69,7 @@ _chosen: dict[int, str] = {}  # each row count met since, with its kernel: one l
 
 
 def set_packing(enabled: bool) -> None:
-    """Turn packed float32 CPU linears on or off for this process (off where oneDNN is not built in)."""
+    """Turn packed float32 and bfloat16 CPU linears on or off for this process (off where oneDNN is not built in)."""
     global _enabled
     _enabled = enabled and torch.backends.mkldnn.is_available()
     if not _enabled:
@@ -71,7 +77,7 @@ def set_packing(enabled: bool) -> None:
 
 
 def packing() -> bool:
-    """Whether float32 CPU linears go through packed weights in this process."""
+    """Whether float32 and bfloat16 CPU linears go through packed weights in this process."""
     return _enabled
 
 
@@ -106,7 +112,7 @@ def prepack(weights: Iterable[torch.Tensor]) -> None:
     with torch.inference_mode():
         for weight in weights:
             if packing_kernels and _packs(weight[:1], weight, None):
-                for kernel in sorted(packing_kernels):
+                for kernel in sorted(packing_kernels & set(kernels(weight.dtype))):
                     _packed_copy(weight, kernel)
 
 
@@ -115,10 +121,11 @@ def packs_anywhere() -> bool:
     return not _by_rows or any(kernel != F_LINEAR for _, kernel in _by_rows)
 
 
-def kernels() -> tuple[str, ...]:
-    """The kernels a row count may be given here: MKL's packed sgemm only where it is built in and has
-    not been found to differ from F.linear (`mkl_agrees`)."""
-    return (F_LINEAR, ONEDNN, MKL, TRANSPOSED) if _mkl_ok else (F_LINEAR, ONEDNN, TRANSPOSED)
+def kernels(dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
+    """The kernels a row count of `dtype` may be given here: MKL's packed sgemm only in float32, where it
+    is built in and has not been found to differ from F.linear (`mkl_agrees`)."""
+    mkl = _mkl_ok and dtype == torch.float32
+    return (F_LINEAR, ONEDNN, MKL, TRANSPOSED) if mkl else (F_LINEAR, ONEDNN, TRANSPOSED)
 
 
 def kernel_nearest(choices: tuple[tuple[int, str], ...], rows: int) -> str:
@@ -130,7 +137,7 @@ def kernel_nearest(choices: tuple[tuple[int, str], ...], rows: int) -> str:
 
 def packs_on(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a model on `device` in `dtype` runs its inference matmuls through packed weights here."""
-    return _enabled and device.type == "cpu" and dtype == torch.float32
+    return _enabled and device.type == "cpu" and dtype in _DTYPES
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,6 +146,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     rows = x.numel() // max(x.shape[-1], 1)
     kernel = _kernel(rows)
+    if kernel == MKL and x.dtype != torch.float32:  # a float32 model's choice, met by a bfloat16 one
+        kernel = ONEDNN
     if kernel == MKL and rows:  # its pack serves every row count (`mkl_agrees`): told this one
         return torch.ops.mkl._mkl_linear(x, _packed_copy(weight, MKL), weight, bias, rows)
     if kernel == TRANSPOSED:
@@ -172,7 +181,8 @@ def warm_up(weights: Iterable[torch.Tensor], rows: Iterable[int]) -> None:
                 x = torch.zeros(count, weight.shape[1], dtype=weight.dtype, device=weight.device)
                 if _packs(x, weight, None):
                     _onednn(x, weight, None)  # not `linear`: a choice made for another batch size may skip oneDNN
-        _mkl_ok = _mkl_ok and all(mkl_agrees(w, counts) for w in by_shape.values() if _packs(w[:1], w, None))
+        float32 = [w for w in by_shape.values() if w.dtype == torch.float32 and _packs(w[:1], w, None)]
+        _mkl_ok = _mkl_ok and all(mkl_agrees(w, counts) for w in float32)
 
 
 def mkl_agrees(weight: torch.Tensor, rows: Iterable[int]) -> bool:
@@ -200,9 +210,9 @@ def _kernel(rows: int) -> str:
 def _packs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     if torch.compiler.is_compiling():  # `model.compile`: inductor picks the compiled graph's own kernels
         return False
-    if not _enabled or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
+    if not _enabled or x.dtype not in _DTYPES or weight.dtype != x.dtype or x.device.type != "cpu":
         return False
-    if weight.dim() != 2 or (bias is not None and bias.dtype != torch.float32):
+    if weight.dim() != 2 or (bias is not None and bias.dtype != x.dtype):
         return False
     return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
 

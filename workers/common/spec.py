@@ -45,6 +45,9 @@ class WorkerSpec:
     # Controller statistics the driver read (workers.controller_stats_url, else the output's _logs/): each
     # actor warm-starts from its own key's entry, if any.
     controller_stats: dict[StatsKey, Learned] = field(default_factory=dict)
+    # `model.dtype=auto` on CPU: the dtype a resumed job recorded (`workers.common.dtype_choice`); "": none
+    # yet, float32 until the driver hands the job's choice to `Generator.ready`.
+    auto_dtype: str = ""
 
     @property
     def scores(self) -> int | None:
