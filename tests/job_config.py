@@ -18,5 +18,8 @@ def job_config(tmp_path: Path, model: Path, *overrides: str) -> JobConfig:
         "model.exits=null",
         "model.cmlm=null",
         "model.eagle=null",
+        # float32, not `auto`: on a CPU with bfloat16 matrix hardware `auto` measures both dtypes and may
+        # choose bfloat16 by timing, which would make a test's tokens depend on the machine's load.
+        "model.dtype=float32",
     ]
     return load_config(default_job_config(), None, [*base, *overrides])

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
-from strategies.options import MEDUSA_TREE
+from strategies.methods.medusa import MEDUSA_TREE
 from strategies.proposers import eagle as eagle_module
 from strategies.proposers.eagle import EagleProposer
 from strategies.proposers.medusa import HeadsProposer
