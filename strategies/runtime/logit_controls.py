@@ -14,11 +14,12 @@ is at least min_p times the most likely token's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,9 +43,11 @@ class LogitControls:
     def asks_nothing(self) -> bool:
         return self == LogitControls()
 
-    def token_ids(self) -> list[int]:
-        """Every token id the controls name (the caller checks them against the vocabulary)."""
-        return [*self.stop_token_ids, *(token for token, _ in self.logit_bias)]
+
+def logit_controls(settings: Any) -> LogitControls | None:
+    """The controls a row's settings (`workers.common.row_settings.RowSettings`) ask for; None: none."""
+    controls = LogitControls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(LogitControls)})
+    return None if controls.asks_nothing() else controls
 
 
 @dataclass(frozen=True)
