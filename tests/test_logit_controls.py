@@ -205,8 +205,8 @@ def test_drafts_of_the_controlled_continuation_are_accepted_whole(target):
 
 
 def test_sampled_rows_keep_their_keyed_samples_under_controls(target, models):
-    params = _params(temperature=0.9, seed=3)
-    for c in (LogitControls(min_p=0.2), CONTROLS["all"], LogitControls(min_p=0.1, repetition_penalty=2.0)):
+    params = _params(temperature=0.5, seed=3)  # the tiny model's logits are flat: min_p drops tokens at 0.5
+    for c in (LogitControls(min_p=0.6), CONTROLS["all"], LogitControls(min_p=0.3, repetition_penalty=2.0)):
         reference = _plain(target, c, params=params)
         assert reference != _plain(target, None, params=params)
         for name in ("prompt_lookup", "lookahead", "eagle", "auto"):  # exact matching of keyed samples
