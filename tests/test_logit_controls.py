@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import math
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import ray
 import torch
+from job_config import job_config
 from mixed_prompts import PROMPTS
 from scripted_proposer import ScriptedProposer
+from test_config import REQUIRED
 from test_eagle import tiny_eagle
 from test_medusa import tiny_heads
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from jobs.shipped import default_job_config
+from pipeline.checks import validate
+from pipeline.config import load_config
+from pipeline.driver import run_job
+from pipeline.errors import JobError
 from strategies import registry
 from strategies.artifacts.exits import untrained_exits
 from strategies.base import GenerationParams, RowRequest
@@ -23,11 +33,15 @@ from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
 from strategies.runtime.logit_controls import LogitControls, SlotHistory, control_logits, slot_outputs
 from strategies.runtime.runner import ModelRunner
-from strategies.runtime.sampling import SamplingParams
+from strategies.runtime.sampling import SamplingParams, row_key
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft
-from strategies.verification.rules import ExactMatch
+from strategies.verification.rules import ExactMatch, RejectionSampling
 from strategies.verification.speculative import SpeculativeStrategy
+from workers.common.contract import derived_row_id, part_name, unit_id
+from workers.common.openai_batch import parse_request
+from workers.common.row_settings import CONTROLS as CONTROL_SETTINGS
+from workers.common.row_settings import RowSettings, column_value, row_settings
 
 EOS = 0
 NEW_TOKENS = 16
@@ -42,6 +56,12 @@ LOSSLESS = [
     "self_speculative",
     "auto",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def embedded_ray():
+    yield
+    ray.shutdown()
 
 
 def _row(values: list[float]) -> torch.Tensor:
@@ -211,3 +231,138 @@ def test_sampled_rows_keep_their_keyed_samples_under_controls(target, models):
         assert reference != _plain(target, None, params=params)
         for name in ("prompt_lookup", "lookahead", "eagle", "auto"):  # exact matching of keyed samples
             assert [r.tokens for r in _drafted(name, models, c, PROMPTS, params).rows] == reference, name
+
+
+def test_rejection_sampling_tests_drafts_against_the_controlled_target(target):
+    """A draft token the controls all but force (bias +100) is accepted at every slot, one they ban is
+    rejected at every slot: p is the controlled target's at each slot, q the drafter's (one-hot here)."""
+    forced = LogitControls(logit_bias=((77, 100.0),), presence_penalty=0.5)
+    params = _params(temperature=0.9, seed=1)
+    reference = _plain(target, forced, params=params)
+    assert reference == [[77] * NEW_TOKENS] * len(PROMPTS)
+    for right in (True, False):
+        proposer = ScriptedProposer(reference, target.vocab_size, right=right)
+        drafter = DraftingMethod("scripted", proposer, 4, 4, RejectionSampling())
+        out = SpeculativeStrategy("scripted", target, [drafter]).generate(_requests(forced), params)
+        assert [r.tokens for r in out.rows] == reference
+        assert out.stats["accepted_tokens"] == (out.stats["draft_tokens"] if right else 0) and out.stats["draft_tokens"]
+
+
+SETTINGS_COLUMNS = {s: f"col_{s}" for s in CONTROL_SETTINGS}
+JOB = RowSettings(max_new_tokens=6, temperature=0.0, top_p=1.0, stop=(), seed=0)
+
+
+def test_row_values_of_the_controls_are_checked_and_bad_ones_name_the_column_and_the_bound():
+    values = {
+        "presence_penalty": -2,
+        "frequency_penalty": 1.5,
+        "repetition_penalty": 1.2,
+        "min_p": 0.05,
+        "min_tokens": 3.0,
+        "stop_token_ids": [5, "6"],
+        "logit_bias": '{"7": -100, "9": 2.5}',
+    }
+    got = row_settings(JOB, values, SETTINGS_COLUMNS, "r")
+    assert got == RowSettings(6, 0.0, 1.0, (), 0, -2.0, 1.5, 1.2, 0.05, 3, (5, 6), ((7, -100.0), (9, 2.5)))
+    assert row_settings(JOB, {"logit_bias": [(9, 2.5), (7, -100)]}, SETTINGS_COLUMNS, "r").logit_bias == got.logit_bias
+    as_column = column_value(got, "logit_bias")  # JSON text, as a JSON input's table holds it
+    assert row_settings(JOB, {"logit_bias": as_column}, SETTINGS_COLUMNS, "r").logit_bias == got.logit_bias
+    bad = {
+        "presence_penalty": (2.5, "[-2, 2]"),
+        "frequency_penalty": (float("nan"), "[-2, 2]"),
+        "repetition_penalty": (0, "> 0"),
+        "min_p": (1.5, "[0, 1]"),
+        "min_tokens": (-1, ">= 0"),
+        "stop_token_ids": ([-3], "token ids"),
+        "logit_bias": ({"7": 101}, "[-100, 100]"),
+    }
+    for setting, (value, bound) in bad.items():
+        message = row_settings(JOB, {setting: value}, SETTINGS_COLUMNS, "row-7")
+        assert message.startswith(f"row row-7: input column 'col_{setting}' ({setting}) is {value!r}: use "), setting
+        assert bound in message and message.endswith(f"or null for the job's generation.{setting}"), setting
+    assert "map<int64, double>" in row_settings(JOB, {"logit_bias": "{oops"}, SETTINGS_COLUMNS, "r")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("generation.presence_penalty=2.5", r"generation.presence_penalty must be in \[-2, 2\] \(0: none\), got 2.5"),
+        ("generation.frequency_penalty=-3", r"generation.frequency_penalty must be in \[-2, 2\]"),
+        ("generation.repetition_penalty=0", r"generation.repetition_penalty must be > 0 \(1: none\), got 0"),
+        ("generation.min_p=1.5", r"generation.min_p must be in \[0, 1\] \(0: none\), got 1.5"),
+        ("generation.min_tokens=-1", r"generation.min_tokens must be >= 0, got -1"),
+        ("generation.stop_token_ids=[3,-1]", r"generation.stop_token_ids\[1\] must be a token id >= 0, got -1"),
+        ("generation.logit_bias={'5': 200}", r"generation.logit_bias.5 must be a bias in \[-100, 100\]"),
+        ("generation.logit_bias={x: 1}", r"generation.logit_bias.x must be a bias .* under a token id"),
+    ],
+)
+def test_config_errors_name_the_key_and_the_bound(override, message):
+    with pytest.raises(JobError, match=message):
+        validate(load_config(default_job_config(), None, [*REQUIRED, override]))
+
+
+def test_openai_batch_requests_set_the_controls():
+    body = {
+        "model": "m",
+        "prompt": "x",
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "logit_bias": {"50": -100, "7": 3},
+        "repetition_penalty": 1.1,
+        "min_p": 0.1,
+        "min_tokens": 2,
+        "stop_token_ids": [9],
+    }
+    request = parse_request({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}, samples=1)
+    assert request.problem is None
+    assert request.settings == {
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "logit_bias": '{"7": 3.0, "50": -100.0}',
+        "repetition_penalty": 1.1,
+        "min_p": 0.1,
+        "min_tokens": 2,
+        "stop_token_ids": [9],
+    }
+    body["presence_penalty"] = 3
+    request = parse_request({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}, samples=1)
+    assert "'body.presence_penalty' (presence_penalty) is 3: use a number in [-2, 2]" in request.problem
+
+
+def test_job_with_controls_in_params_columns(tmp_path, tiny_model_dir, target):
+    prompts = [[5, 6, 7], [13], [14, 15, 16], [28]]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    texts = [tokenizer.decode(p) for p in prompts]
+    prompts = [tokenizer(t)["input_ids"] for t in texts]
+    per_row = [
+        LogitControls(presence_penalty=1.5),
+        LogitControls(logit_bias=((40, 2.0),), stop_token_ids=(40,)),
+        None,
+        LogitControls(repetition_penalty=3.0, min_tokens=2),
+    ]
+    columns = {
+        "prompt": texts,
+        "pp": [1.5, None, None, None],
+        "bias": pa.array([None, [(40, 2.0)], None, None], pa.map_(pa.int64(), pa.float64())),
+        "stops": pa.array([None, [40], None, None], pa.list_(pa.int64())),
+        "rp": [None, None, None, 3.0],
+        "mt": [None, None, None, 2],
+    }
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table(columns), tmp_path / "in" / "a.parquet")
+    params = (
+        "input.params_columns={presence_penalty: pp, logit_bias: bias, stop_token_ids: stops, repetition_penalty: rp,"
+        " min_tokens: mt}"
+    )
+    extra = ["model.dtype=float64", "generation.max_new_tokens=8", "output.token_ids=true", params]
+    assert run_job(job_config(tmp_path, tiny_model_dir, *extra)).status == "succeeded"
+    rows = pq.read_table(tmp_path / "out" / part_name(unit_id(0, 0))).to_pylist()
+    ids = [derived_row_id("a.parquet", i) for i in range(len(prompts))]
+    eos = frozenset({tokenizer.eos_token_id})
+    for row_id, prompt, c in zip(ids, prompts, per_row, strict=True):
+        request = RowRequest(prompt, row_key(row_id), controls=c)
+        params = GenerationParams(8, SamplingParams(), eos)
+        expected = AutoregressiveStrategy(target).generate([request], params).rows[0]
+        row = next(r for r in rows if r["row_id"] == row_id)
+        assert row["token_ids"] == expected.tokens and row["finish_reason"] == expected.finish_reason, row_id
+    assert next(r for r in rows if r["row_id"] == ids[1])["finish_reason"] == "stop"
