@@ -16,7 +16,7 @@ from pipeline.format_checks import format_problems
 from strategies import registry
 from strategies.config_bounds import Bound, out_of_bounds
 from workers.common.model_kinds import missing_models
-from workers.common.row_settings import BIAS_BOUND, INT64, PENALTY_BOUND
+from workers.common.row_settings import BIAS_BOUND, INT64, PENALTY_BOUND, sets_controls
 from workers.common.row_settings import SETTINGS as ROW_SETTINGS
 from workers.common.sections import DTYPES
 
@@ -51,7 +51,8 @@ def validate(config: JobConfig) -> None:
             f"{', '.join(RAY_OWN_RESOURCES)} only through them)"
         )
     scores = o.logprobs or o.top_logprobs > 0
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
+    controls = sets_controls(g)
+    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores, controls=controls))
     problems.extend(missing_models(config.strategy, config.model))
     problems.extend(artifact_problems(config))
     problems.extend(format_problems(config))

@@ -41,7 +41,7 @@ from strategies.verification.speculative import SpeculativeStrategy
 from workers.common.contract import derived_row_id, part_name, unit_id
 from workers.common.openai_batch import parse_request
 from workers.common.row_settings import CONTROLS as CONTROL_SETTINGS
-from workers.common.row_settings import RowSettings, column_value, row_settings
+from workers.common.row_settings import RowSettings, column_value, row_settings, sets_controls
 
 EOS = 0
 NEW_TOKENS = 16
@@ -366,3 +366,15 @@ def test_job_with_controls_in_params_columns(tmp_path, tiny_model_dir, target):
         row = next(r for r in rows if r["row_id"] == row_id)
         assert row["token_ids"] == expected.tokens and row["finish_reason"] == expected.finish_reason, row_id
     assert next(r for r in rows if r["row_id"] == ids[1])["finish_reason"] == "stop"
+
+
+def test_a_strategy_that_never_reads_the_targets_logits_refuses_controls():
+    options = StrategyOptions(name="mask_predict")
+    assert not registry.problems(options, greedy=True)
+    assert any("cannot apply sampling controls" in p for p in registry.problems(options, greedy=True, controls=True))
+    assert not registry.problems(StrategyOptions(name="eagle"), greedy=True, controls=True)
+    overrides = [*REQUIRED, "strategy.name=mask_predict", "generation.stop_token_ids=[3]"]
+    with pytest.raises(JobError, match=r"mask_predict .* cannot apply sampling controls"):
+        validate(load_config(default_job_config(), None, overrides))
+    assert not sets_controls(RowSettings(1, 0.0, 1.0, (), 0))
+    assert sets_controls(RowSettings(1, 0.0, 1.0, (), 0, min_tokens=1))

@@ -33,7 +33,7 @@ from workers.common import faults
 from workers.common.contract import FINISH_ERROR
 from workers.common.controller_stats import StatsKey
 from workers.common.output_formats import encode_part
-from workers.common.row_settings import job_row_settings
+from workers.common.row_settings import RowSettings, job_row_settings, sets_controls
 from workers.common.spec import UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.engine import DecodeEngine, Pending
 from workers.json_input import as_read, response_context, row_problems
@@ -239,14 +239,15 @@ class Generator:
         records = [throughput_record(r, spec.job_id, self.actor, device, self.controller) for r in ticket.records]
         return Decoded(columns, records, by_option)
 
-    def _refusal(self, name: str, greedy: bool) -> str | None:
+    def _refusal(self, name: str, settings: RowSettings) -> str | None:
         """Why strategy `name` cannot decode a row at these settings, or None: an unknown strategy, one
         whose model is missing, or one refusing the row's settings (a strategy column or a row's own
-        temperature may ask for what the job's checks did not see)."""
+        temperature or controls may ask for what the job's checks did not see)."""
         try:
             self._strategy(name)
             options = dataclasses.replace(self.spec.strategy, name=name)
-            return "; ".join(registry.problems(options, greedy, self.params.logprobs is not None)) or None
+            greedy, scores = settings.temperature == 0, self.params.logprobs is not None
+            return "; ".join(registry.problems(options, greedy, scores, sets_controls(settings))) or None
         except (KeyError, ValueError) as exc:
             return exc.args[0]
 

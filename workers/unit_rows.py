@@ -135,20 +135,20 @@ def groups(
     token_ids: dict[int, list[int]],
     settings: dict[int, RowSettings],
     errors: dict[int, str],
-    refusal: Callable[[str, bool], str | None],
+    refusal: Callable[[str, RowSettings], str | None],
 ) -> dict[Group, list[tuple[int, int]]]:
     """(row, sample index) pairs to decode, grouped by strategy (`input.strategy_column` where given,
     else the job's) and by the settings a batch shares (`RowSettings.batch_key`).
 
-    A row whose strategy refuses it (`refusal(name, greedy)`: why the strategy cannot decode a row,
-    greedy or not, or None) becomes an error row.
+    A row whose strategy refuses it (`refusal(name, settings)`: why the strategy cannot decode a row
+    at its settings, or None) becomes an error row.
     """
     column = spec.input.strategy_column
     wanted = table.column(column).to_pylist() if column else None
     found: dict[Group, list[tuple[int, int]]] = {}
     for i in list(token_ids):
         name = (wanted[i] if wanted else None) or spec.strategy.name
-        problem = refusal(name, settings[i].temperature == 0)
+        problem = refusal(name, settings[i])
         if problem:
             errors[i] = f"{column}: {problem}" if wanted else problem
             del token_ids[i]

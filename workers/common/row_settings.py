@@ -61,6 +61,18 @@ class RowSettings:
         return self.max_new_tokens, self.temperature, self.top_p
 
 
+_NO_CONTROLS = RowSettings(1, 0.0, 1.0, (), 0)
+
+
+def sets_controls(settings: Any) -> bool:
+    """Whether `settings` (a row's, or the job's `generation` section) ask for any sampling control."""
+    for control in CONTROLS:
+        value, none = getattr(settings, control), getattr(_NO_CONTROLS, control)
+        if (len(value) > 0) if isinstance(none, tuple) else value != none:
+            return True
+    return False
+
+
 def job_row_settings(generation: Any) -> RowSettings:
     """The job's settings (`generation.*`, already within bounds: `pipeline.checks`), every row's default."""
     g = generation
