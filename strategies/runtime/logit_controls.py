@@ -25,6 +25,7 @@ import torch
 
 if TYPE_CHECKING:
     from strategies.base import GenerationParams, RowRequest
+    from strategies.runtime.batch import Batch
     from strategies.verification.drafts import Draft
 
 
@@ -136,13 +137,12 @@ class DraftControls:
     params: GenerationParams
 
     @staticmethod
-    def of(
-        requests: Sequence[RowRequest], outputs: Sequence[list[int]], params: GenerationParams
-    ) -> DraftControls | None:
-        """The batch's controls, or None when no row has any."""
+    def of(batch: Batch) -> DraftControls | None:
+        """The controls of the batch's active rows, or None when no row has any."""
+        requests = [row.request for row in batch.active]
         if all(r.controls is None for r in requests):
             return None
-        return DraftControls(requests, outputs, params)
+        return DraftControls(requests, [row.tokens for row in batch.active], batch.params)
 
     def apply(self, logits: torch.Tensor, drafts: Sequence[Draft]) -> torch.Tensor:
         """[B, W, V] a verify forward's logits under each row's controls, slot by slot (padding as it is)."""

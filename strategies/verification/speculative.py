@@ -242,9 +242,7 @@ class SpeculativeStrategy:
                 context.num_generated,
                 want_hidden=self.want_hidden,
                 want_logits=self.want_verify_logits,
-                controls=DraftControls.of(
-                    [row.request for row in batch.active], [row.tokens for row in batch.active], batch.params
-                ),
+                controls=DraftControls.of(batch),
             )
         except Exception as exc:
             run.stats.fault(drafter.name, f"verify with {drafter.name}: {type(exc).__name__}: {exc}")
