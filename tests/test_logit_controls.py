@@ -292,8 +292,9 @@ def test_row_values_of_the_controls_are_checked_and_bad_ones_name_the_column_and
         ("generation.min_p=1.5", r"generation.min_p must be in \[0, 1\] \(0: none\), got 1.5"),
         ("generation.min_tokens=-1", r"generation.min_tokens must be >= 0, got -1"),
         ("generation.stop_token_ids=[3,-1]", r"generation.stop_token_ids\[1\] must be a token id >= 0, got -1"),
-        ("generation.logit_bias={'5': 200}", r"generation.logit_bias.5 must be a bias in \[-100, 100\]"),
-        ("generation.logit_bias={x: 1}", r"generation.logit_bias.x must be a bias .* under a token id"),
+        ("generation.logit_bias={5: 200}", r"generation.logit_bias.5 must be a bias in \[-100, 100\]"),
+        ("generation.logit_bias={-5: 1}", r"generation.logit_bias.-5 must be a bias .* under a token id"),
+        ("generation.logit_bias={x: 1}", r"config key 'generation.logit_bias.x': Key x \(str\) is incompatible"),
     ],
 )
 def test_config_errors_name_the_key_and_the_bound(override, message):

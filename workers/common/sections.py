@@ -168,7 +168,7 @@ class GenerationConfig:
         "Token ids that end the row (finish_reason=stop) like EOS; the token is part of the output (and of its text, "
         "unless a special token), as vLLM's.",
     )
-    logit_bias: dict[str, float] = option(
+    logit_bias: dict[int, float] = option(
         {},
         "{token id: bias in [-100, 100]} added to the token's logit before anything else (OpenAI's): -100 bans a "
         "token, 100 all but forces it.",
