@@ -16,7 +16,7 @@ from pipeline.format_checks import format_problems
 from strategies import registry
 from strategies.config_bounds import Bound, out_of_bounds
 from workers.common.model_kinds import missing_models
-from workers.common.row_settings import INT64
+from workers.common.row_settings import BIAS_BOUND, INT64, PENALTY_BOUND, sets_controls
 from workers.common.row_settings import SETTINGS as ROW_SETTINGS
 from workers.common.sections import DTYPES
 
@@ -51,7 +51,8 @@ def validate(config: JobConfig) -> None:
             f"{', '.join(RAY_OWN_RESOURCES)} only through them)"
         )
     scores = o.logprobs or o.top_logprobs > 0
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores))
+    controls = sets_controls(g)
+    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores, controls=controls))
     problems.extend(missing_models(config.strategy, config.model))
     problems.extend(artifact_problems(config))
     problems.extend(format_problems(config))
@@ -72,6 +73,7 @@ def _bounds(config: JobConfig) -> list[Bound]:
         ("generation.top_k", g.top_k, g.top_k >= 0, ">= 0 (0: no limit)"),
         ("generation.seed", g.seed, INT64[0] <= g.seed <= INT64[1], "a whole number that fits in 64 bits"),
         ("generation.n", g.n, g.n >= 1, ">= 1"),
+        *_control_bounds(config),
         ("workers.num_actors", w.num_actors, w.num_actors >= 0, ">= 0 (0: one per GPU, or one CPU actor)"),
         ("workers.batch_size", w.batch_size, w.batch_size > 0, "> 0"),
         ("workers.max_batch_tokens", w.max_batch_tokens, w.max_batch_tokens > 0, "> 0"),
@@ -86,3 +88,24 @@ def _bounds(config: JobConfig) -> list[Bound]:
             for name, amount in w.custom_resources.items()
         ),
     ]
+
+
+def _control_bounds(config: JobConfig) -> list[Bound]:
+    """The sampling controls' bounds (`workers.common.row_settings` checks a row's own values alike)."""
+    g = config.generation
+    penalty = f"in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0: none)"
+    return [
+        ("generation.presence_penalty", g.presence_penalty, abs(g.presence_penalty) <= PENALTY_BOUND, penalty),
+        ("generation.frequency_penalty", g.frequency_penalty, abs(g.frequency_penalty) <= PENALTY_BOUND, penalty),
+        ("generation.repetition_penalty", g.repetition_penalty, 0 < g.repetition_penalty < math.inf, "> 0 (1: none)"),
+        ("generation.min_p", g.min_p, 0 <= g.min_p <= 1, "in [0, 1] (0: none)"),
+        ("generation.min_tokens", g.min_tokens, g.min_tokens >= 0, ">= 0"),
+        *((f"generation.stop_token_ids[{i}]", t, t >= 0, "a token id >= 0") for i, t in enumerate(g.stop_token_ids)),
+        *(
+            (f"generation.logit_bias.{token}", bias, str(token).isdigit() and abs(bias) <= BIAS_BOUND, _BIAS_NEED)
+            for token, bias in g.logit_bias.items()
+        ),
+    ]
+
+
+_BIAS_NEED = f"a bias in [-{BIAS_BOUND:g}, {BIAS_BOUND:g}] under a token id (a whole number >= 0)"

@@ -119,17 +119,23 @@ def _unknown_key_message(key: str, valid: list[str]) -> str:
 
 def _nearest(key: str, valid: list[str]) -> list[str]:
     """Keys of the same section compared by their last part (a shared section name says nothing about
-    similarity), a prefix counting as a match (`temp` -> `temperature`); keys of an unknown section
-    compared whole. The best, and those within 0.1 of it, up to three."""
+    similarity), a prefix counting as a match (`temp` -> `temperature`) and so does a key holding every
+    word of the one given (`max_tokens` -> `max_new_tokens`, not `min_tokens`); keys of an unknown
+    section compared whole. The best, and those within 0.1 of it, up to three."""
     section, _, leaf = key.rpartition(".")
     siblings = [v for v in valid if v.rpartition(".")[0] == section]
     if siblings:
-        scores = {v: _similarity(leaf, v.rpartition(".")[2]) + v.rpartition(".")[2].startswith(leaf) for v in siblings}
+        scores = {v: _leaf_score(leaf, v.rpartition(".")[2]) for v in siblings}
     else:
         scores = {v: _similarity(key, v) for v in valid}
     best = max(scores.values(), default=0.0)
     ranked = sorted((v for v, score in scores.items() if score >= max(0.6, best - 0.1)), key=lambda v: -scores[v])
     return ranked[:3]
+
+
+def _leaf_score(given: str, known: str) -> float:
+    words = set(given.split("_")) <= set(known.split("_"))
+    return _similarity(given, known) + max(known.startswith(given), words)
 
 
 def _similarity(a: str, b: str) -> float:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the registry reads this module in the driver, which imports no torch
+    from strategies.runtime.logit_controls import LogitControls
     from strategies.runtime.logprobs import TokenLogprob
     from strategies.runtime.sampling import SamplingParams
 
@@ -31,6 +32,8 @@ class RowRequest:
     key: int  # sampling key of the row (`sampling.row_key(row_id)`)
     # Called with the row's generated tokens after each new token; True ends the row (stop string).
     stop: Callable[[list[int]], bool] | None = None
+    # Penalties, min_p, min_tokens, stop token ids, logit bias (`strategies.runtime.logit_controls`); None: none.
+    controls: LogitControls | None = None
 
 
 # An output column a strategy fills for its rows: its name and the Python type of its values (float,
@@ -118,10 +121,12 @@ def decode_to_end(name: str, decoding: Decoding, count: int) -> BatchOutput:
 def finish_reason(request: RowRequest, tokens: list[int], params: GenerationParams, max_context: int) -> str | None:
     """Why a row ends after its newest token `tokens[-1]`, or None if it goes on.
 
-    EOS and stop strings end it with `stop`; `max_new_tokens` or a full context with `length`
+    EOS, the row's stop token ids and stop strings end it with `stop`; `max_new_tokens` or a full context with `length`
     (the next token would sit at position `max_context`).
     """
     if not params.ignore_eos and tokens[-1] in params.eos_token_ids:
+        return FINISH_STOP
+    if request.controls is not None and tokens[-1] in request.controls.stop_token_ids:
         return FINISH_STOP
     if request.stop is not None and request.stop(tokens):
         return FINISH_STOP

@@ -104,10 +104,10 @@ def auto_candidates(options: StrategySection, has: set[str]) -> list[str]:
     return auto.candidates(options, _SPECS, has)
 
 
-def problems(options: StrategySection, greedy: bool, logprobs: bool = False) -> list[str]:
+def problems(options: StrategySection, greedy: bool, logprobs: bool = False, controls: bool = False) -> list[str]:
     """What is wrong with the strategy options for this job (`logprobs`: it reports the target's
-    log-probabilities), each naming its key (empty: nothing). Every strategy's own options are checked,
-    since a strategy column may name any of them."""
+    log-probabilities; `controls`: it sets sampling controls), each naming its key (empty: nothing).
+    Every strategy's own options are checked, since a strategy column may name any of them."""
     found = []
     name = options.name
     if name not in available():
@@ -117,6 +117,8 @@ def problems(options: StrategySection, greedy: bool, logprobs: bool = False) -> 
     else:
         refused = _SPECS[name].refusal(options, greedy, logprobs)
         found.extend([refused] if refused else [])
+        if controls and _SPECS[name].controls_refusal:
+            found.append(_SPECS[name].controls_refusal)
     k = options.num_speculative_tokens
     found.extend(out_of_bounds([("strategy.num_speculative_tokens", k, k >= 0, ">= 0")]))
     for spec in SPECS:

@@ -132,11 +132,16 @@ def test_the_defaults_pass_the_checks():
     validate(load_config(default_job_config(), None, REQUIRED))
 
 
+# Keys whose negative values mean something: the seed, and penalties that favour repeats (OpenAI's [-2, 2]).
+SIGNED_KEYS = ("generation.seed", "generation.presence_penalty", "generation.frequency_penalty")
+
+
 @pytest.mark.parametrize(
-    ("key", "default"), [kd for kd in _numeric_keys(default_job_config()) if kd[0] != "generation.seed"]
+    ("key", "default"), [kd for kd in _numeric_keys(default_job_config()) if kd[0] not in SIGNED_KEYS]
 )
 def test_every_numeric_key_refuses_a_negative_value_and_a_float_one_nan(key, default):
-    """No numeric key but the seed takes a negative value: a new key without bounds fails here."""
+    """No numeric key but the seed and the penalties takes a negative value: a new key without bounds
+    fails here."""
     for bad in ["-1", *(["nan"] if isinstance(default, float) else [])]:
         with pytest.raises(JobError, match=rf"{re.escape(key)}[ =].*{bad}"):
             validate(load_config(default_job_config(), None, [*REQUIRED, f"{key}={bad}"]))

@@ -27,6 +27,7 @@ from strategies.base import Decoding, GenerationParams, RowOutput, RowRequest, S
 from strategies.control.controller import Learned
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
+from strategies.runtime.logit_controls import logit_controls
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from workers import unit_rows
 from workers.common import faults
@@ -34,7 +35,7 @@ from workers.common.contract import FINISH_ERROR
 from workers.common.controller_stats import StatsKey
 from workers.common.dtype_choice import bf16_matrix_flags
 from workers.common.output_formats import encode_part
-from workers.common.row_settings import RowSettings
+from workers.common.row_settings import RowSettings, job_row_settings, sets_controls
 from workers.common.spec import UnitResult, WorkerSpec, WorkUnit, add_up, tally_faults
 from workers.engine import DecodeEngine, Pending
 from workers.json_input import as_read, response_context, row_problems
@@ -81,7 +82,7 @@ class Generator:
             ignore_eos=g.ignore_eos,
             logprobs=spec.scores,
         )
-        self.job_settings = RowSettings(g.max_new_tokens, g.temperature, g.top_p, tuple(g.stop), g.seed)
+        self.job_settings = job_row_settings(g)
         self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.faults = faults.plan()
         self._lock = threading.Lock()
@@ -268,7 +269,9 @@ class Generator:
         row_ids = unit_rows.row_ids(spec, table, unit)
         errors = {**row_problems(table), **error_rows}  # input row -> why it is not decoded
         token_ids, prompt_tokens = unit_rows.tokenize(spec, self.tokenizer, self.runner.max_context, table, errors)
-        settings = unit_rows.settings_by_row(spec, self.job_settings, table, row_ids, token_ids, errors)
+        settings = unit_rows.settings_by_row(
+            spec, self.job_settings, table, row_ids, token_ids, errors, self.runner.vocab_size
+        )
         groups = unit_rows.groups(spec, table, token_ids, settings, errors, self._refusal)
         columns = empty_columns(spec, table, row_ids, errors, prompt_tokens)
         with self._lock:
@@ -279,6 +282,7 @@ class Generator:
                 token_ids[i],
                 seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.generation.seed),
                 self._stop_strings(settings[i].stop).for_row(),
+                logit_controls(settings[i]),
             )
             for _, (i, sample) in items
         ]
@@ -296,14 +300,15 @@ class Generator:
         records = [throughput_record(r, spec.job_id, self.actor, device, self.controller) for r in ticket.records]
         return Decoded(columns, records, by_option)
 
-    def _refusal(self, name: str, greedy: bool) -> str | None:
+    def _refusal(self, name: str, settings: RowSettings) -> str | None:
         """Why strategy `name` cannot decode a row at these settings, or None: an unknown strategy, one
         whose model is missing, or one refusing the row's settings (a strategy column or a row's own
-        temperature may ask for what the job's checks did not see)."""
+        temperature or controls may ask for what the job's checks did not see)."""
         try:
             self._strategy(name)
             options = dataclasses.replace(self.spec.strategy, name=name)
-            return "; ".join(registry.problems(options, greedy, self.params.logprobs is not None)) or None
+            greedy, scores = settings.temperature == 0, self.params.logprobs is not None
+            return "; ".join(registry.problems(options, greedy, scores, sets_controls(settings))) or None
         except (KeyError, ValueError) as exc:
             return exc.args[0]
 

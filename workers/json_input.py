@@ -20,7 +20,7 @@ from workers.common.contract import derived_row_id
 from workers.common.json_lines import compression, json_text, parse_object, rows_of, where
 from workers.common.openai_batch import PARAMS_COLUMNS, parse_request
 from workers.common.output_formats import ResponseContext
-from workers.common.row_settings import RowSettings, row_settings
+from workers.common.row_settings import RowSettings, column_value, row_settings
 from workers.common.sections import InputConfig
 from workers.common.spec import UnitInputError, WorkerSpec, WorkUnit
 from workers.common.storage import filesystem
@@ -35,6 +35,13 @@ _SETTING_TYPES = {
     "top_p": pa.float64(),
     "stop": pa.list_(pa.string()),
     "seed": pa.int64(),
+    "presence_penalty": pa.float64(),
+    "frequency_penalty": pa.float64(),
+    "repetition_penalty": pa.float64(),
+    "min_p": pa.float64(),
+    "min_tokens": pa.int64(),
+    "stop_token_ids": pa.list_(pa.int64()),
+    "logit_bias": pa.string(),  # JSON text of {token id: bias}
 }
 
 
@@ -144,16 +151,11 @@ def _jsonl_table(unit: WorkUnit, rows: list[tuple[int, bytes]], config: InputCon
         for f in text_fields:
             columns[f].append(json_text(obj.get(f)))
         for s, value in values.items():
-            settings[s].append(_setting(checked, s) if value is not None and not isinstance(checked, str) else None)
+            settings[s].append(column_value(checked, s) if value is not None and not isinstance(checked, str) else None)
     table = pa.table({name: pa.array(values, pa.string()) for name, values in columns.items()})
     for s, values in settings.items():
         table = table.append_column(config.params_columns[s], pa.array(values, _SETTING_TYPES[s]))
     return table
-
-
-def _setting(checked: RowSettings | str, setting: str) -> object:
-    value = getattr(checked, setting)
-    return list(value) if setting == "stop" else value
 
 
 def _request_table(unit: WorkUnit, rows: list[tuple[int, bytes]], samples: int) -> pa.Table:

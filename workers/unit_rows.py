@@ -97,10 +97,12 @@ def settings_by_row(
     ids: list[str],
     token_ids: dict[int, list[int]],
     errors: dict[int, str],
+    vocab_size: int,
 ) -> dict[int, RowSettings]:
     """Each decodable row's settings: the job's, overridden by `input.params_columns`. A row with a
-    value that cannot be used, or at temperature 0 when it is to be sampled several times, becomes
-    an error row (in `errors`, out of `token_ids`)."""
+    value that cannot be used, at temperature 0 when it is to be sampled several times, or naming a
+    token outside the model's `vocab_size` tokens (stop_token_ids, logit_bias), becomes an error row
+    (in `errors`, out of `token_ids`)."""
     named, samples = spec.input.params_columns, spec.generation.n
     values = {setting: table.column(column).to_pylist() for setting, column in named.items()}
     settings = {}
@@ -112,6 +114,12 @@ def settings_by_row(
                 f"row {ids[i]}: generation.n={samples} samples at temperature 0 would be {samples} "
                 "copies of one greedy completion: give the row a temperature > 0"
                 + (f" in input column {column!r}" if column else "")
+            )
+        outside = [] if isinstance(found, str) else [t for t in found.token_ids() if t >= vocab_size]
+        if outside:
+            found = (
+                f"row {ids[i]}: token ids {outside} of its stop_token_ids or logit_bias are outside the model's "
+                f"vocabulary of {vocab_size} tokens"
             )
         if isinstance(found, str):
             errors[i] = found
@@ -127,20 +135,20 @@ def groups(
     token_ids: dict[int, list[int]],
     settings: dict[int, RowSettings],
     errors: dict[int, str],
-    refusal: Callable[[str, bool], str | None],
+    refusal: Callable[[str, RowSettings], str | None],
 ) -> dict[Group, list[tuple[int, int]]]:
     """(row, sample index) pairs to decode, grouped by strategy (`input.strategy_column` where given,
     else the job's) and by the settings a batch shares (`RowSettings.batch_key`).
 
-    A row whose strategy refuses it (`refusal(name, greedy)`: why the strategy cannot decode a row,
-    greedy or not, or None) becomes an error row.
+    A row whose strategy refuses it (`refusal(name, settings)`: why the strategy cannot decode a row
+    at its settings, or None) becomes an error row.
     """
     column = spec.input.strategy_column
     wanted = table.column(column).to_pylist() if column else None
     found: dict[Group, list[tuple[int, int]]] = {}
     for i in list(token_ids):
         name = (wanted[i] if wanted else None) or spec.strategy.name
-        problem = refusal(name, settings[i].temperature == 0)
+        problem = refusal(name, settings[i])
         if problem:
             errors[i] = f"{column}: {problem}" if wanted else problem
             del token_ids[i]

@@ -43,6 +43,7 @@ from strategies.artifacts.exits import ExitHeads
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
 from strategies.runtime.batch import Batch, Row, start_batch
 from strategies.runtime.linear import linear
+from strategies.runtime.logit_controls import next_token_logits
 from strategies.runtime.runner import LayerPass, ModelRunner
 from strategies.runtime.sampling import choose_tokens
 
@@ -137,7 +138,8 @@ class CalmStrategy:
             leaving = going[here]
             if logits is not None:
                 keys, where = batch.keys[leaving.cpu()], index[leaving.cpu()]
-                chosen[leaving] = choose_tokens(logits[here], params.sampling, keys, where)
+                controlled = self._controlled(batch, logits[here], leaving)
+                chosen[leaving] = choose_tokens(controlled, params.sampling, keys, where)
             elif exit_states is None:  # the state measure: only the leaving rows need their exit's state
                 states[leaving] = self.exits.exit(layer).state(after[here])
                 waiting.append(leaving)
@@ -153,9 +155,18 @@ class CalmStrategy:
         if waiting:
             rows = torch.cat(waiting)
             logits = linear(states[rows], self.exits.lm_head)  # [W, V]
-            chosen[rows] = choose_tokens(logits, params.sampling, batch.keys[rows.cpu()], index[rows.cpu()])
+            controlled = self._controlled(batch, logits, rows)
+            chosen[rows] = choose_tokens(controlled, params.sampling, batch.keys[rows.cpu()], index[rows.cpu()])
         step.finish()
         return chosen.tolist(), depth.tolist()
+
+    @staticmethod
+    def _controlled(batch: Batch, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """`logits` [G, V] of batch rows `rows` under those rows' controls (penalties and the like)."""
+        if all(row.request.controls is None for row in batch.active):
+            return logits  # without reading `rows` back from the device
+        active = [batch.active[b] for b in rows.tolist()]
+        return next_token_logits(logits, [r.request for r in active], [r.tokens for r in active], batch.params)
 
     @staticmethod
     def _run(step: LayerPass, end: int, going: torch.Tensor, batch_size: int) -> torch.Tensor:

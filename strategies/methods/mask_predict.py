@@ -84,4 +84,9 @@ SPEC = DecoderSpec(
     refusal=refusal,
     check=check,
     output_columns=MASK_PREDICT_OUTPUT_COLUMNS,
+    controls_refusal=(
+        "strategy.name=mask_predict fills blocks with the CMLM's guesses and never reads the target's logits, "
+        "so it cannot apply sampling controls (penalties, min_p, min_tokens, stop_token_ids, logit_bias): drop "
+        "them or use another strategy"
+    ),
 )

@@ -142,12 +142,15 @@ class StrategySpec:
     `check`: what is wrong with its own options, each naming its key; checked for every job, since a
     strategy column may name any strategy. `artifact_check`: what its options ask of the job's local
     artifacts that they cannot give (`pipeline.artifact_checks`). `output_columns`: the columns it
-    fills for its rows (`strategies.base.OutputColumns`)."""
+    fills for its rows (`strategies.base.OutputColumns`). `controls_refusal`: why it cannot apply the
+    sampling controls (penalties, min_p, min_tokens, stop token ids, logit bias), or None: it applies
+    them wherever it chooses a token (`strategies.runtime.logit_controls`)."""
 
     name: str
     options: type | None = None
     needs: tuple[str, ...] | Callable[[StrategySection], tuple[str, ...]] = ()
     check: OptionsCheck = no_problems
+    controls_refusal: str | None = None
     artifact_check: ArtifactCheck = no_artifact_problems
     output_columns: OutputColumns = field(default_factory=dict)
 

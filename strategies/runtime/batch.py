@@ -18,6 +18,7 @@ import torch
 
 from strategies.base import GenerationParams, RowRequest, finish_reason
 from strategies.runtime.kv_cache import RaggedKV
+from strategies.runtime.logit_controls import next_token_logits
 from strategies.runtime.logprobs import TokenLogprob, score_tokens
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import choose_tokens
@@ -145,7 +146,8 @@ def start_batch(
         kv.select_rows(index)
         last, hidden = last[index], hidden[index] if want_hidden else None
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
-    first = choose_tokens(last, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
+    controlled = next_token_logits(last, requests, [[] for _ in requests], params)
+    first = choose_tokens(controlled, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     scored = params.logprobs is not None
     rows = [row_type(r, number, scores=[] if scored else None) for number, r in enumerate(requests)]
     batch = Batch(params, kv, rows, keys, runner.max_context, unreported=list(rows), count=len(rows))
@@ -182,6 +184,8 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
     hidden: list[torch.Tensor] = []  # per step: [B, H] when the batch keeps the target's states
     pending = torch.tensor([row.tokens[-1] for row in active], dtype=torch.long, device=device)  # [B]
     run = PlainRun(emitted=[[] for _ in active], still=list(range(len(active))))
+    # Each row's controls read its output so far: its token list, which `emit` extends in place.
+    requests, outputs = [row.request for row in active], [row.tokens for row in active]
     while max_steps is None or run.steps < max_steps:
         began = time.perf_counter()
         ids = pending[:, None]  # [B, 1]
@@ -192,7 +196,8 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
             hidden.append(out.hidden[:, -1])
         # Generation index of each row's next token: keys a sampled draw (greedy needs none).
         positions = None if params.sampling.greedy else torch.tensor([len(row.tokens) for row in active])
-        pending = choose_tokens(out.logits[:, -1], params.sampling, batch.keys, positions)  # [B]
+        controlled = next_token_logits(out.logits[:, -1], requests, outputs, params)
+        pending = choose_tokens(controlled, params.sampling, batch.keys, positions)  # [B]
         scores = batch.score(out.logits[:, -1], pending)
         finished = False
         for b, (row, token) in enumerate(zip(active, pending.tolist(), strict=True)):

@@ -25,6 +25,7 @@ import torch
 
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
 from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, Row, decode_plainly, start_batch
+from strategies.runtime.logit_controls import DraftControls
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
@@ -241,6 +242,7 @@ class SpeculativeStrategy:
                 context.num_generated,
                 want_hidden=self.want_hidden,
                 want_logits=self.want_verify_logits,
+                controls=DraftControls.of(batch),
             )
         except Exception as exc:
             run.stats.fault(drafter.name, f"verify with {drafter.name}: {type(exc).__name__}: {exc}")

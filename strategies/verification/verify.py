@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from strategies.runtime.kv_cache import RaggedKV
+from strategies.runtime.logit_controls import DraftControls
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
@@ -93,11 +94,14 @@ def verify(
     generated: list[int],  # per row: tokens generated so far, the pending one included
     want_hidden: bool = False,
     want_logits: bool = False,
+    controls: DraftControls | None = None,
 ) -> Verification:
     """Run the target over every row's draft, apply `rule`, and roll the rejected slots back.
 
     On an exception (a CUDA out-of-memory error in the forward, a rule refusing a draft) every row's
-    cache is exactly as before the call, and the exception propagates.
+    cache is exactly as before the call, and the exception propagates. The rule sees the logits under
+    the rows' `controls` (penalties and the like, at every slot); the scores and the states keep the
+    target's own.
     """
     first_slot = kv.num_slots
     began = time.perf_counter()
@@ -106,7 +110,8 @@ def verify(
     try:
         # The token chosen at a slot is generation index `generated + depth` of its row.
         slots = Slots(sampling.seed, keys, torch.tensor(generated, dtype=torch.long)[:, None] + inputs.depths)
-        verdicts = accept(rule, out.logits, drafts, slots, sampling)
+        ruled = out.logits if controls is None else controls.apply(out.logits, drafts)
+        verdicts = accept(rule, ruled, drafts, slots, sampling)
         forward_s = time.perf_counter() - began
     except BaseException:
         kv.invalidate(inputs.valid, first=first_slot)

@@ -16,7 +16,7 @@ from typing import Any
 
 from workers.common.contract import FINISH_ERROR
 from workers.common.json_lines import json_text
-from workers.common.row_settings import RowSettings, row_settings
+from workers.common.row_settings import CONTROLS, RowSettings, column_value, row_settings
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
 # The columns a request's body fields are read into, by the row setting they set (their names are what
@@ -27,13 +27,17 @@ PARAMS_COLUMNS = {
     "top_p": "body.top_p",
     "stop": "body.stop",
     "seed": "body.seed",
+    **{control: f"body.{control}" for control in CONTROLS},
 }
+# OpenAI's presence_penalty, frequency_penalty and logit_bias, and vLLM's extra sampling fields of the same
+# requests (repetition_penalty, min_p, min_tokens, stop_token_ids), with the same meanings.
 _BODY_FIELDS = {
     "max_tokens": "max_new_tokens",
     "temperature": "temperature",
     "top_p": "top_p",
     "stop": "stop",
     "seed": "seed",
+    **{control: control for control in CONTROLS},
 }
 _HONOURED = frozenset({*_BODY_FIELDS, "max_completion_tokens"})
 # Read elsewhere (prompt, messages, n), or not needed: the job's model.target decodes every row,
@@ -44,11 +48,8 @@ _NEUTRAL = {
     "stream": (False,),
     "logprobs": (False, 0),
     "top_logprobs": (0,),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
     "best_of": (1,),
     "echo": (False,),
-    "logit_bias": ({},),
     "response_format": ({"type": "text"},),
 }
 _FIXES = {
@@ -113,9 +114,7 @@ def _body_problem(body: dict[str, Any], request: Request, samples: int) -> str |
     checked = row_settings(_ANY, values, PARAMS_COLUMNS, request.custom_id or "")
     if isinstance(checked, str):
         return checked
-    request.settings = {s: getattr(checked, s) for s, v in values.items() if v is not None}
-    if "stop" in request.settings:
-        request.settings["stop"] = list(request.settings["stop"])
+    request.settings = {s: column_value(checked, s) for s, v in values.items() if v is not None}
     return None
 
 

@@ -1,5 +1,5 @@
 """Per-row generation settings: optional input columns (`input.params_columns`) override the job's
-`max_new_tokens`, `temperature`, `top_p`, `stop` and `seed` row by row.
+`max_new_tokens`, `temperature`, `top_p`, `stop`, `seed` and sampling controls (`CONTROLS`) row by row.
 
 A value that cannot be used is the row's problem, not the job's: `row_settings` returns a message
 naming the row, the column and the fix, and the row becomes an error row. A null value means the
@@ -7,18 +7,34 @@ job's setting.
 
 Rows with different settings share a batch where the decoding loop allows it: a row's seed folds
 into its sampling key (`sampling.seeded_key`) and its stop strings are its own callback, so neither
-splits a batch. Temperature, top-p and `max_new_tokens` shape the loop itself (which drafters may
+splits a batch, and neither do the sampling controls: each row's are applied to its own logits, from its
+own history (`strategies.runtime.logit_controls`), so a batch of rows with different penalties costs what
+one with shared penalties would. Temperature, top-p and `max_new_tokens` shape the loop itself (which drafters may
 run, how tokens are drawn, how far a row goes), so rows are batched by them (`RowSettings.batch_key`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
-SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
+# The sampling controls: applied to a row's logits before its token is chosen.
+CONTROLS = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "min_tokens",
+    "stop_token_ids",
+    "logit_bias",
+)
+SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed", *CONTROLS)
 INT64 = (-(1 << 63), (1 << 63) - 1)
+PENALTY_BOUND = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
+BIAS_BOUND = 100.0  # a logit bias lies in [-100, 100], as OpenAI's
 
 
 @dataclass(frozen=True)
@@ -28,10 +44,52 @@ class RowSettings:
     top_p: float
     stop: tuple[str, ...]
     seed: int
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by token id
+
+    def token_ids(self) -> list[int]:
+        """The token ids the controls name, for a check against the model's vocabulary."""
+        return [*self.stop_token_ids, *(token for token, _ in self.logit_bias)]
 
     def batch_key(self) -> tuple[int, float, float]:
         """What the rows of one batch share."""
         return self.max_new_tokens, self.temperature, self.top_p
+
+
+_NO_CONTROLS = RowSettings(1, 0.0, 1.0, (), 0)
+
+
+def sets_controls(settings: Any) -> bool:
+    """Whether `settings` (a row's, or the job's `generation` section) ask for any sampling control."""
+    for control in CONTROLS:
+        value, none = getattr(settings, control), getattr(_NO_CONTROLS, control)
+        if (len(value) > 0) if isinstance(none, tuple) else value != none:
+            return True
+    return False
+
+
+def job_row_settings(generation: Any) -> RowSettings:
+    """The job's settings (`generation.*`, already within bounds: `pipeline.checks`), every row's default."""
+    g = generation
+    return RowSettings(
+        g.max_new_tokens,
+        g.temperature,
+        g.top_p,
+        tuple(g.stop),
+        g.seed,
+        g.presence_penalty,
+        g.frequency_penalty,
+        g.repetition_penalty,
+        g.min_p,
+        g.min_tokens,
+        tuple(g.stop_token_ids),
+        tuple(sorted((int(token), float(bias)) for token, bias in g.logit_bias.items())),
+    )
 
 
 def row_settings(
@@ -51,6 +109,15 @@ def row_settings(
             )
         chosen[setting] = checked
     return dataclasses.replace(job, **chosen)
+
+
+def column_value(settings: RowSettings, setting: str) -> object:
+    """A checked setting as a settings column of a JSON input's table holds it, for `row_settings` to
+    read back: lists as lists, a logit bias as the JSON text of {token id: bias}."""
+    value = getattr(settings, setting)
+    if setting == "logit_bias":
+        return json.dumps({str(token): bias for token, bias in value})
+    return list(value) if isinstance(value, tuple) else value
 
 
 @dataclass(frozen=True)
@@ -94,10 +161,79 @@ def _seed(value: object) -> int | _Bad:
     return value
 
 
+def _penalty(value: object) -> float | _Bad:
+    number = _number(value)
+    bad = number is None or not -PENALTY_BOUND <= number <= PENALTY_BOUND
+    return _Bad(f"use a number in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0: none)") if bad else number
+
+
+def _repetition_penalty(value: object) -> float | _Bad:
+    number = _number(value)
+    return _Bad("use a number > 0 (1: none)") if number is None or number <= 0 else number
+
+
+def _min_p(value: object) -> float | _Bad:
+    number = _number(value)
+    return _Bad("use a number in [0, 1] (0: none)") if number is None or not 0 <= number <= 1 else number
+
+
+def _min_tokens(value: object) -> int | _Bad:
+    number = _number(value)
+    if number is None or number != int(number) or number < 0:
+        return _Bad("use a whole number of tokens >= 0")
+    return int(number)
+
+
+def _token_id(value: object) -> int | None:
+    """A token id: a whole number >= 0, or its decimal text (a JSON object's key)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) and number >= 0 else None
+
+
+def _stop_token_ids(value: object) -> tuple[int, ...] | _Bad:
+    ids = [_token_id(v) for v in value] if isinstance(value, list | tuple) else [None]
+    if None in ids:
+        return _Bad("use a list of token ids, whole numbers >= 0 (a list<int64> column)")
+    return tuple(ids)
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...] | _Bad:
+    fix = _Bad(
+        f"use token ids mapped to biases in [-{BIAS_BOUND:g}, {BIAS_BOUND:g}]: a map<int64, double> column or the "
+        'JSON text of an object such as {"50256": -100}'
+    )
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return fix
+    pairs = value.items() if isinstance(value, dict) else value  # a map column reads as (key, value) pairs
+    if not isinstance(pairs, list | tuple | type({}.items())):
+        return fix
+    biases = {}
+    for pair in pairs:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            return fix
+        token, bias = _token_id(pair[0]), _number(pair[1])
+        if token is None or bias is None or not -BIAS_BOUND <= bias <= BIAS_BOUND:
+            return fix
+        biases[token] = bias
+    return tuple(sorted(biases.items()))
+
+
 _CHECKS = {
     "max_new_tokens": _max_new_tokens,
     "temperature": _temperature,
     "top_p": _top_p,
     "stop": _stop,
     "seed": _seed,
+    "presence_penalty": _penalty,
+    "frequency_penalty": _penalty,
+    "repetition_penalty": _repetition_penalty,
+    "min_p": _min_p,
+    "min_tokens": _min_tokens,
+    "stop_token_ids": _stop_token_ids,
+    "logit_bias": _logit_bias,
 }

@@ -50,8 +50,10 @@ class InputConfig:
     )
     params_columns: dict[str, str] = option(
         {},
-        "Per-row settings: {setting: column} for settings among max_new_tokens, temperature, top_p, stop, seed; "
-        "a row's non-null value overrides generation.<setting>, a bad one makes an error row.",
+        "Per-row settings: {setting: column} for settings among max_new_tokens, temperature, top_p, stop, seed, "
+        "presence_penalty, frequency_penalty, repetition_penalty, min_p, min_tokens, stop_token_ids (a list<int64> "
+        "column), logit_bias (a map<int64, double> column, or JSON text of an object); a row's non-null value "
+        "overrides generation.<setting>, a bad one makes an error row.",
     )
     storage_options: dict[str, Any] = option({}, "fsspec storage options for the input (endpoint, credentials).")
     rows_per_unit: int = option(
@@ -154,6 +156,35 @@ class GenerationConfig:
     stop: list[str] = option([], "Stop strings: end the row (finish_reason=stop); not part of the completion.")
     seed: int = option(0, "Sampling seed; a row's draws are keyed by (seed, row_id, position).")
     ignore_eos: bool = option(False, "Keep generating past EOS (fixed-length runs, benchmarks).")
+    presence_penalty: float = option(
+        0.0, "In [-2, 2]: subtracted from the logit of every token the row has already generated (OpenAI's)."
+    )
+    frequency_penalty: float = option(
+        0.0, "In [-2, 2]: subtracted from a token's logit once per time the row has already generated it (OpenAI's)."
+    )
+    repetition_penalty: float = option(
+        1.0,
+        "> 0; 1: none. Tokens of the prompt and of the output so far: positive logits divided by it, negative ones "
+        "multiplied (transformers', vLLM's).",
+    )
+    min_p: float = option(
+        0.0,
+        "In [0, 1]; 0: none. Sampling keeps only tokens at least min_p times as likely as the most likely one, at "
+        "the temperature (vLLM's); no effect at temperature 0.",
+    )
+    min_tokens: int = option(
+        0, "EOS and stop_token_ids cannot be generated until the row has this many tokens (stop strings still end it)."
+    )
+    stop_token_ids: list[int] = option(
+        [],
+        "Token ids that end the row (finish_reason=stop) like EOS; the token is part of the output (and of its text, "
+        "unless a special token), as vLLM's.",
+    )
+    logit_bias: dict[int, float] = option(
+        {},
+        "{token id: bias in [-100, 100]} added to the token's logit before anything else (OpenAI's): -100 bans a "
+        "token, 100 all but forces it.",
+    )
     n: int = option(
         1,
         "Completions per input row: n output rows, sample_index 0..n-1, each drawn with its own key "
