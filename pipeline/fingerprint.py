@@ -51,15 +51,41 @@ def identity(
             **({AUTO_DTYPE_KEY: auto_dtype} if auto_dtype else {}),
             "weights_sha256": model_hashes,
         },
-        "generation": dataclasses.asdict(config.generation),
+        "generation": _settings(config.generation, "generation"),
         "scores": {
             "logprobs": config.output.logprobs,
             "top_logprobs": config.output.top_logprobs,
             "token_ids": config.output.token_ids,
         },
-        "strategy": dataclasses.asdict(config.strategy),
+        "strategy": _settings(config.strategy, "strategy"),
         **formats_identity(config.output.format, shards),
     }
+
+
+# Keys added after jobs were first identified: part of the identity only when set away from their
+# default, so that an output written before they existed keeps its identity and resumes.
+LATER_KEYS = {
+    "generation": (
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_p",
+        "min_tokens",
+        "stop_token_ids",
+        "logit_bias",
+    ),
+    "strategy": ("reproducible_sampling",),
+}
+
+
+def _settings(section: Any, name: str) -> dict[str, Any]:
+    """A config section's values as the identity holds them: every key, but a later key at its default."""
+    defaults = {
+        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        for f in dataclasses.fields(section)
+    }
+    values = dataclasses.asdict(section)
+    return {k: v for k, v in values.items() if k not in LATER_KEYS[name] or v != defaults[k]}
 
 
 def fingerprint(ident: dict[str, Any]) -> str:
