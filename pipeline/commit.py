@@ -55,7 +55,7 @@ class OutputFolder:
 
     def staged_url(self, unit_id: str) -> str:
         """A fresh staging name per attempt: attempts of different runs never collide."""
-        return self.prefix + self._p("_staging", unit_id, f"{uuid.uuid4().hex}.parquet")
+        return self.prefix + self._p("_staging", unit_id, f"{uuid.uuid4().hex}{self.part_suffix}")
 
     def batch_log_url(self, unit_id: str, attempt: int) -> str:
         return self.prefix + self._p("_logs", "batches", unit_id, f"attempt-{attempt}-{uuid.uuid4().hex[:8]}.jsonl")
