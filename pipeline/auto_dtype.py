@@ -4,16 +4,21 @@ made before the job claims its output folder, since the job's identity holds it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pipeline.phases import Phases
 from workers.common.dtype_choice import choose_auto_dtype
 
-if TYPE_CHECKING:
-    from pipeline.actor_pool import ActorPool
+
+class MeasuringPool(Protocol):
+    """What the choice asks of the actor pool (`pipeline.actor_pool.ActorPool`), which imports this module."""
+
+    measures_dtype: bool
+
+    def choose_dtype(self) -> str: ...
 
 
-def job_auto_dtype(pool: ActorPool | None, phases: Phases, recorded: str | None) -> str:
+def job_auto_dtype(pool: MeasuringPool | None, phases: Phases, recorded: str | None) -> str:
     """The dtype `model.dtype=auto` chose by measuring, for the job's identity: a resumed job's recorded
     one (`job_record.recorded_auto_dtype`), or a new job's once the pool's first actor has measured
     (`ActorPool.choose_dtype`); "" where none was measured. The wait for that actor is actor start."""

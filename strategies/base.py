@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the registry reads this module in the driver, which imports no torch
-    from strategies.runtime.logit_controls import LogitControls
     from strategies.runtime.logprobs import TokenLogprob
     from strategies.runtime.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class LogitControls:
+    """What a row asks of its logits; the defaults ask for nothing."""
+
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # tokens of prompt and output: positive logits divided, negative multiplied
+    min_p: float = 0.0  # sampling: drop tokens less likely than min_p times the most likely
+    min_tokens: int = 0  # EOS and stop_token_ids are impossible until this many tokens are generated
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the row (finish_reason stop), kept in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
+
+    def asks_nothing(self) -> bool:
+        return self == LogitControls()
+
+
+def logit_controls(settings: object) -> LogitControls | None:
+    """The controls a row's settings (`workers.common.row_settings.RowSettings`) ask for; None: none."""
+    controls = LogitControls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(LogitControls)})
+    return None if controls.asks_nothing() else controls
+
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

@@ -27,13 +27,14 @@ from pipeline.driver import run_job
 from pipeline.errors import JobError
 from strategies import registry
 from strategies.artifacts.exits import untrained_exits
-from strategies.base import GenerationParams, RowRequest
+from strategies.base import GenerationParams, LogitControls, RowRequest
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
-from strategies.runtime.logit_controls import LogitControls, SlotHistory, control_logits, slot_outputs
+from strategies.runtime.logit_controls import SlotHistory, control_logits
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams, row_key
+from strategies.verification.draft_controls import slot_outputs
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft
 from strategies.verification.rules import ExactMatch, RejectionSampling

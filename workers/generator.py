@@ -23,11 +23,10 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from strategies import registry
-from strategies.base import Decoding, GenerationParams, RowOutput, RowRequest, Strategy
+from strategies.base import Decoding, GenerationParams, RowOutput, RowRequest, Strategy, logit_controls
 from strategies.control.controller import Learned
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
-from strategies.runtime.logit_controls import logit_controls
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from workers import unit_rows
 from workers.common import faults

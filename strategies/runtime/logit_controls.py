@@ -14,41 +14,18 @@ is at least min_p times the most likely token's.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from strategies.base import LogitControls
+
 if TYPE_CHECKING:
     from strategies.base import GenerationParams, RowRequest
-    from strategies.runtime.batch import Batch
-    from strategies.verification.drafts import Draft
-
-
-@dataclass(frozen=True)
-class LogitControls:
-    """What a row asks of its logits; the defaults ask for nothing."""
-
-    presence_penalty: float = 0.0  # subtracted once from every token already in the output
-    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
-    repetition_penalty: float = 1.0  # tokens of prompt and output: positive logits divided, negative multiplied
-    min_p: float = 0.0  # sampling: drop tokens less likely than min_p times the most likely
-    min_tokens: int = 0  # EOS and stop_token_ids are impossible until this many tokens are generated
-    stop_token_ids: tuple[int, ...] = ()  # tokens that end the row (finish_reason stop), kept in the output
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
-
-    def asks_nothing(self) -> bool:
-        return self == LogitControls()
-
-
-def logit_controls(settings: Any) -> LogitControls | None:
-    """The controls a row's settings (`workers.common.row_settings.RowSettings`) ask for; None: none."""
-    controls = LogitControls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(LogitControls)})
-    return None if controls.asks_nothing() else controls
 
 
 @dataclass(frozen=True)
@@ -115,42 +92,3 @@ def next_token_logits(
         for r, out in zip(requests, outputs, strict=True)
     ]
     return control_logits(logits, slots, min_tokens_ends(params), params.sampling.temperature)
-
-
-def slot_outputs(output: list[int], draft: Draft) -> list[list[int]]:
-    """The output each verify slot's token follows: slot 0 (the pending token's) the row's `output`, its
-    pending token last; slot i + 1 (node i's) that output and the draft's path down to node i."""
-    paths: list[list[int]] = []
-    for token, parent in zip(draft.tokens, draft.parents, strict=True):
-        paths.append([*(paths[parent] if parent >= 0 else []), token])
-    return [output, *([*output, *path] for path in paths)]
-
-
-@dataclass(frozen=True)
-class DraftControls:
-    """The controls of a batch's rows, for a verify forward: what slot j of a row's draft follows is its
-    output and the draft's path to slot j, so each slot's logits are controlled as plain decoding's
-    would be had it emitted that path."""
-
-    requests: Sequence[RowRequest]
-    outputs: Sequence[list[int]]  # per row: generated so far, the pending token last
-    params: GenerationParams
-
-    @staticmethod
-    def of(batch: Batch) -> DraftControls | None:
-        """The controls of the batch's active rows, or None when no row has any."""
-        requests = [row.request for row in batch.active]
-        if all(r.controls is None for r in requests):
-            return None
-        return DraftControls(requests, [row.tokens for row in batch.active], batch.params)
-
-    def apply(self, logits: torch.Tensor, drafts: Sequence[Draft]) -> torch.Tensor:
-        """[B, W, V] a verify forward's logits under each row's controls, slot by slot (padding as it is)."""
-        b, w, v = logits.shape
-        slots: list[SlotHistory | None] = []
-        for request, output, draft in zip(self.requests, self.outputs, drafts, strict=True):
-            histories = [] if request.controls is None else slot_outputs(output, draft)
-            slots += [SlotHistory(request.controls, request.prompt, h) for h in histories]
-            slots += [None] * (w - len(histories))
-        ends, temperature = min_tokens_ends(self.params), self.params.sampling.temperature
-        return control_logits(logits.reshape(b * w, v), slots, ends, temperature).view(b, w, v)

@@ -25,10 +25,10 @@ import torch
 
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
 from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, Row, decode_plainly, start_batch
-from strategies.runtime.logit_controls import DraftControls
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
+from strategies.verification.draft_controls import DraftControls
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft, draft_problem
 from strategies.verification.metrics import SpecStats

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from strategies.runtime.kv_cache import RaggedKV
-from strategies.runtime.logit_controls import DraftControls
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.acceptance import Slots, Verdict, accept
+from strategies.verification.draft_controls import DraftControls
 from strategies.verification.drafts import Draft, is_chain, tree_attention, tree_depths
 from strategies.verification.rules import AcceptanceRule
 

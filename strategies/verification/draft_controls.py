@@ -1,0 +1,57 @@
+"""A verify forward's logits under its rows' sampling controls: slot j of a row's draft follows the
+row's output and the draft's path down to slot j, so each slot's logits are controlled as plain
+decoding's would be had it emitted that path (`strategies.runtime.logit_controls`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from strategies.runtime.logit_controls import SlotHistory, control_logits, min_tokens_ends
+
+if TYPE_CHECKING:
+    from strategies.base import GenerationParams, RowRequest
+    from strategies.runtime.batch import Batch
+    from strategies.verification.drafts import Draft
+
+
+def slot_outputs(output: list[int], draft: Draft) -> list[list[int]]:
+    """The output each verify slot's token follows: slot 0 (the pending token's) the row's `output`, its
+    pending token last; slot i + 1 (node i's) that output and the draft's path down to node i."""
+    paths: list[list[int]] = []
+    for token, parent in zip(draft.tokens, draft.parents, strict=True):
+        paths.append([*(paths[parent] if parent >= 0 else []), token])
+    return [output, *([*output, *path] for path in paths)]
+
+
+@dataclass(frozen=True)
+class DraftControls:
+    """The controls of a batch's rows, for a verify forward: what slot j of a row's draft follows is its
+    output and the draft's path to slot j, so each slot's logits are controlled as plain decoding's
+    would be had it emitted that path."""
+
+    requests: Sequence[RowRequest]
+    outputs: Sequence[list[int]]  # per row: generated so far, the pending token last
+    params: GenerationParams
+
+    @staticmethod
+    def of(batch: Batch) -> DraftControls | None:
+        """The controls of the batch's active rows, or None when no row has any."""
+        requests = [row.request for row in batch.active]
+        if all(r.controls is None for r in requests):
+            return None
+        return DraftControls(requests, [row.tokens for row in batch.active], batch.params)
+
+    def apply(self, logits: torch.Tensor, drafts: Sequence[Draft]) -> torch.Tensor:
+        """[B, W, V] a verify forward's logits under each row's controls, slot by slot (padding as it is)."""
+        b, w, v = logits.shape
+        slots: list[SlotHistory | None] = []
+        for request, output, draft in zip(self.requests, self.outputs, drafts, strict=True):
+            histories = [] if request.controls is None else slot_outputs(output, draft)
+            slots += [SlotHistory(request.controls, request.prompt, h) for h in histories]
+            slots += [None] * (w - len(histories))
+        ends, temperature = min_tokens_ends(self.params), self.params.sampling.temperature
+        return control_logits(logits.reshape(b * w, v), slots, ends, temperature).view(b, w, v)
