@@ -832,21 +832,6 @@ def test_a_drafter_whose_exploration_has_begun_is_explored_before_a_narrower_one
     assert planned.index("narrow") > wide[c.settings.explore_rows - 1]
 
 
-def test_a_step_wider_than_any_run_counts_against_the_budget_as_forwards_of_the_widest_side_by_side():
-    """Batch 1, plain steps of 2.5 ms and a 5-wide forward of 3.25 ms known; a tree of 16 nodes, never
-    run, asks for a 17-wide step. It counts as four 5-wide forwards, 13 ms (the model's extrapolation
-    says 5.5: optimistic), not as 17 plain steps (42.5 ms). It may lose all of it but a plain step, 10.5 ms:
-    exploring it fits 3% of the decode time once (10.5 ms / 0.03 − 13 ms) / 2.5 ms = 134.8 plain steps
-    have run: the plan is 135 plain steps."""
-    c = AdaptiveController()
-    c.warm_start(
-        Learned(row_time={(AUTOREGRESSIVE, 1): ([0.0025], 9)}, forward_time=_kept({(1, 1): 2.5, (1, 5): 3.25}))
-    )
-    c.start_batch({"tree": DraftLimits(6, 16, trees=True)}, batch_size=1)
-    plan = c.plan(1)
-    assert (plan.drafter, plan.steps) == (AUTOREGRESSIVE, 135)
-
-
 @pytest.mark.parametrize(("per_depth", "final_depth"), [(True, (1, 2, 3)), (False, (5,))])
 def test_a_chain_whose_drafting_runs_a_model_per_token_is_shortened_as_its_host_time_says(per_depth, final_depth):
     """At batch 1 (forward 2.5 ms + 0.18 ms per extra token) a drafter whose drafting costs 0.5 ms plus

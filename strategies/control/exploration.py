@@ -47,9 +47,12 @@ class Exploration(Estimates):
             return True
         if (drafter, b) not in self.hopeless:
             self.hopeless.add((drafter, b))
-            reason = f"best case {best:.2f} <= {1 + self.settings.hysteresis:.2f}: never planned at this batch size"
+            reason = f"best case {best:.2f} <= {1 + self.settings.hysteresis:.2f}: rarely probed at this batch size"
             self._event("explore", drafter, AUTOREGRESSIVE, reason, batch_bucket=b)
-        return False
+        # Never for good: its best case rests on host times borrowed from the nearest bucket where it ran and
+        # on forwards wider than any measured here, either of which may be wrong. A probe every
+        # `max_probe_wait` steps measures it here, at a small share of the time.
+        return self._since(drafter) > self.settings.max_probe_wait
 
     def _unexplored(self, option: str, b: int) -> bool:
         """Plain steps are measured at every bucket; a drafter until it has a few measurements anywhere
@@ -88,13 +91,15 @@ class Exploration(Estimates):
         seen it), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not counted
         here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
-        width = 1 + self.draft_size(drafter, b)[1]
+        width = self._explore_width(drafter, b)
         step = self._step_row_s(drafter, b, width)
         if step is None:
             return 0
         plain = self.row_time[(AUTOREGRESSIVE, b)].value
         widest = self.forward.widths(b)[-1]
-        if width > widest:  # never this wide here: no dearer than forwards of the widest, side by side
+        if width > widest and self.forward.extrapolates(b):  # the model's guess, with a margin for its error
+            step *= 1 + self.settings.extrapolation_margin
+        elif width > widest:  # one width measured anywhere: no dearer than plain forwards side by side
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
@@ -103,6 +108,15 @@ class Exploration(Estimates):
         if deficit <= 0:
             return 0
         return math.ceil(deficit / (plain * batch_size))
+
+    def _explore_width(self, drafter: str, b: int) -> int:
+        """The forward width an exploring step of `drafter` at `b` is priced at: 1 + its planned nodes, or for
+        a drafter that learns from every row (a cold Lookahead trie drafts far fewer nodes than its
+        budget) the mean width its steps have had, once it has run."""
+        width = 1 + self.draft_size(drafter, b)[1]
+        if self._learns(drafter) and drafter in self.drafted_width:
+            return min(width, max(1, round(self.drafted_width[drafter].value)))
+        return width
 
     def _resume_cost(self, drafter: str, b: int) -> float:
         """What running `drafter` again at bucket `b` after another option costs in starting it, in plain

@@ -47,6 +47,8 @@ class Observation(Estimates):
         self.last_used[record.drafter] = self.step
         if not drafting:
             return
+        width = self.drafted_width.setdefault(record.drafter, RecentTime(self.settings.time_window))
+        width.update(record.width)
         self._observe_gain(record, gain, aged, evidence)
         tally = self._tally_drafts(record)
         if tally is not None:

@@ -89,6 +89,7 @@ class ControllerState:
         # (drafter, budget) -> the drafter's row steps measured (`measured`) when τ at that budget last moved
         self.tree_tau_at: dict[tuple[str, int], int] = {}
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
+        self.drafted_width: dict[str, RecentTime] = {}  # a drafter's recent forward widths, drafting or not
         self.exploring: str | None = None  # a drafter planned for a step that explores it
         self.exploring_s = 0.0  # time of every such step
         self.exploring_lost_s = 0.0  # what they lost: time beyond plain steps emitting their tokens, drafters' starts
