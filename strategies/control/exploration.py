@@ -1,8 +1,9 @@
 """Exploring each option for a few steps, and probing those not in use again.
 
-The controller never plans a drafter at a bucket where even its best case loses (`_may_pay`): every
-draft token accepted, against a plain step, not above 1 + h. It says so once per bucket, in an event
-of scope `explore`.
+The controller plans a drafter at a bucket where even its best case loses (`_may_pay`: every draft
+token accepted, against a plain step, not above 1 + h) only as a rare probe, every `max_probe_wait`
+steps: that best case may rest on host times borrowed from another bucket. It says so once per
+bucket, in an event of scope `explore`.
 
 It explores each option for a few steps (plain steps at every batch size; a drafter once, for
 `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch, or only
@@ -11,7 +12,9 @@ choice, unless it learns, `_written_off`), cheapest first (its first step teache
 forward costs there, and drafters whose best case then loses are never tried), and only while what
 exploring steps lost against plain steps over the tokens their slower half of rows emitted is at most
 `explore_budget` of the decode time so far (`_explore_wait`): a cold job pays for exploration as it
-decodes.
+decodes. An exploring step is priced at the width it will use (a learning drafter at the width its
+steps have had), beyond the widest timed forward at the cost model's extrapolation and
+`extrapolation_margin` more.
 
 It probes an option it is not using again after a wait sized so that probes cost at most
 `probe_budget` of the time in all (`probe_wait`), never sooner than `probe_every` steps nor later than
