@@ -51,3 +51,59 @@ def test_a_drafter_excluded_at_one_bucket_is_probed_again():
     told = [e for e in c.drain_events() if e["scope"] == "explore" and e["batch_bucket"] == 8]
     assert len(told) == 1
     assert at_8 and at_8[0] - max(i for i, (d, b) in enumerate(planned) if b == 1 and d == "lookup") > 150
+
+
+# -- a scripted cost table and scripted acceptance, per batch bucket --------------------------------
+
+BUCKET_DRAFTERS = {"lookup": DraftLimits(6, 6), "heads": DraftLimits(4, 4)}
+BUCKET_HOST_MS = {"lookup": 0.01, "heads": 0.02}  # per row
+
+
+def _bucket_forward_ms(batch_size: int, width: int) -> float:
+    """1 ms at batch 1 whatever the width; at batch 8, 1 ms up to 3 tokens and 3 ms from 4 on (a kernel's
+    tile boundary): beyond two draft tokens a step triples."""
+    return 1.0 if batch_size == 1 or width <= 3 else 3.0
+
+
+def _bucket_accepts(drafter: str, batch_size: int, drafted: int) -> int:
+    """Prompt lookup copies batch 1's prompt whole and finds nothing in batch 8's; the heads' drafts are
+    always accepted."""
+    return 0 if (drafter, batch_size) == ("lookup", 8) else drafted
+
+
+def _hand_pick(batch_size: int) -> tuple[str, int]:
+    """The drafter and draft length with the most tokens per second: τ(k) = 1 + accepted of k, over the
+    step's time, the forward at width 1 + k and the drafter's host time."""
+    rates = {}
+    for drafter, limits in BUCKET_DRAFTERS.items():
+        for k in range(1, limits.max_depth + 1):
+            step_ms = _bucket_forward_ms(batch_size, 1 + k) + BUCKET_HOST_MS[drafter] * batch_size
+            rates[(drafter, k)] = (1 + _bucket_accepts(drafter, batch_size, k)) / step_ms
+    return max(rates, key=lambda pick: (rates[pick], -pick[1]))
+
+
+def test_on_a_scripted_cost_table_and_acceptance_the_controller_plans_what_a_hand_computation_picks():
+    """By hand: at batch 1 prompt lookup, 6 tokens (7 tokens per 1.01 ms); at batch 8 the heads, 2
+    tokens (3 per 1.16 ms; 4 cost 3.16). Drafting at batch 8 after batch 1, one τ per drafter weighed
+    lookup there on what it gained at batch 1; back at batch 1, on what it lost at batch 8."""
+    assert _hand_pick(1) == ("lookup", 6) and _hand_pick(8) == ("heads", 2)
+    widths = (1, 2, 3, 4, 5, 7)
+    c = AdaptiveController()
+    c.warm_start(Learned(forward_time=_kept({(b, w): _bucket_forward_ms(b, w) for b in (1, 8) for w in widths})))
+    picks = []
+    for batch_size in [1] * 300 + [8] * 300 + [1] * 300:
+        if len(c.rows) != batch_size:
+            c.start_batch(BUCKET_DRAFTERS, batch_size)
+        plan = c.plan(batch_size)
+        drafted = 0 if plan.drafter == AUTOREGRESSIVE else plan.nodes
+        accepted = _bucket_accepts(plan.drafter, batch_size, drafted)
+        forward = _bucket_forward_ms(batch_size, 1 + drafted) / 1000
+        host = BUCKET_HOST_MS.get(plan.drafter, 0.0) * batch_size / 1000
+        rows = [drafted] * batch_size
+        c.observe(
+            StepRecord(plan.drafter, batch_size, forward + host, rows, [accepted] * batch_size, 1 + drafted, forward)
+        )
+        picks.append((plan.drafter, plan.nodes))
+    for phase, batch_size in enumerate((1, 8, 1)):
+        settled = picks[phase * 300 + 200 : phase * 300 + 300]
+        assert settled.count(_hand_pick(batch_size)) >= 90, (batch_size, settled)
