@@ -12,8 +12,9 @@ Drafting then runs in feature space: each drafted node is fed with its parent's 
 attending to the cache and its own ancestors only, and the target's LM head scores its children over
 the head's draft vocabulary (`EagleHead.draft_logits`: the trees' tokens are indices into it, mapped
 to the target's ids for the head's next input and for the draft). The tree is EAGLE-2's
-(`eagle_tree.grow`, reranked to the node budget by `eagle_tree.rerank`) or EAGLE-1's static shape
-(`eagle_tree.static_tree`, grown by `eagle_tree.grow_static`, cut to the budget by
+(`eagle_tree.grow`, reranked to the node budget: at temperature 0 on chances of acceptance calibrated
+on the verifier's verdicts, `eagle_tree.calibrated_values`; above it by the paper's rule) or EAGLE-1's
+static shape (`eagle_tree.static_tree`, grown by `eagle_tree.grow_static`, cut to the budget by
 `eagle_tree.first_nodes`). Drafted inputs are made of predicted features, so they are dropped from
 the cache as soon as the draft is built: once the target has verified, its true features for the
 accepted positions take their place. The cache after a step is thus exactly what a fresh head would
@@ -32,7 +33,20 @@ from torch.nn.utils.rnn import pad_sequence
 
 from strategies.artifacts.eagle import EagleHead
 from strategies.base import GenerationParams
-from strategies.proposers.eagle_tree import Grown, first_nodes, grow, grow_static, rerank, static_tree
+from strategies.proposers.eagle_tree import (
+    Calibration,
+    Grown,
+    Offered,
+    calibrated_values,
+    drafts_of,
+    first_nodes,
+    grow,
+    grow_static,
+    offered_nodes,
+    ranked_nodes,
+    static_tree,
+    verdicts,
+)
 from strategies.runtime import linear
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.llama_forward import LayerWeights
@@ -62,6 +76,9 @@ class EagleProposer(Proposer[_EagleRow]):
         self.top_k = top_k  # children per expanded node, and nodes expanded per level; 1: a chain
         self.static_nodes = static_nodes  # > 0: EAGLE-1's static tree of that many nodes, ranks below top_k
         self._fused: tuple[tuple[int, ...], LayerWeights] | None = None  # parameter versions, fused weights
+        # The dynamic tree's ranking at temperature 0, learned from every verdict on its drafts (`verdicts`).
+        self.calibration = Calibration()
+        self._offered: list[list[Offered]] | None = None  # per row, the last draft's nodes until judged
         self.weights = self._fused_weights()  # as its strategy is made, before decoding
 
     @property
@@ -104,6 +121,7 @@ class EagleProposer(Proposer[_EagleRow]):
 
     def keep_rows(self, rows: list[int]) -> None:
         super().keep_rows(rows)
+        self._offered = None
         if rows:
             self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.device))
 
@@ -111,6 +129,11 @@ class EagleProposer(Proposer[_EagleRow]):
         for b, (row, tokens) in enumerate(zip(self.rows, emitted, strict=True)):
             row.context.extend(tokens)
             row.features = torch.cat([row.features, _kept_features(states, b)])
+        if self._offered is not None:  # the verdicts on the last dynamic tree, at temperature 0
+            for offered, tokens in zip(self._offered, emitted, strict=True):
+                for depth, confidence, accepted in verdicts(offered, tokens):
+                    self.calibration.record(depth, confidence, accepted)
+            self._offered = None
 
     @torch.inference_mode()
     def propose(self, context: ProposalContext) -> list[Draft]:
@@ -124,7 +147,12 @@ class EagleProposer(Proposer[_EagleRow]):
             return [Draft.empty() for _ in context.budgets]
         if self.static_nodes:
             return first_nodes(grown, context.budgets, context.max_nodes)
-        return rerank(grown, context.budgets, context.max_nodes)
+        if not self.params.sampling.greedy:  # the paper's rule: what the target samples is another matter
+            return drafts_of(grown, ranked_nodes(grown, context.budgets, context.max_nodes))
+        # At temperature 0 on calibrated chances of acceptance (`Calibration`), learned from the verdicts.
+        kept = ranked_nodes(grown, context.budgets, context.max_nodes, calibrated_values(grown, self.calibration))
+        self._offered = offered_nodes(grown, kept)
+        return drafts_of(grown, kept)
 
     def _feed_target_features(self) -> torch.Tensor:
         """Feed every row's waiting (true feature, next token) pairs to the head's cache: [B, H], per
