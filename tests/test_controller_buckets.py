@@ -107,3 +107,34 @@ def test_on_a_scripted_cost_table_and_acceptance_the_controller_plans_what_a_han
     for phase, batch_size in enumerate((1, 8, 1)):
         settled = picks[phase * 300 + 200 : phase * 300 + 300]
         assert settled.count(_hand_pick(batch_size)) >= 90, (batch_size, settled)
+
+
+# -- configured sizes are bounds the cost model chooses within ---------------------------------------
+
+
+def _tree_at_4_nodes(forward_ms: dict[int, float]) -> AdaptiveController:
+    """Batch 1, forwards timed at `forward_ms` (width -> ms); a tree drafter configured for 16 nodes, learned
+    down to 4 (an earlier job's, or at another batch size), then 20 steps at 4 nodes gaining 3 tokens each:
+    fewer than its learned budget moves on (`resize_rows`)."""
+    c = AdaptiveController()
+    c.warm_start(
+        Learned(
+            row_time={(AUTOREGRESSIVE, 1): ([forward_ms[1] / 1000], 9)},
+            forward_time=_kept({(1, w): ms for w, ms in forward_ms.items()}),
+            nodes={"tree": 4},
+        )
+    )
+    c.start_batch({"tree": DraftLimits(6, 16, trees=True)}, batch_size=1)
+    assert c.nodes["tree"] == 4
+    for _ in range(20):
+        c.observe(StepRecord("tree", 1, forward_ms[5] / 1000, [4], [2], width=5))
+    return c
+
+
+def test_a_tree_grows_to_its_configured_budget_where_verification_is_flat_and_not_where_it_is_not():
+    """Flat to 17 tokens: τ 3 at 4 nodes says 1 + 2·(1 + 16/4)/2 = 6 at 16 nodes, for the same step time: the
+    configured 16. Where a forward costs a plain step per token from 5 on, 4 nodes stay."""
+    flat = _tree_at_4_nodes({1: 2.5, 5: 2.5, 9: 2.5, 17: 2.5})
+    assert flat.draft_size("tree", 1) == (6, 16)
+    steep = _tree_at_4_nodes({1: 2.5, 5: 2.6, 9: 22.5, 17: 42.5})
+    assert steep.draft_size("tree", 1) == (6, 4)

@@ -16,6 +16,8 @@ from strategies.proposers.eagle_tree import (
     Calibration,
     Grown,
     calibrated_values,
+    drafts_of,
+    grow,
     offered_nodes,
     ranked_nodes,
     verdicts,
@@ -105,3 +107,23 @@ def test_a_calibrated_dynamic_tree_learns_at_temperature_0_only_and_keeps_the_ou
     assert _tokens(strategy, PROMPTS[:3], params) == reference
     judged = sum(offered for _, offered in proposer.calibration.counts.values())
     assert (judged > 0) == (temperature == 0.0)
+
+
+def test_a_dynamic_tree_grows_no_wider_than_its_node_budget_and_keeps_the_same_nodes():
+    """A frontier of top_k 4 where 2 nodes are kept costs head work for nodes never verified: grown 2 wide,
+    the 2 nodes of highest confidence are the same."""
+    torch.manual_seed(0)
+    table = torch.log_softmax(torch.randn(32, 32, dtype=torch.float64) * 3, dim=-1)  # next token's by token
+
+    def expand(tokens, parents, depth):
+        return table[tokens]
+
+    root = table[torch.tensor([1, 7, 12])]
+    for nodes in (1, 2, 3):
+        wide = ranked_nodes(grow(root, 3, 4, expand), [3, 3, 3], nodes)
+        narrow = ranked_nodes(grow(root, 3, nodes, expand), [3, 3, 3], nodes)
+        assert drafts_tokens(grow(root, 3, 4, expand), wide) == drafts_tokens(grow(root, 3, nodes, expand), narrow)
+
+
+def drafts_tokens(grown, kept):
+    return [(draft.tokens, draft.parents) for draft in drafts_of(grown, kept)]

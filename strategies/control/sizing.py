@@ -3,9 +3,11 @@
 Where the cost model covers the plan's bucket, a chain's length k maximises E(k) / t(k), E from the
 acceptance per position α measured over the last `resize_rows` drafted row steps at that bucket (or the
 nearest one measured) and t(k) the modelled step at width 1 + k; a tree's budget is the best of the
-learned one and its halvings by τ(n) / t(n), τ kept per budget asked for, each leaning on what the
-others say of it while it rests on few or old row steps (`cost_model.tree_tau_by_budget`,
-`_tree_evidence`).
+configured one (an upper bound), the learned one and their halvings by τ(n) / t(n), τ kept per budget
+asked for, each leaning on what the others say of it while it rests on few or old row steps
+(`cost_model.tree_tau_by_budget`, `_tree_evidence`). Configured sizes are bounds: the cost model
+chooses within them for the batch at hand, and a strategy without the controller
+(`strategy.adaptive=false`) drafts what is configured.
 
 The learned sizes (`_resize`) move as before, and size drafts where the model does not cover the
 bucket: chains one token at a time toward the best length (by the model's costs, else a draft token's
@@ -28,8 +30,8 @@ class DraftSizing(StepCosts):
     def draft_size(self, drafter: str, b: int | None = None) -> tuple[int, int]:
         """The (depth, nodes) the next step of `drafter` asks for, within its limits. Where the cost model
         covers bucket `b`: the most tokens per second there, a chain's length from its acceptance per
-        position (E(k) against the step's cost at width 1 + k), a tree's budget (at most the learned one)
-        from τ by budget (`tree_tau_by_budget`). Otherwise the size learned by `_resize`."""
+        position (E(k) against the step's cost at width 1 + k), a tree's budget (at most the configured
+        one) from τ by budget (`tree_tau_by_budget`). Otherwise the size learned by `_resize`."""
         if b is None or not self.forward.covers(b):
             return self.depth[drafter], self.nodes[drafter]
         if ("size", drafter, b) not in self.memo:
@@ -47,7 +49,12 @@ class DraftSizing(StepCosts):
                 for n, ema in self.tree_tau.get(drafter, {}).items()
             }
             smallest = min(s.min_tree_nodes, limits.max_nodes)
-            budgets = [nodes >> halvings for halvings in range(nodes.bit_length()) if nodes >> halvings >= smallest]
+            # The configured budget is a bound, not a setting: it and its halvings are weighed beside the
+            # learned budget and its halvings, so a tree grows back where the verify forward is flat.
+            budgets = sorted(
+                {n >> h for n in (nodes, limits.max_nodes) for h in range(n.bit_length()) if n >> h >= smallest},
+                reverse=True,
+            )
             if not tried or not budgets:
                 return depth, nodes
             costs = {n: self._step_row_s(drafter, b, 1 + n) for n in budgets}

@@ -230,8 +230,8 @@ class EagleProposer(Proposer[_EagleRow]):
             if self.static_nodes:  # no deeper than the rows need: a shallower budget drafts that depth's shape
                 shape = static_tree(min(self.static_nodes, nodes), depth, self.top_k)
                 grown = grow_static(self._log_confidence(root), shape, expand)
-            else:
-                grown = grow(self._log_confidence(root), depth, self.top_k, expand)
+            else:  # a frontier wider than the nodes kept costs head work for nodes never verified
+                grown = grow(self._log_confidence(root), depth, min(self.top_k, nodes), expand)
         finally:
             kv.truncate(slots)
         grown.tokens = head.to_target(grown.tokens)  # the trees' tokens are indices into the draft vocabulary
