@@ -75,7 +75,7 @@ class Estimates(DraftSizing):
             if b not in measured and modelled and self.forward.covers(b):
                 # A new bucket where plain steps ran: the forward's cost at this width there, not another bucket's.
                 plain = self._plain_row_s(b)
-                step = self._step_row_s(option, b, 1 + self.draft_size(option, b)[1])
+                step = self._priced_row_s(option, b, 1 + self.draft_size(option, b)[1])
                 ratio = step / plain if plain and step is not None else None
             elif measured:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))

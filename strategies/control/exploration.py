@@ -95,14 +95,12 @@ class Exploration(Estimates):
         here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
         width = self._explore_width(drafter, b)
-        step = self._step_row_s(drafter, b, width)
+        step = self._priced_row_s(drafter, b, width)
         if step is None:
             return 0
         plain = self.row_time[(AUTOREGRESSIVE, b)].value
         widest = self.forward.widths(b)[-1]
-        if width > widest and self.forward.extrapolates(b):  # the model's guess, with a margin for its error
-            step *= 1 + self.settings.extrapolation_margin
-        elif width > widest:  # one width measured anywhere: no dearer than plain forwards side by side
+        if width > widest and not self.forward.extrapolates(b):  # no dearer than plain forwards side by side
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
