@@ -26,7 +26,7 @@ target's forwards from then on: its drafts are still verified exactly, only gues
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -62,6 +62,9 @@ class _EagleRow:
     # [n, H] the target's features not fed to the head yet: those of the n positions before the pending
     # token (the last chose it); each is fed with the token after it.
     features: torch.Tensor
+    # Features of the steps since, joined to `features` when the head is fed: a head started with its
+    # batch and not planned for a while would otherwise copy its whole backlog at every plain step.
+    later: list[torch.Tensor] = field(default_factory=list)
 
 
 class EagleProposer(Proposer[_EagleRow]):
@@ -128,7 +131,7 @@ class EagleProposer(Proposer[_EagleRow]):
     def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         for b, (row, tokens) in enumerate(zip(self.rows, emitted, strict=True)):
             row.context.extend(tokens)
-            row.features = torch.cat([row.features, _kept_features(states, b)])
+            row.later.append(_kept_features(states, b))
         if self._offered is not None:  # the verdicts on the last dynamic tree, at temperature 0
             for offered, tokens in zip(self._offered, emitted, strict=True):
                 for depth, confidence, accepted in verdicts(offered, tokens):
@@ -159,6 +162,9 @@ class EagleProposer(Proposer[_EagleRow]):
         row the predicted feature of the pending token's position. Where every row waits with as many
         (batch 1 always), nothing is padded or masked between them."""
         rows, kv, device = self.rows, self.kv, self.device
+        for row in rows:
+            if row.later:
+                row.features, row.later = torch.cat([row.features, *row.later]), []
         counts = [len(row.features) for row in rows]
         width = max(counts)
         ragged = min(counts) < width
