@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from test_controller import SCRIPTED, _kept, _run_scripted
 
 from strategies.control.controller import AdaptiveController, ControllerSettings, Learned
+from strategies.control.state import Ema
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, StepRecord
 
 
@@ -138,3 +140,16 @@ def test_a_tree_grows_to_its_configured_budget_where_verification_is_flat_and_no
     assert flat.draft_size("tree", 1) == (6, 16)
     steep = _tree_at_4_nodes({1: 2.5, 5: 2.6, 9: 22.5, 17: 42.5})
     assert steep.draft_size("tree", 1) == (6, 4)
+
+
+def test_tau_at_a_bucket_and_size_leans_on_the_bucket_and_the_drafter_by_the_row_steps_behind_each():
+    """τ 3 over everything; at batch 8, 2.0 over 32 row steps at 4 nodes and 1.5 over 16 at 2 nodes (an
+    `Ema`'s `seen` counts 64-row shares). The bucket's mean, 1.833 over 48 row steps, shrunk toward 3 by
+    64: (1.833·48 + 3·64) / 112 = 2.5; at the planned 4 nodes, 2.0 over 32 shrunk toward that:
+    (2·32 + 2.5·64) / 96 = 2.333."""
+    c = AdaptiveController()
+    c.start_batch({"x": DraftLimits(4, 4)}, batch_size=8)
+    c.tau["x"] = Ema(3.0, 10.0)
+    c.tau_at["x"] = {(1, 4): Ema(4.0, 1.0), (8, 4): Ema(2.0, 0.5), (8, 2): Ema(1.5, 0.25)}
+    assert c._tau("x", 8) == pytest.approx(7 / 3)
+    assert c._tau("x", 2) == pytest.approx(3.0)  # nothing at batch 2: the drafter's τ
