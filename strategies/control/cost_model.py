@@ -175,6 +175,11 @@ class ForwardCosts:
             self.curves[b] = monotone_fit(points)
         return self.curves[b]
 
+    def extrapolates(self, b: int) -> bool:
+        """Whether widths beyond the widest measured at bucket `b` follow a measured slope (two widths there,
+        or at another bucket), rather than the flat, optimistic line of a model that has seen one width."""
+        return len(self.widths(b)) >= 2 or self._slope_near(b) is not None
+
     def _slope_near(self, b: int) -> float | None:
         """The widest segment's slope at the nearest bucket with two measured widths (the larger of two as near)."""
         slopes = {bb: last_slope(*self._curve(bb)) for bb in {key[0] for key in self.times}}

@@ -1,13 +1,15 @@
 """Estimates of a drafter's speed-up over plain decoding, and the evidence each rests on.
 
-For every drafter the controller keeps the smoothed tokens a row gains per step (τ) and smoothed step
-times per row per batch bucket. The estimated speed-up of a drafter over plain decoding is then
+For every drafter the controller keeps the smoothed tokens a row gains per step (τ), overall and per
+batch bucket and node budget asked for, and smoothed step times per row per batch bucket. The estimated
+speed-up of a drafter over plain decoding is then
 
     speedup = τ · t_plain / t_drafter
 
 (tokens per second of each; this is E = (1 − α^{k+1}) / (1 − α) against the step's cost, both measured
-where the drafter ran at this bucket). At a bucket where it has not run, its step is modelled
-(`step_costs.py`), or taken from the nearest bucket where it ran.
+where the drafter ran at this bucket), τ taken at the bucket and the size it would be planned at there
+(`_tau`: each level shrunk toward the one above by the row steps behind it). At a bucket where it has
+not run, its step is modelled (`step_costs.py`), or taken from the nearest bucket where it ran.
 
 An estimate rests on the row steps it was measured over (`_evidence`), and is weighed by them against
 another's (`_weighed`): at batch 1, a few steps are one prompt's luck, and the next prompt is another.
@@ -31,10 +33,34 @@ class Estimates(DraftSizing):
         """Estimated tokens/s of `drafter` over plain decoding at batch bucket `b` (None: unmeasured)."""
         if drafter == AUTOREGRESSIVE:
             return 1.0
-        tau, ratio = self.tau.get(drafter), self.cost_ratio(drafter, b)
-        if not tau or ratio is None:
+        tau, ratio = self._tau(drafter, b), self.cost_ratio(drafter, b)
+        if tau is None or ratio is None:
             return None
-        return tau.value / ratio
+        return tau / ratio
+
+    def _tau(self, drafter: str, b: int) -> float | None:
+        """τ of `drafter` at bucket `b` and the node budget it would be planned at there (None: it has not
+        drafted): its τ there at that budget, shrunk toward its τ at `b` over every budget by the row steps
+        behind it (`evidence_rows`), that one shrunk alike toward its τ over every bucket. A batch's rows
+        gain what its slower half gains, and a deeper draft gains more: one τ for every batch size and
+        size weighed a draft at batch 8 on what it gained at batch 1."""
+        overall = self.tau.get(drafter)
+        if not overall:
+            return None
+        at = self.tau_at.get(drafter, {})
+        if len(at) < 2:  # one bucket and budget: its τ there is the drafter's τ
+            return overall.value
+        if ("tau", drafter, b) not in self.memo:
+            rows, k = self.settings.smoothing_rows, self.settings.evidence_rows
+            here = {n: ema for (m, n), ema in at.items() if m == b}
+            seen = sum(ema.seen for ema in here.values())
+            mean = sum(ema.value * ema.seen for ema in here.values()) / seen if seen else 0.0
+            tau = (mean * seen * rows + overall.value * k) / (seen * rows + k)
+            own = here.get(self.draft_size(drafter, b)[1])
+            if own is not None:
+                tau = (own.value * own.seen * rows + tau * k) / (own.seen * rows + k)
+            self.memo[("tau", drafter, b)] = tau
+        return self.memo[("tau", drafter, b)]
 
     def cost_ratio(self, option: str, b: int) -> float | None:
         """A step of `option` over a plain step, at bucket `b`; until both are measured there, at the
@@ -49,7 +75,7 @@ class Estimates(DraftSizing):
             if b not in measured and modelled and self.forward.covers(b):
                 # A new bucket where plain steps ran: the forward's cost at this width there, not another bucket's.
                 plain = self._plain_row_s(b)
-                step = self._step_row_s(option, b, 1 + self.draft_size(option, b)[1])
+                step = self._priced_row_s(option, b, 1 + self.draft_size(option, b)[1])
                 ratio = step / plain if plain and step is not None else None
             elif measured:
                 nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))

@@ -1,8 +1,9 @@
 """Exploring each option for a few steps, and probing those not in use again.
 
-The controller never plans a drafter at a bucket where even its best case loses (`_may_pay`): every
-draft token accepted, against a plain step, not above 1 + h. It says so once per bucket, in an event
-of scope `explore`.
+The controller plans a drafter at a bucket where even its best case loses (`_may_pay`: every draft
+token accepted, against a plain step, not above 1 + h) only as a rare probe, every `max_probe_wait`
+steps: that best case may rest on host times borrowed from another bucket. It says so once per
+bucket, in an event of scope `explore`.
 
 It explores each option for a few steps (plain steps at every batch size; a drafter once, for
 `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch, or only
@@ -11,7 +12,9 @@ choice, unless it learns, `_written_off`), cheapest first (its first step teache
 forward costs there, and drafters whose best case then loses are never tried), and only while what
 exploring steps lost against plain steps over the tokens their slower half of rows emitted is at most
 `explore_budget` of the decode time so far (`_explore_wait`): a cold job pays for exploration as it
-decodes.
+decodes. An exploring step is priced at the width it will use (a learning drafter at the width its
+steps have had), beyond the widest timed forward at the cost model's extrapolation and
+`extrapolation_margin` more.
 
 It probes an option it is not using again after a wait sized so that probes cost at most
 `probe_budget` of the time in all (`probe_wait`), never sooner than `probe_every` steps nor later than
@@ -47,9 +50,12 @@ class Exploration(Estimates):
             return True
         if (drafter, b) not in self.hopeless:
             self.hopeless.add((drafter, b))
-            reason = f"best case {best:.2f} <= {1 + self.settings.hysteresis:.2f}: never planned at this batch size"
+            reason = f"best case {best:.2f} <= {1 + self.settings.hysteresis:.2f}: rarely probed at this batch size"
             self._event("explore", drafter, AUTOREGRESSIVE, reason, batch_bucket=b)
-        return False
+        # Never for good: its best case rests on host times borrowed from the nearest bucket where it ran and
+        # on forwards wider than any measured here, either of which may be wrong. A probe every
+        # `max_probe_wait` steps measures it here, at a small share of the time.
+        return self._since(drafter) > self.settings.max_probe_wait
 
     def _unexplored(self, option: str, b: int) -> bool:
         """Plain steps are measured at every bucket; a drafter until it has a few measurements anywhere
@@ -88,13 +94,13 @@ class Exploration(Estimates):
         seen it), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not counted
         here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
-        width = 1 + self.draft_size(drafter, b)[1]
-        step = self._step_row_s(drafter, b, width)
+        width = self._explore_width(drafter, b)
+        step = self._priced_row_s(drafter, b, width)
         if step is None:
             return 0
         plain = self.row_time[(AUTOREGRESSIVE, b)].value
         widest = self.forward.widths(b)[-1]
-        if width > widest:  # never this wide here: no dearer than forwards of the widest, side by side
+        if width > widest and not self.forward.extrapolates(b):  # no dearer than plain forwards side by side
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
@@ -103,6 +109,15 @@ class Exploration(Estimates):
         if deficit <= 0:
             return 0
         return math.ceil(deficit / (plain * batch_size))
+
+    def _explore_width(self, drafter: str, b: int) -> int:
+        """The forward width an exploring step of `drafter` at `b` is priced at: 1 + its planned nodes, or for
+        a drafter that learns from every row (a cold Lookahead trie drafts far fewer nodes than its
+        budget) the mean width its steps have had, once it has run."""
+        width = 1 + self.draft_size(drafter, b)[1]
+        if self._learns(drafter) and drafter in self.drafted_width:
+            return min(width, max(1, round(self.drafted_width[drafter].value)))
+        return width
 
     def _resume_cost(self, drafter: str, b: int) -> float:
         """What running `drafter` again at bucket `b` after another option costs in starting it, in plain

@@ -47,8 +47,10 @@ class Observation(Estimates):
         self.last_used[record.drafter] = self.step
         if not drafting:
             return
-        self._observe_gain(record, gain, aged, evidence)
-        tally = self._tally_drafts(record)
+        width = self.drafted_width.setdefault(record.drafter, RecentTime(self.settings.time_window))
+        width.update(record.width)
+        self._observe_gain(record, b, gain, aged, evidence)
+        tally = self._tally_drafts(record, b)
         if tally is not None:
             self._resize(record.drafter, b, tally, self.cost_ratio(record.drafter, b))
         self.memo.clear()  # sizes may have changed
@@ -88,17 +90,23 @@ class Observation(Estimates):
                 key = (record.drafter, b, record.width)
                 self.host_time.setdefault(key, RecentTime(s.time_window)).update(host / plain.value)
 
-    def _observe_gain(self, record: StepRecord, gain: float, aged: float, evidence: float) -> None:
-        """τ of the step's drafter, and of its node budget if it drafts trees; `aged` and `evidence`: what
-        its evidence counted for and came to before the step (`_aged`, `_evidence`)."""
+    def _observe_gain(self, record: StepRecord, b: int, gain: float, aged: float, evidence: float) -> None:
+        """τ of the step's drafter, at its bucket `b` and node budget, and of its node budget if it drafts
+        trees; `aged` and `evidence`: what its evidence counted for and came to before the step (`_aged`,
+        `_evidence`)."""
         s = self.settings
+        at = self.tau_at.setdefault(record.drafter, {})
         if self._learns(record.drafter):
             self.evidence[record.drafter] = (evidence + record.batch_size, self.row_steps)
-            if record.drafter in self.tau:  # what it was measured at while idle counts as the evidence does
-                self.tau[record.drafter].seen *= aged
+            # What it was measured at while idle counts as the evidence does.
+            for ema in [*at.values(), *([self.tau[record.drafter]] if record.drafter in self.tau else [])]:
+                ema.seen *= aged
         share = min(1.0, len(record.accepted) / s.smoothing_rows)
         weight = 1 - (1 - s.smoothing) ** share
         self.tau.setdefault(record.drafter, Ema()).update(gain, weight, share)
+        # What it was asked for: a step that found nothing to draft is one of that size's steps too.
+        asked = self.planned_nodes.get(record.drafter) or self.nodes.get(record.drafter) or max(record.drafted)
+        at.setdefault((b, asked), Ema()).update(gain, weight, share)
         if self.limits.get(record.drafter, DraftLimits(0, 0)).trees:
             budget = self.planned_nodes.get(record.drafter, max(record.drafted))
             ema = self.tree_tau.setdefault(record.drafter, {}).setdefault(budget, Ema())

@@ -43,6 +43,9 @@ class ControllerSettings:
     resize_rows: int = 64
     learn_above: float = 0.85  # a learning drafter sees batches while its estimate is above this
     explore_budget: float = 0.03  # share of the decode time that exploring steps which lose may take
+    # A step wider than any forward measured at its bucket (to explore, or at a new bucket) is priced at
+    # the cost model's extrapolation plus this share of it: the widest segment's slope is a guess beyond it.
+    extrapolation_margin: float = 0.1
     # A drafter that pays gives way to another only on that one's estimate shrunk toward 1 by the row
     # steps it was measured over, n / (n + evidence_rows): a few steps of one prompt are its luck.
     evidence_rows: int = 64

@@ -1,10 +1,13 @@
 """How long a drafter's drafts are: sized per batch for the most tokens per second.
 
 Where the cost model covers the plan's bucket, a chain's length k maximises E(k) / t(k), E from the
-acceptance per position α measured over the last `resize_rows` drafted row steps and t(k) the modelled
-step at width 1 + k; a tree's budget is the best of the learned one and its halvings by τ(n) / t(n), τ
-kept per budget asked for, each leaning on what the others say of it while it rests on few or old row
-steps (`cost_model.tree_tau_by_budget`, `_tree_evidence`).
+acceptance per position α measured over the last `resize_rows` drafted row steps at that bucket (or the
+nearest one measured) and t(k) the modelled step at width 1 + k; a tree's budget is the best of the
+configured one (an upper bound), the learned one and their halvings by τ(n) / t(n), τ kept per budget
+asked for, each leaning on what the others say of it while it rests on few or old row steps
+(`cost_model.tree_tau_by_budget`, `_tree_evidence`). Configured sizes are bounds: the cost model
+chooses within them for the batch at hand, and a strategy without the controller
+(`strategy.adaptive=false`) drafts what is configured.
 
 The learned sizes (`_resize`) move as before, and size drafts where the model does not cover the
 bucket: chains one token at a time toward the best length (by the model's costs, else a draft token's
@@ -27,8 +30,8 @@ class DraftSizing(StepCosts):
     def draft_size(self, drafter: str, b: int | None = None) -> tuple[int, int]:
         """The (depth, nodes) the next step of `drafter` asks for, within its limits. Where the cost model
         covers bucket `b`: the most tokens per second there, a chain's length from its acceptance per
-        position (E(k) against the step's cost at width 1 + k), a tree's budget (at most the learned one)
-        from τ by budget (`tree_tau_by_budget`). Otherwise the size learned by `_resize`."""
+        position (E(k) against the step's cost at width 1 + k), a tree's budget (at most the configured
+        one) from τ by budget (`tree_tau_by_budget`). Otherwise the size learned by `_resize`."""
         if b is None or not self.forward.covers(b):
             return self.depth[drafter], self.nodes[drafter]
         if ("size", drafter, b) not in self.memo:
@@ -46,16 +49,32 @@ class DraftSizing(StepCosts):
                 for n, ema in self.tree_tau.get(drafter, {}).items()
             }
             smallest = min(s.min_tree_nodes, limits.max_nodes)
-            budgets = [nodes >> halvings for halvings in range(nodes.bit_length()) if nodes >> halvings >= smallest]
+            # The configured budget is a bound, not a setting: it and its halvings are weighed beside the
+            # learned budget and its halvings, so a tree grows back where the verify forward is flat.
+            budgets = sorted(
+                {n >> h for n in (nodes, limits.max_nodes) for h in range(n.bit_length()) if n >> h >= smallest},
+                reverse=True,
+            )
             if not tried or not budgets:
                 return depth, nodes
             costs = {n: self._step_row_s(drafter, b, 1 + n) for n in budgets}
             return depth, best_tree_budget(tree_tau_by_budget(tried, budgets, s.evidence_rows), costs)
-        if drafter not in self.alpha or limits.sizes_own:
+        alpha = self._alpha(drafter, b)
+        if alpha is None or limits.sizes_own:
             return depth, nodes
         costs = [self._step_row_s(drafter, b, 1 + k) for k in range(1, limits.max_depth + 1)]
-        best = best_chain_depth(self.alpha[drafter], costs)
+        best = best_chain_depth(alpha, costs)
         return best, best
+
+    def _alpha(self, drafter: str, b: int) -> float | None:
+        """A chain drafter's acceptance per position at bucket `b`, or at the nearest bucket where it was
+        measured (the larger of two as near); None: not yet. Kept per bucket: the rows of a large batch are
+        other prompts than those of batch 1, and a drafter's luck on them is theirs."""
+        measured = [m for (name, m) in self.alpha if name == drafter]
+        if not measured:
+            return None
+        nearest = min(measured, key=lambda m: (abs(m.bit_length() - b.bit_length()), -m))
+        return self.alpha[(drafter, nearest)]
 
     def _tree_evidence(self, drafter: str, budget: int, ema: Ema) -> float:
         """What τ of tree drafter `drafter` at node budget `budget` has seen (`Ema.seen`), halved every
@@ -65,11 +84,11 @@ class DraftSizing(StepCosts):
         since = self.measured.get(drafter, (0, 0))[1] - self.tree_tau_at.get((drafter, budget), 0)
         return ema.seen * 0.5 ** (since / self.settings.tree_half_life_rows)
 
-    def _tally_drafts(self, record: StepRecord) -> tuple[int, int, int, int] | None:
-        """Add the step's drafted rows to its drafter's tally; the tally of the last `resize_rows` drafted
-        row steps once it has them (one step at batch 1 is one row's luck), to size drafts on, else None:
+    def _tally_drafts(self, record: StepRecord, b: int) -> tuple[int, int, int, int] | None:
+        """Add the step's drafted rows to its drafter's tally at bucket `b`; the tally of the last `resize_rows`
+        drafted row steps there once it has them (one step at batch 1 is one row's luck), to size drafts on, else None:
         (row steps, tokens drafted, tokens accepted, rows with a rejection)."""
-        tally = self.resize_tally.setdefault(record.drafter, [0, 0, 0, 0])
+        tally = self.resize_tally.setdefault((record.drafter, b), [0, 0, 0, 0])
         for drafted, accepted in zip(record.drafted, record.accepted, strict=True):
             if drafted:
                 tally[0] += 1
@@ -78,7 +97,7 @@ class DraftSizing(StepCosts):
                 tally[3] += accepted < drafted
         if tally[0] < self.settings.resize_rows:
             return None
-        self.resize_tally[record.drafter] = [0, 0, 0, 0]
+        self.resize_tally[(record.drafter, b)] = [0, 0, 0, 0]
         row_steps, drafted, accepted, rejections = tally
         return row_steps, drafted, accepted, rejections
 
@@ -102,8 +121,8 @@ class DraftSizing(StepCosts):
             return
         # A chain: one step toward the depth with the most tokens per unit of step cost.
         depth = self.depth[name]
-        self.alpha[name] = accepted / (accepted + rejections)
+        self.alpha[(name, b)] = accepted / (accepted + rejections)
         costs = [self._step_row_s(name, b, 1 + k) or 1 + node_cost * k for k in range(1, limits.max_depth + 1)]
-        best = best_chain_depth(self.alpha[name], costs)
+        best = best_chain_depth(self.alpha[(name, b)], costs)
         self.depth[name] = depth + (best > depth) - (best < depth)
         self.nodes[name] = self.depth[name]

@@ -61,9 +61,11 @@ class ControllerState:
         # when it ran (the machine's speed drifts: ratios hold, see `host_time`).
         self.row_time: dict[tuple[str, int], RecentTime] = {}
         self.tau: dict[str, Ema] = {}
+        # drafter -> (bucket, node budget asked for) -> τ there: where it drafts at this batch size and size
+        self.tau_at: dict[str, dict[tuple[int, int], Ema]] = {}
         self.depth: dict[str, int] = {}
         self.nodes: dict[str, int] = {}
-        self.resize_tally: dict[str, list[int]] = {}
+        self.resize_tally: dict[tuple[str, int], list[int]] = {}  # (drafter, bucket) -> `_tally_drafts`
         self.measured: dict[str, tuple[int, int]] = {}  # option -> steps and row steps measured
         # Estimates by (what, option, bucket), until the next measurement: a plan asks for them many times.
         self.memo: dict[tuple[str, str, int], object] = {}
@@ -84,11 +86,13 @@ class ControllerState:
         # (drafter, bucket) -> a drafter that does not learn (`_learns`): what starting it took, per row over
         # a plain step's time, at each of its last steps after another option's (`_resume_cost`).
         self.resume_setup: dict[tuple[str, int], deque[float]] = {}
-        self.alpha: dict[str, float] = {}  # a chain drafter's acceptance per position, at its last resize
+        # (chain drafter, bucket) -> its acceptance per position there, at its last resize at that bucket
+        self.alpha: dict[tuple[str, int], float] = {}
         self.tree_tau: dict[str, dict[int, Ema]] = {}  # a tree drafter's τ by node budget asked for
         # (drafter, budget) -> the drafter's row steps measured (`measured`) when τ at that budget last moved
         self.tree_tau_at: dict[tuple[str, int], int] = {}
         self.planned_nodes: dict[str, int] = {}  # the node budget of each drafter's last plan
+        self.drafted_width: dict[str, RecentTime] = {}  # a drafter's recent forward widths, drafting or not
         self.exploring: str | None = None  # a drafter planned for a step that explores it
         self.exploring_s = 0.0  # time of every such step
         self.exploring_lost_s = 0.0  # what they lost: time beyond plain steps emitting their tokens, drafters' starts

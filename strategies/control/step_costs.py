@@ -46,6 +46,16 @@ class StepCosts(ControllerState):
         forward = self.forward.row_seconds(b, width)
         return None if forward is None else forward + (self._host_row_s(drafter, b, width) or 0.0)
 
+    def _priced_row_s(self, drafter: str, b: int, width: int) -> float | None:
+        """`_step_row_s`, and `extrapolation_margin` more where `width` lies beyond every forward timed at
+        `b` and the model extends a measured slope there: a guess is priced on the dear side. Where it
+        has no slope to extend (one width measured anywhere), it stays flat: the optimistic side."""
+        step = self._step_row_s(drafter, b, width)
+        widths = self.forward.widths(b)
+        if step is not None and widths and width > widths[-1] and self.forward.extrapolates(b):
+            step *= 1 + self.settings.extrapolation_margin
+        return step
+
     def _host_row_s(self, drafter: str, b: int, width: int) -> float | None:
         """A step's seconds per row besides the forward for `drafter` at bucket `b`, `width` wide, from
         `_host_curve` (`cost_model.host_cost`); None: not measured yet."""

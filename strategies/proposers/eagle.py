@@ -12,8 +12,9 @@ Drafting then runs in feature space: each drafted node is fed with its parent's 
 attending to the cache and its own ancestors only, and the target's LM head scores its children over
 the head's draft vocabulary (`EagleHead.draft_logits`: the trees' tokens are indices into it, mapped
 to the target's ids for the head's next input and for the draft). The tree is EAGLE-2's
-(`eagle_tree.grow`, reranked to the node budget by `eagle_tree.rerank`) or EAGLE-1's static shape
-(`eagle_tree.static_tree`, grown by `eagle_tree.grow_static`, cut to the budget by
+(`eagle_tree.grow`, reranked to the node budget: at temperature 0 on chances of acceptance calibrated
+on the verifier's verdicts, `eagle_tree.calibrated_values`; above it by the paper's rule) or EAGLE-1's
+static shape (`eagle_tree.static_tree`, grown by `eagle_tree.grow_static`, cut to the budget by
 `eagle_tree.first_nodes`). Drafted inputs are made of predicted features, so they are dropped from
 the cache as soon as the draft is built: once the target has verified, its true features for the
 accepted positions take their place. The cache after a step is thus exactly what a fresh head would
@@ -25,14 +26,27 @@ target's forwards from then on: its drafts are still verified exactly, only gues
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from strategies.artifacts.eagle import EagleHead
 from strategies.base import GenerationParams
-from strategies.proposers.eagle_tree import Grown, first_nodes, grow, grow_static, rerank, static_tree
+from strategies.proposers.eagle_tree import (
+    Calibration,
+    Grown,
+    Offered,
+    calibrated_values,
+    drafts_of,
+    first_nodes,
+    grow,
+    grow_static,
+    offered_nodes,
+    ranked_nodes,
+    static_tree,
+    verdicts,
+)
 from strategies.runtime import linear
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.llama_forward import LayerWeights
@@ -48,6 +62,9 @@ class _EagleRow:
     # [n, H] the target's features not fed to the head yet: those of the n positions before the pending
     # token (the last chose it); each is fed with the token after it.
     features: torch.Tensor
+    # Features of the steps since, joined to `features` when the head is fed: a head started with its
+    # batch and not planned for a while would otherwise copy its whole backlog at every plain step.
+    later: list[torch.Tensor] = field(default_factory=list)
 
 
 class EagleProposer(Proposer[_EagleRow]):
@@ -62,6 +79,9 @@ class EagleProposer(Proposer[_EagleRow]):
         self.top_k = top_k  # children per expanded node, and nodes expanded per level; 1: a chain
         self.static_nodes = static_nodes  # > 0: EAGLE-1's static tree of that many nodes, ranks below top_k
         self._fused: tuple[tuple[int, ...], LayerWeights] | None = None  # parameter versions, fused weights
+        # The dynamic tree's ranking at temperature 0, learned from every verdict on its drafts (`verdicts`).
+        self.calibration = Calibration()
+        self._offered: list[list[Offered]] | None = None  # per row, the last draft's nodes until judged
         self.weights = self._fused_weights()  # as its strategy is made, before decoding
 
     @property
@@ -104,13 +124,19 @@ class EagleProposer(Proposer[_EagleRow]):
 
     def keep_rows(self, rows: list[int]) -> None:
         super().keep_rows(rows)
+        self._offered = None
         if rows:
             self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.device))
 
     def emitted(self, emitted: list[list[int]], states: TargetStates | None) -> None:
         for b, (row, tokens) in enumerate(zip(self.rows, emitted, strict=True)):
             row.context.extend(tokens)
-            row.features = torch.cat([row.features, _kept_features(states, b)])
+            row.later.append(_kept_features(states, b))
+        if self._offered is not None:  # the verdicts on the last dynamic tree, at temperature 0
+            for offered, tokens in zip(self._offered, emitted, strict=True):
+                for depth, confidence, accepted in verdicts(offered, tokens):
+                    self.calibration.record(depth, confidence, accepted)
+            self._offered = None
 
     @torch.inference_mode()
     def propose(self, context: ProposalContext) -> list[Draft]:
@@ -124,13 +150,21 @@ class EagleProposer(Proposer[_EagleRow]):
             return [Draft.empty() for _ in context.budgets]
         if self.static_nodes:
             return first_nodes(grown, context.budgets, context.max_nodes)
-        return rerank(grown, context.budgets, context.max_nodes)
+        if not self.params.sampling.greedy:  # the paper's rule: what the target samples is another matter
+            return drafts_of(grown, ranked_nodes(grown, context.budgets, context.max_nodes))
+        # At temperature 0 on calibrated chances of acceptance (`Calibration`), learned from the verdicts.
+        kept = ranked_nodes(grown, context.budgets, context.max_nodes, calibrated_values(grown, self.calibration))
+        self._offered = offered_nodes(grown, kept)
+        return drafts_of(grown, kept)
 
     def _feed_target_features(self) -> torch.Tensor:
         """Feed every row's waiting (true feature, next token) pairs to the head's cache: [B, H], per
         row the predicted feature of the pending token's position. Where every row waits with as many
         (batch 1 always), nothing is padded or masked between them."""
         rows, kv, device = self.rows, self.kv, self.device
+        for row in rows:
+            if row.later:
+                row.features, row.later = torch.cat([row.features, *row.later]), []
         counts = [len(row.features) for row in rows]
         width = max(counts)
         ragged = min(counts) < width
@@ -202,8 +236,8 @@ class EagleProposer(Proposer[_EagleRow]):
             if self.static_nodes:  # no deeper than the rows need: a shallower budget drafts that depth's shape
                 shape = static_tree(min(self.static_nodes, nodes), depth, self.top_k)
                 grown = grow_static(self._log_confidence(root), shape, expand)
-            else:
-                grown = grow(self._log_confidence(root), depth, self.top_k, expand)
+            else:  # a frontier wider than the nodes kept costs head work for nodes never verified
+                grown = grow(self._log_confidence(root), depth, min(self.top_k, nodes), expand)
         finally:
             kv.truncate(slots)
         grown.tokens = head.to_target(grown.tokens)  # the trees' tokens are indices into the draft vocabulary

@@ -7,7 +7,11 @@ path. Growing: the root's `top_k` best tokens are depth 1; at each depth the `to
 value are expanded (the frontier), each into its own `top_k` best children, so the tree widens where
 the draft is sure and stays thin where it is not. Reranking: of every node grown, the `max_nodes` of
 highest value are verified. A child's value is never above its parent's (log-probabilities are at
-most 0), and ties keep the parent first, so the nodes kept always include their ancestors.
+most 0), and ties keep the parent first, so the nodes kept always include their ancestors. At
+temperature 0 the reranking is on calibrated values instead (`calibrated_values`): a path's chance of
+acceptance from how often the target accepted nodes of each depth and confidence bin once their parent
+was accepted (`Calibration`, fed by `verdicts` on each draft), the raw confidence until a bin has
+verdicts. Growing keeps the paper's rule.
 
 A chain is the tree with `top_k` = 1. The static tree is a fixed list of paths of ranks, as Medusa's
 (`[0, 1]`: the top-1 token below the pending one, then the top-2 below it): `static_tree` picks the
@@ -23,8 +27,9 @@ backs with its head and the tests with literal tables.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -78,14 +83,29 @@ def grow(root: torch.Tensor, depth: int, top_k: int, expand: Expand) -> Grown:
 def rerank(grown: Grown, budgets: list[int], max_nodes: int) -> list[Draft]:
     """Per row, the `max_nodes` grown nodes of highest value no deeper than the row's budget (0: no
     draft), as a draft tree in the order grown (parents first)."""
-    drafts = []
-    tokens, parents, values, depths = (t.tolist() for t in (grown.tokens, grown.parents, grown.values, grown.depths))
+    return drafts_of(grown, ranked_nodes(grown, budgets, max_nodes))
+
+
+def ranked_nodes(
+    grown: Grown, budgets: list[int], max_nodes: int, values: list[list[float]] | None = None
+) -> list[list[int]]:
+    """Per row, the indices (ascending) of the `max_nodes` grown nodes of highest value no deeper than the
+    row's budget; `values` per row and node, each at most its parent's (`calibrated_values`), or the
+    grown ones."""
+    depths = grown.depths.tolist()
+    values = grown.values.tolist() if values is None else values
+    kept = []
     for row, budget in enumerate(budgets):
-        fits = [n for n in range(len(tokens[row])) if depths[row][n] <= budget]
+        fits = [n for n in range(len(depths[row])) if depths[row][n] <= budget]
         # Python's sort is stable: on equal values the node grown first (an ancestor) stays first.
-        kept = sorted(sorted(fits, key=lambda n: -values[row][n])[:max_nodes])
-        drafts.append(_draft(tokens[row], parents[row], kept))
-    return drafts
+        kept.append(sorted(sorted(fits, key=lambda n: -values[row][n])[:max_nodes]))
+    return kept
+
+
+def drafts_of(grown: Grown, kept: list[list[int]]) -> list[Draft]:
+    """Per row, the draft tree of its `kept` nodes (`ranked_nodes`)."""
+    tokens, parents = grown.tokens.tolist(), grown.parents.tolist()
+    return [_draft(tokens[row], parents[row], nodes) for row, nodes in enumerate(kept)]
 
 
 def _draft(tokens: list[int], parents: list[int], kept: list[int]) -> Draft:
@@ -209,3 +229,89 @@ def first_nodes(grown: Grown, budgets: list[int], max_nodes: int) -> list[Draft]
         _draft(tokens[row], parents[row], [n for n, d in enumerate(depths[row]) if d <= budget][:max_nodes])
         for row, budget in enumerate(budgets)
     ]
+
+
+@dataclass
+class Calibration:
+    """How often the target accepts a drafted node whose parent it accepted, by the node's depth and the
+    head's confidence in it (its probability below its parent), learned from the verifier's verdicts at
+    temperature 0. The head's raw confidences undervalue its guesses (a top-1 at 0.45 may be the target's
+    choice nine times in ten): products of them undervalue deep paths, and the dynamic tree keeps bushy
+    shallow nodes that are rejected where a deeper path would have been accepted."""
+
+    bins: int = 10  # confidence bins of equal width
+    prior: float = 4.0  # verdicts the raw confidence counts as in a bin: before any, the paper's rule
+    counts: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (depth, bin) -> [accepted, offered]
+
+    def _bin(self, confidence: float) -> int:
+        return min(self.bins - 1, int(confidence * self.bins))
+
+    def record(self, depth: int, confidence: float, accepted: bool) -> None:
+        counts = self.counts.setdefault((depth, self._bin(confidence)), [0, 0])
+        counts[0] += accepted
+        counts[1] += 1
+
+    def chance(self, depth: int, confidence: float) -> float:
+        """The chance a node at `depth` of head confidence `confidence` is accepted once its parent is: its
+        bin's acceptance, shrunk toward the confidence by `prior` verdicts (at most 1)."""
+        accepted, offered = self.counts.get((depth, self._bin(confidence)), (0, 0))
+        return (accepted + self.prior * confidence) / (offered + self.prior)
+
+
+def calibrated_values(grown: Grown, calibration: Calibration) -> list[list[float]]:
+    """Per row and grown node, the log of the calibrated chance that its whole path is accepted: the sum
+    over the path of log `Calibration.chance`, each node's confidence its value less its parent's. Never
+    above a parent's (a chance is at most 1), so the nodes `ranked_nodes` keeps include their ancestors."""
+    values, parents, depths = grown.values.tolist(), grown.parents.tolist(), grown.depths.tolist()
+    ranked = []
+    for row_values, row_parents, row_depths in zip(values, parents, depths, strict=True):
+        mine: list[float] = []
+        for value, parent, depth in zip(row_values, row_parents, row_depths, strict=True):
+            above, base = (row_values[parent], mine[parent]) if parent >= 0 else (0.0, 0.0)
+            chance = calibration.chance(depth, math.exp(value - above))
+            mine.append(base + math.log(max(chance, 1e-9)))
+        ranked.append(mine)
+    return ranked
+
+
+# A drafted node as the verdicts need it: (its parent's index in the draft, -1: the pending token; its
+# token; its depth; the head's confidence in it below its parent).
+Offered = tuple[int, int, int, float]
+
+
+def offered_nodes(grown: Grown, kept: list[list[int]]) -> list[list[Offered]]:
+    """Per row, its draft's nodes (`ranked_nodes`' `kept`, in draft order) as `Offered`."""
+    tokens, parents = grown.tokens.tolist(), grown.parents.tolist()
+    values, depths = grown.values.tolist(), grown.depths.tolist()
+    offered = []
+    for row, nodes in enumerate(kept):
+        index = {node: i for i, node in enumerate(nodes)} | {-1: -1}
+        row_parents, row_values = parents[row], values[row]
+        offered.append(
+            [
+                (
+                    index[row_parents[n]],
+                    tokens[row][n],
+                    depths[row][n],
+                    math.exp(row_values[n] - (row_values[row_parents[n]] if row_parents[n] >= 0 else 0.0)),
+                )
+                for n in nodes
+            ]
+        )
+    return offered
+
+
+def verdicts(offered: list[Offered], emitted: list[int]) -> list[tuple[int, float, bool]]:
+    """(depth, confidence, accepted) of each node of a row's draft whose parent was accepted, from the
+    tokens the row emitted after it (the accepted path, then the target's own token): at temperature 0
+    the emitted token below an accepted node is the target's choice, and the child drafting it, if any,
+    was accepted; its siblings were not. Nodes below a rejected one were never judged."""
+    judged, parent = [], -1
+    for token in emitted:
+        children = [i for i, node in enumerate(offered) if node[0] == parent]
+        match = next((i for i in children if offered[i][1] == token), None)
+        judged += [(offered[i][2], offered[i][3], i == match) for i in children]
+        if match is None:
+            break
+        parent = match
+    return judged

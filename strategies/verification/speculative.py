@@ -140,11 +140,11 @@ class SpeculativeStrategy:
                 for name, d in run.live.items()
             }
             self.controller.start_batch(limits, batch_size)
-        # A drafter starts (prefills, indexes) when first planned, so one the controller keeps off
-        # costs nothing; one that learns from every batch starts at once while the controller
-        # thinks it may pay, so that it keeps learning while off.
+        # A drafter starts (prefills, indexes) when first planned: kept off, it costs nothing. One that learns from
+        # every batch, or reads the target's features (later, it misses the prompt's), starts now if it may pay.
         for name, d in list(run.live.items()):
-            if d.learns and (self.controller is None or self.controller.worth_learning(name, batch_size)):
+            early = d.learns or d.proposer.wants_hidden_states
+            if early and (self.controller is None or self.controller.worth_learning(name, batch_size)):
                 self._start(run, d)
         return run
 
