@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from strategies.verification.control import DraftLimits
 from strategies.verification.rules import AcceptanceRule, ExactMatch
 
 if TYPE_CHECKING:
@@ -29,3 +30,16 @@ class DraftingMethod:
     # Chain length without a controller, and its first under one; None: max_depth. A proposer that sizes
     # its own drafts is asked for max_depth, and this is the controller's first guess at its usual length.
     start_depth: int | None = None
+
+    def limits(self) -> DraftLimits:
+        """What the controller may plan of it (`control.DraftLimits`)."""
+        p = self.proposer
+        return DraftLimits(
+            self.max_depth,
+            self.max_nodes,
+            self.trees,
+            self.start_depth,
+            p.drafts_per_depth,
+            p.sizes_own_drafts,
+            self.learns,
+        )

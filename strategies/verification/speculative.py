@@ -27,7 +27,7 @@ from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest
 from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, Row, decode_plainly, start_batch
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.target_states import TargetStates
-from strategies.verification.control import AUTOREGRESSIVE, Controller, DraftLimits, Plan, StepRecord
+from strategies.verification.control import AUTOREGRESSIVE, Controller, Plan, StepRecord
 from strategies.verification.draft_controls import DraftControls
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft, draft_problem
@@ -127,19 +127,7 @@ class SpeculativeStrategy:
         if not batch_size:
             return run
         if self.controller is not None:
-            limits = {
-                name: DraftLimits(
-                    d.max_depth,
-                    d.max_nodes,
-                    d.trees,
-                    d.start_depth,
-                    d.proposer.drafts_per_depth,
-                    d.proposer.sizes_own_drafts,
-                    d.learns,
-                )
-                for name, d in run.live.items()
-            }
-            self.controller.start_batch(limits, batch_size)
+            self.controller.start_batch({name: d.limits() for name, d in run.live.items()}, batch_size)
         # A drafter starts (prefills, indexes) when first planned: kept off, it costs nothing. One that learns from
         # every batch, or reads the target's features (later, it misses the prompt's), starts now if it may pay.
         for name, d in list(run.live.items()):
