@@ -19,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 BF16_MATRIX_FLAGS = ("amx_bf16", "avx512_bf16")
+# bfloat16 only where its step takes at most this share of float32's: a model so small that the two are
+# within timing noise of each other would otherwise decode in either from one job to the next.
+BF16_WINS_BELOW = 0.9
 
 
 def bf16_matrix_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
@@ -37,9 +40,10 @@ def bf16_matrix_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
 
 def choose_auto_dtype(on_gpu: bool, flags: Sequence[str], step_seconds: Mapping[str, float] | None) -> str:
     """`auto`'s dtype: bfloat16 on GPU; on CPU, bfloat16 only with bfloat16 matrix hardware (`flags`)
-    and a decode step measured faster in it (`step_seconds`: seconds by dtype name; None: not measured)."""
+    and a decode step measured clearly faster in it (`BF16_WINS_BELOW`; `step_seconds`: seconds by dtype
+    name; None: not measured)."""
     if on_gpu:
         return "bfloat16"
     if not flags or not step_seconds:
         return "float32"
-    return "bfloat16" if step_seconds["bfloat16"] < step_seconds["float32"] else "float32"
+    return "bfloat16" if step_seconds["bfloat16"] <= BF16_WINS_BELOW * step_seconds["float32"] else "float32"
