@@ -591,6 +591,33 @@ def test_a_warm_controller_leaves_off_a_drafter_its_statistics_found_slow():
     assert c.cost_ratio(LOOKUP, 4) == pytest.approx(5.0)  # the drafter's cost borrowed from bucket 2
 
 
+def test_a_warm_controller_weighs_each_batch_bucket_by_what_its_statistics_saw_there():
+    """τ by batch bucket and node budget survives the statistics file: a drafter that gained 4 tokens a
+    step at batch 1 and 1 at batch 8 is not warm-started at one τ for both."""
+    c = _controller(LOOKUP_3_TO_6)
+    for batch_size, accepted in ((1, 4), (8, 1)):
+        c.start_batch({LOOKUP: LOOKUP_3_TO_6}, batch_size)
+        c.observe(StepRecord(AUTOREGRESSIVE, batch_size, 0.01, [0] * batch_size, [0] * batch_size))
+        for _ in range(8):
+            c.observe(StepRecord(LOOKUP, batch_size, 0.012, [4] * batch_size, [accepted] * batch_size))
+    warm = _warm(c.learned())
+    assert c._tau(LOOKUP, 1) > c._tau(LOOKUP, 8) + 0.5
+    for b in (1, 8):
+        assert warm._tau(LOOKUP, b) == pytest.approx(c._tau(LOOKUP, b))
+
+
+def test_a_warm_tree_drafter_keeps_its_tau_by_node_budget():
+    """A tree drafter's τ by node budget (what sizes its trees) survives the statistics file."""
+    trees = DraftLimits(4, 16, trees=True)
+    c = _controller(trees)
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.01, [0, 0], [0, 0]))
+    for _ in range(4):
+        c.observe(StepRecord(LOOKUP, 2, 0.012, [16, 16], [3, 2]))
+    warm = _warm(c.learned(), trees)
+    assert warm.tree_tau == c.tree_tau and warm.tree_tau[LOOKUP]
+    assert warm.learned().tree_tau == c.learned().tree_tau
+
+
 def test_learned_draft_sizes_stay_within_the_next_jobs_limits():
     c = _warm(_learned_controller(0.015).learned(), DraftLimits(4, 4, start_depth=2))
     assert c.draft_size(LOOKUP) == (4, 4)

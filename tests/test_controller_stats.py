@@ -32,6 +32,8 @@ def _learned(rows: int, depth: int = 5, plain_s: float = 0.01) -> Learned:
         nodes={"prompt_lookup": depth},
         forward_time={(8, 1): ([plain_s], 2), (8, 5): ([0.011], rows // 8)},
         host_time={("prompt_lookup", 8, 5): ([0.1], rows // 8)},
+        tau_at={("prompt_lookup", 8, 5): (2.5, rows / 16), ("prompt_lookup", 1, 5): (3.0 + depth, 1.0)},
+        tree_tau={("prompt_lookup", 5): (2.5, rows / 16)},
     )
 
 
@@ -43,23 +45,30 @@ def test_statistics_round_trip_through_the_file(tmp_path):
     assert controller_stats.read(url, {}) == {KEY: _learned(32), other: _learned(8, depth=2)}
 
 
-@pytest.mark.parametrize("schema", ["accelgen.controller_stats/1", "accelgen.controller_stats/2"])
+@pytest.mark.parametrize(
+    "schema", ["accelgen.controller_stats/1", "accelgen.controller_stats/2", "accelgen.controller_stats/3"]
+)
 def test_a_file_of_an_earlier_schema_is_read_without_its_times(tmp_path, schema):
     """Schema /1 had no forward or host times, /2 kept them and drafters' step times in seconds where /3
     keeps ratios to a plain step: their plain step times, τ and sizes still warm-start a job, and the
-    rest is measured afresh."""
+    rest is measured afresh. /3 kept every time but one τ per drafter: read whole, without τ by bucket
+    and budget."""
     document = controller_stats.encode({KEY: _learned(32)})
-    if schema.endswith("/1"):
-        for entry in document["entries"]:
+    for entry in document["entries"]:
+        del entry["tau_at"], entry["tree_tau"]
+        if schema.endswith("/1"):
             del entry["forward_time"], entry["host_time"]
-    else:
-        assert all(entry["forward_time"] and entry["host_time"] for entry in document["entries"])
+        else:
+            assert entry["forward_time"] and entry["host_time"]
     path = tmp_path / "stats.json"
     path.write_text(json.dumps({**document, "schema": schema}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         stats = controller_stats.read(str(path), {})
-    learned = _learned(32)
+    learned = dataclasses.replace(_learned(32), tau_at={}, tree_tau={})
+    if schema.endswith("/3"):
+        assert stats == {KEY: learned}
+        return
     plain = {key: times for key, times in learned.row_time.items() if key[0] == "autoregressive"}
     assert stats == {KEY: dataclasses.replace(learned, row_time=plain, forward_time={}, host_time={})}
 
@@ -106,6 +115,7 @@ def test_actors_merge_by_what_each_measured_most():
     assert merged.row_time[("autoregressive", 8)] == ([0.02, 0.02], 2)  # equal counts: the first
     assert merged.forward_time == {(8, 1): ([0.02], 2), (8, 5): ([0.011], 8)}
     assert merged.host_time == {("prompt_lookup", 8, 5): ([0.1], 8)}
+    assert merged.tau_at == many.tau_at and merged.tree_tau == many.tree_tau  # τ by size with its drafter's rows
 
 
 def test_a_job_saves_to_its_logs_and_into_the_shared_file_keeping_other_keys(tmp_path):

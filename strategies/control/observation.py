@@ -162,6 +162,8 @@ class Observation(Estimates):
             nodes=dict(self.nodes),
             forward_time={key: (list(t.recent), t.count) for key, t in self.forward.times.items()},
             host_time={key: (list(t.recent), t.count) for key, t in self.host_time.items()},
+            tau_at={(name, *at): (ema.value, ema.seen) for name, by in self.tau_at.items() for at, ema in by.items()},
+            tree_tau={(name, n): (ema.value, ema.seen) for name, by in self.tree_tau.items() for n, ema in by.items()},
         )
 
     def warm_start(self, learned: Learned) -> None:
@@ -179,6 +181,13 @@ class Observation(Estimates):
         self.forward.load(times(learned.forward_time))
         self.host_time.update(times(learned.host_time))
         self.tau = {name: Ema(value, seen) for name, (value, seen) in learned.tau.items()}
+        self.tau_at, self.tree_tau = {}, {}
+        for (name, b, budget), (value, seen) in learned.tau_at.items():
+            self.tau_at.setdefault(name, {})[(b, budget)] = Ema(value, seen)
+        for (name, budget), (value, seen) in learned.tree_tau.items():
+            self.tree_tau.setdefault(name, {})[budget] = Ema(value, seen)
         self.measured = dict(learned.measured)
+        # A tree budget's τ counts as measured when the loaded statistics were: it ages from here (`_tree_evidence`).
+        self.tree_tau_at = {(name, budget): self.measured.get(name, (0, 0))[1] for name, budget in learned.tree_tau}
         self.depth, self.nodes = dict(learned.depth), dict(learned.nodes)
         self.memo.clear()

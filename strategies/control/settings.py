@@ -58,7 +58,8 @@ class ControllerSettings:
 @dataclass
 class Learned:
     """What a controller learned that outlives its actor: step times by (option, batch bucket), each
-    drafter's τ, steps and row steps measured per option, draft sizes, and the cost model's forward
+    drafter's τ (over all, by batch bucket and node budget, and a tree drafter's by node budget), steps
+    and row steps measured per option, draft sizes, and the cost model's forward
     times by (batch bucket, width) and host times by (drafter, batch bucket, width). Plain steps and plain
     forwards are kept in seconds, every other time as its ratio to a plain step's when it ran. Nothing
     in it decides a token: it only decides which lossless option runs and how long its drafts are."""
@@ -71,3 +72,5 @@ class Learned:
     forward_time: dict[tuple[int, int], tuple[list[float], int]] = field(default_factory=dict)  # (bucket, width)
     # (drafter, bucket, width)
     host_time: dict[tuple[str, int, int], tuple[list[float], int]] = field(default_factory=dict)
+    tau_at: dict[tuple[str, int, int], tuple[float, float]] = field(default_factory=dict)  # (drafter, bucket, budget)
+    tree_tau: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)  # (drafter, budget)

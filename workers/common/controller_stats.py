@@ -1,7 +1,8 @@
 """The controller statistics file: what actors' controllers learned, kept for the next job.
 
 One small JSON file holds, per (target weights hash, device, dtype), what the controllers of a job
-learned (`strategies.control.controller.Learned`): step times by batch bucket, τ by drafter, draft sizes, and the
+learned (`strategies.control.controller.Learned`): step times by batch bucket, τ by drafter (and by batch bucket
+and node budget, and a tree drafter's by node budget), draft sizes, and the
 cost model's measurements (forward times by batch bucket and width, each drafter's host time). The
 driver writes it at the end of a job to the output's `_logs/controller_stats.json` and, when
 `workers.controller_stats_url` is set, into that shared file (entries of other keys kept); it reads
@@ -13,7 +14,8 @@ A file that cannot be read, is not JSON, or has another schema is ignored with a
 statistics only save exploration, they never decide a token. A file of an earlier schema
 (`accelgen.controller_stats/1`, before the cost model; `/2`, whose drafters' step times, wide
 forwards and host times were seconds, not ratios to a plain step) is read with its plain step times,
-τ and sizes only: the controller measures the rest from its first steps.
+τ and sizes only: the controller measures the rest from its first steps. One of `/3`, which kept one τ
+per drafter, is read with its times too, and τ by bucket and budget is measured afresh.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from strategies.control.controller import Learned
 from strategies.verification.control import AUTOREGRESSIVE
 from workers.common.storage import filesystem, join, write_bytes
 
-SCHEMA = "accelgen.controller_stats/3"
+SCHEMA = "accelgen.controller_stats/4"
 # /1 lacks forward_time and host_time; /2 kept them and drafters' step times in seconds, and host times
 # by drafter and bucket only: both are read without them.
 WITHOUT_COSTS = ("accelgen.controller_stats/1", "accelgen.controller_stats/2")
-READABLE = (SCHEMA, *WITHOUT_COSTS)
+# /3 lacks tau_at and tree_tau (τ by batch bucket and node budget): read with one τ per drafter.
+WITHOUT_SIZED_TAU = ("accelgen.controller_stats/3", *WITHOUT_COSTS)
+READABLE = (SCHEMA, *WITHOUT_SIZED_TAU)
 FILE_NAME = "controller_stats.json"  # in the output's _logs/
 
 
@@ -76,6 +80,14 @@ def encode(stats: dict[StatsKey, Learned]) -> dict[str, Any]:
                     {"drafter": name, "bucket": b, "width": width, "recent": recent, "count": count}
                     for (name, b, width), (recent, count) in sorted(learned.host_time.items())
                 ],
+                "tau_at": [
+                    {"drafter": name, "bucket": b, "budget": budget, "value": v, "seen": seen}
+                    for (name, b, budget), (v, seen) in sorted(learned.tau_at.items())
+                ],
+                "tree_tau": [
+                    {"drafter": name, "budget": budget, "value": v, "seen": seen}
+                    for (name, budget), (v, seen) in sorted(learned.tree_tau.items())
+                ],
             }
         )
     return {"schema": SCHEMA, "entries": entries}
@@ -91,17 +103,19 @@ def decode(document: Any) -> dict[StatsKey, Learned]:
         raise ValueError("it has no list of entries")
     stats = {}
     costs = document["schema"] not in WITHOUT_COSTS
+    sized_tau = document["schema"] not in WITHOUT_SIZED_TAU
     for i, entry in enumerate(entries):
         try:
-            key, learned = _entry(entry, costs)
+            key, learned = _entry(entry, costs, sized_tau)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"entry {i} is malformed ({type(exc).__name__}: {exc})") from None
         stats[key] = learned
     return stats
 
 
-def _entry(entry: dict[str, Any], costs: bool) -> tuple[StatsKey, Learned]:
-    """One entry; `costs`: with its drafters' step times and its forward and host times (`WITHOUT_COSTS`)."""
+def _entry(entry: dict[str, Any], costs: bool, sized_tau: bool) -> tuple[StatsKey, Learned]:
+    """One entry; `costs`: with its drafters' step times and its forward and host times (`WITHOUT_COSTS`);
+    `sized_tau`: with τ by batch bucket and node budget (`WITHOUT_SIZED_TAU`)."""
     key = StatsKey(_text(entry["target"]), _text(entry["device"]), _text(entry["dtype"]))
     row_time = {
         (_text(t["option"]), _count(t["bucket"])): _times(t, "option")
@@ -123,6 +137,14 @@ def _entry(entry: dict[str, Any], costs: bool) -> tuple[StatsKey, Learned]:
         nodes={_text(n): _count(d) for n, d in entry["nodes"].items()},
         forward_time=forward_time,
         host_time=host_time,
+        tau_at={
+            (_text(t["drafter"]), _count(t["bucket"]), _count(t["budget"])): (_seconds(t["value"]), _seconds(t["seen"]))
+            for t in (entry["tau_at"] if sized_tau else [])
+        },
+        tree_tau={
+            (_text(t["drafter"]), _count(t["budget"])): (_seconds(t["value"]), _seconds(t["seen"]))
+            for t in (entry["tree_tau"] if sized_tau else [])
+        },
     )
 
 
@@ -179,8 +201,8 @@ def write(url: str, storage_options: dict[str, Any], stats: dict[StatsKey, Learn
 
 def merge(learned: list[Learned]) -> Learned:
     """One actor's statistics from several of one key: per option (and batch bucket), and per forward
-    width or drafter's host time, those of the actor that measured it most; draft sizes with the
-    drafter's measurements."""
+    width or drafter's host time, those of the actor that measured it most; τ (every one kept of a
+    drafter) and draft sizes with the drafter's measurements."""
     merged = Learned()
     for one in learned:
         for times, merged_times in (
@@ -197,6 +219,10 @@ def merge(learned: list[Learned]) -> Learned:
                 for source, target in ((one.tau, merged.tau), (one.depth, merged.depth), (one.nodes, merged.nodes)):
                     if name in source:
                         target[name] = source[name]
+                for source, target in ((one.tau_at, merged.tau_at), (one.tree_tau, merged.tree_tau)):
+                    for key in [key for key in target if key[0] == name]:
+                        del target[key]
+                    target.update({key: value for key, value in source.items() if key[0] == name})
     return merged
 
 
