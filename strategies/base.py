@@ -58,7 +58,7 @@ class RowRequest:
     stop: Callable[[list[int]], bool] | None = None
     # Penalties, min_p, min_tokens, stop token ids, logit bias (`strategies.runtime.logit_controls`); None: none.
     controls: LogitControls | None = None
-    # Its response_format compiled (`strategies.constraints`): every token it emits is one the grammar allows; None: none.
+    # Its response_format compiled (`strategies.constraints`): it emits only what the grammar allows; None: none.
     grammar: Grammar | None = None
 
 

@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
+from strategies.constraints.formats import FormatError
+from strategies.constraints.grammars import Grammar
 from workers.common.contract import derived_row_id, row_ids_of_id_column
 from workers.common.row_settings import RowSettings, row_settings
 from workers.common.spec import UnitInputError, WorkerSpec, WorkUnit
@@ -127,6 +129,27 @@ def settings_by_row(
         else:
             settings[i] = found
     return settings
+
+
+def compile_formats(
+    grammars: Callable[[str], Grammar],
+    settings: dict[int, RowSettings],
+    ids: list[str],
+    token_ids: dict[int, list[int]],
+    errors: dict[int, str],
+) -> dict[int, Grammar]:
+    """Each constrained row's grammar (`grammars`: the actor's cache, by canonical format). A row whose
+    format cannot compile becomes an error row (in `errors`, out of `token_ids` and `settings`)."""
+    compiled = {}
+    for i, found in list(settings.items()):
+        if found.response_format is None:
+            continue
+        try:
+            compiled[i] = grammars(found.response_format)
+        except FormatError as exc:
+            errors[i] = f"row {ids[i]}: its response_format {found.response_format} cannot be used: {exc}"
+            del token_ids[i], settings[i]
+    return compiled
 
 
 def groups(

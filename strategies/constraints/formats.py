@@ -10,7 +10,8 @@ format with this module alone; `strategies.constraints.grammars` compiles it in 
     {"type": "grammar", "ebnf": "..."}                             text of the grammar (llguidance's Lark dialect)
 
 The canonical form (`canonical`) is compact JSON with sorted keys and only what shapes the grammar (a
-schema's `name` and `strict` do not), so equal formats share one compiled grammar per actor.
+schema's `name` and `strict` do not), so equal formats share one compiled grammar per actor; it is a
+format itself (`canonical` of it is itself).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _fields(kind: str, value: dict[str, Any]) -> dict[str, Any]:
         schema = inner.get("schema") if isinstance(inner, dict) else None
         if not isinstance(schema, dict | bool):
             raise FormatError('json_schema needs {"json_schema": {"name": ..., "schema": <a JSON schema object>}}')
-        return {"schema": schema}
+        return {"json_schema": {"schema": schema}}
     if kind == "regex":
         if not isinstance(value.get("pattern"), str) or not value["pattern"]:
             raise FormatError('regex needs {"pattern": "<a regular expression>"}')

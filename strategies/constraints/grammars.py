@@ -69,7 +69,7 @@ def grammar_text(format_json: str) -> str:
     if kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=_JSON_OPTIONS)
     if kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(fmt["schema"], overrides=_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(fmt["json_schema"]["schema"], overrides=_JSON_OPTIONS)
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(fmt["pattern"])
     if kind == "choice":
