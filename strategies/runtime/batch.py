@@ -198,6 +198,7 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
     # Each row's controls read its output so far: its token list, which `emit` extends in place.
     requests, outputs = [row.request for row in active], [row.tokens for row in active]
     matchers = [row.matcher for row in active]
+    constrained = any(m is not None for m in matchers)  # a batch without formats pays nothing per step
     while max_steps is None or run.steps < max_steps:
         began = time.perf_counter()
         ids = pending[:, None]  # [B, 1]
@@ -208,7 +209,8 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
             hidden.append(out.hidden[:, -1])
         # Generation index of each row's next token: keys a sampled draw (greedy needs none).
         positions = None if params.sampling.greedy else torch.tensor([len(row.tokens) for row in active])
-        controlled = next_token_logits(constrain(out.logits[:, -1], matchers), requests, outputs, params)
+        last = constrain(out.logits[:, -1], matchers) if constrained else out.logits[:, -1]
+        controlled = next_token_logits(last, requests, outputs, params)
         pending = choose_tokens(controlled, params.sampling, batch.keys, positions)  # [B]
         scores = batch.score(out.logits[:, -1], pending)
         finished = False
