@@ -10,20 +10,18 @@ import json
 import jsonschema
 import pyarrow as pa
 import pytest
+import test_logit_controls as controls
 import torch
 from job_config import job_config
 from mixed_prompts import PROMPTS
 from scripted_proposer import ScriptedProposer
-from test_eagle import tiny_eagle
-from test_medusa import tiny_heads
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from pipeline.checks import validate
 from pipeline.driver import worker_spec
 from pipeline.errors import JobError
 from pipeline.fingerprint import LATER_KEYS
 from strategies import registry
-from strategies.artifacts.exits import untrained_exits
 from strategies.base import GenerationParams, RowRequest
 from strategies.constraints.drafts import kept_nodes, prune
 from strategies.constraints.formats import FormatError, canonical
@@ -32,7 +30,6 @@ from strategies.constraints.masks import allowed, new_bitmasks, slot_masks
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
-from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft
@@ -42,19 +39,9 @@ from workers.common.contract import FINISH_ERROR
 from workers.common.spec import WorkUnit
 from workers.generator import Generator
 
-EOS = 0
-NEW_TOKENS = 16
-LOSSLESS = [
-    "speculative",
-    "prompt_lookup",
-    "lookahead",
-    "medusa",
-    "blockwise",
-    "eagle",
-    "jacobi",
-    "self_speculative",
-    "auto",
-]
+EOS, NEW_TOKENS, LOSSLESS = controls.EOS, controls.NEW_TOKENS, controls.LOSSLESS
+# The tiny float64 target and every optional model, as the sampling controls' equivalence tests build them.
+model, target, models = controls.model, controls.target, controls.models
 SCHEMA = {
     "type": "object",
     "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "s": {"type": "string", "maxLength": 3}},
@@ -132,31 +119,8 @@ def tokenizer(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
-def target(model):
-    return ModelRunner(model)
-
-
-@pytest.fixture(scope="module")
 def grammars(tokenizer, target):
     return GrammarCache(tokenizer, target.vocab_size, {EOS})
-
-
-@pytest.fixture(scope="module")
-def models(model, target, tiny_model_dir) -> registry.Models:
-    exits = untrained_exits(model, [1], adapter_rank=4)
-    same = ModelRunner(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64))
-    return registry.Models(
-        target,
-        draft=same,
-        heads=tiny_heads(target, tiny_model_dir),
-        eagle=tiny_eagle(target, tiny_model_dir),
-        exits=exits.double().eval().requires_grad_(False),
-    )
 
 
 def _params(**sampling) -> GenerationParams:

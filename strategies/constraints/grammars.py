@@ -3,10 +3,9 @@ follows one row's tokens through its grammar.
 
 llguidance was chosen over xgrammar by measurement (`python -m jobs.bench.grammar_engines`,
 docs/benchmarks.md): it compiles a schema about ten times faster (each distinct per-row schema is
-compiled once per actor, on the decoding thread), its matchers roll back any number of tokens (a
-verify forward's tree is walked by advancing and rolling back), and it has no dependencies (xgrammar
-brings triton and apache-tvm-ffi). xgrammar's masks are cheaper per token; both are small beside a
-decode step.
+compiled once per actor, on the decoding thread) and it has no dependencies (xgrammar brings triton
+and apache-tvm-ffi). Both roll a matcher back by any number of tokens, which the walk of a verify
+forward's draft tree needs; xgrammar's masks are cheaper per token, both small beside a decode step.
 
 JSON is constrained compactly (no whitespace between tokens of the JSON text): a model cannot spend
 its `max_new_tokens` on blank space inside an object.
