@@ -5,6 +5,7 @@ some rows unconstrained)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -256,3 +257,22 @@ def test_the_job_and_its_rows_formats(tmp_path, tiny_model_dir, tokenizer):
         Generator(worker_spec(bad, "job"))
     with pytest.raises(JobError, match=r"generation\.response_format"):
         validate(job_config(tmp_path, tiny_model_dir, 'generation.response_format={"type": "xml"}'))
+
+
+def test_the_synthesis_bench_reports_its_aims_on_a_tiny_model(tmp_path, tiny_model_dir):
+    """`accelgen bench structured=true` runs end to end (its numbers on a tiny random model mean nothing)."""
+    from jobs.bench import structured
+    from jobs.bench.grammar_engines import RECORDS
+    from jobs.bench.settings import BenchConfig
+    from jobs.bench.structured_set import SCHEMAS, synthesis_rows
+    from pipeline.config import load_config
+
+    for name, schema in SCHEMAS.items():
+        jsonschema.validate(RECORDS[name], schema)  # the engines' walk is a valid record of each schema
+    assert [name for _, name in synthesis_rows(8)] == list(SCHEMAS) * 2
+    keys = [f"model={tiny_model_dir}", "num_prompts=4", "batch_sizes=[2]", "repeats=1", "max_new_tokens=8"]
+    config = load_config(BenchConfig(), None, [*keys, "strategy.candidates=[prompt_lookup]", "structured=true"])
+    report = structured.measure(structured.Bench(dataclasses.replace(config, strategies=["autoregressive", "auto"])))
+    assert report["rows"] == 4 and report["auto_tokens_equal_autoregressive"]
+    assert report["tokens"]["autoregressive constrained"] == report["tokens"]["autoregressive unconstrained"]
+    assert report["valid_share_of_finished"] in (None, 1.0)
