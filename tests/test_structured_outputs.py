@@ -250,6 +250,7 @@ def test_the_job_and_its_rows_formats(tmp_path, tiny_model_dir, tokenizer):
     table = pa.table({"prompt": ["def add", "import os", "x", "y"], "fmt": column})
     columns = generator.decode_table(table, WorkUnit("u", "s", "s.parquet", (0,), 0, 4), 1, {}).columns
     assert columns["finish_reason"][2] == FINISH_ERROR and "unclosed group" in columns["error"][2]
+    assert "input column 'fmt' (response_format)" in columns["error"][2]
     assert columns["completion"][0] in ("yes", "no", "maybe")
     assert set(columns["completion"][1]) <= set("abcdef") and columns["completion"][3] is not None
     bad = job_config(tmp_path, tiny_model_dir, 'generation.response_format={"type": "regex", "pattern": "("}')

@@ -275,7 +275,7 @@ class Generator:
         settings = unit_rows.settings_by_row(
             spec, self.job_settings, table, row_ids, token_ids, errors, self.runner.vocab_size
         )
-        grammars = unit_rows.compile_formats(self._grammar, settings, row_ids, token_ids, errors)
+        grammars = unit_rows.compile_formats(spec, self._grammar, settings, row_ids, token_ids, errors)
         groups = unit_rows.groups(spec, table, token_ids, settings, errors, self._refusal)
         columns = empty_columns(spec, table, row_ids, errors, prompt_tokens)
         with self._lock:

@@ -132,6 +132,7 @@ def settings_by_row(
 
 
 def compile_formats(
+    spec: WorkerSpec,
     grammars: Callable[[str], Grammar],
     settings: dict[int, RowSettings],
     ids: list[str],
@@ -139,7 +140,9 @@ def compile_formats(
     errors: dict[int, str],
 ) -> dict[int, Grammar]:
     """Each constrained row's grammar (`grammars`: the actor's cache, by canonical format). A row whose
-    format cannot compile becomes an error row (in `errors`, out of `token_ids` and `settings`)."""
+    format cannot compile becomes an error row (in `errors`, out of `token_ids` and `settings`); the job's
+    own compiled when the actor started (`Generator`), so such a format is always a row's column's."""
+    column = spec.input.params_columns.get("response_format")
     compiled = {}
     for i, found in list(settings.items()):
         if found.response_format is None:
@@ -147,7 +150,10 @@ def compile_formats(
         try:
             compiled[i] = grammars(found.response_format)
         except FormatError as exc:
-            errors[i] = f"row {ids[i]}: its response_format {found.response_format} cannot be used: {exc}"
+            errors[i] = (
+                f"row {ids[i]}: input column {column!r} (response_format) is {found.response_format}: {exc}; fix the "
+                "format, or null for the job's generation.response_format"
+            )
             del token_ids[i], settings[i]
     return compiled
 

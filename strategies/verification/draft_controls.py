@@ -31,9 +31,9 @@ def slot_outputs(output: list[int], draft: Draft) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class DraftControls:
-    """The controls of a batch's rows, for a verify forward: what slot j of a row's draft follows is its
-    output and the draft's path to slot j, so each slot's logits are controlled as plain decoding's
-    would be had it emitted that path."""
+    """The controls and grammars of a batch's rows, for a verify forward: what slot j of a row's draft
+    follows is its output and the draft's path to slot j, so each slot's logits are masked and
+    controlled as plain decoding's would be had it emitted that path."""
 
     requests: Sequence[RowRequest]
     outputs: Sequence[list[int]]  # per row: generated so far, the pending token last
