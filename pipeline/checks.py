@@ -15,10 +15,11 @@ from pipeline.errors import JobError
 from pipeline.format_checks import format_problems
 from strategies import registry
 from strategies.config_bounds import Bound, out_of_bounds
+from strategies.constraints.formats import FormatError, canonical
 from workers.common.model_kinds import missing_models
 from workers.common.row_settings import BIAS_BOUND, INT64, PENALTY_BOUND, sets_controls
 from workers.common.row_settings import SETTINGS as ROW_SETTINGS
-from workers.common.sections import DTYPES
+from workers.common.sections import DTYPES, GenerationConfig
 
 # Resources every actor asks for through their own keys (workers.num_cpus_per_actor, num_gpus_per_actor).
 RAY_OWN_RESOURCES = ("CPU", "GPU")
@@ -51,13 +52,24 @@ def validate(config: JobConfig) -> None:
             f"{', '.join(RAY_OWN_RESOURCES)} only through them)"
         )
     scores = o.logprobs or o.top_logprobs > 0
-    controls = sets_controls(g)
-    problems.extend(registry.problems(config.strategy, greedy=g.temperature == 0, logprobs=scores, controls=controls))
+    controls, formats = sets_controls(g), _format_problems(g, problems)
+    problems.extend(
+        registry.problems(config.strategy, g.temperature == 0, logprobs=scores, controls=controls, formats=formats)
+    )
     problems.extend(missing_models(config.strategy, config.model))
     problems.extend(artifact_problems(config))
     problems.extend(format_problems(config))
     if problems:
         raise JobError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _format_problems(g: GenerationConfig, problems: list[str]) -> bool:
+    """Whether the job asks for a response_format; a shape that cannot be one joins `problems`."""
+    try:
+        return g.response_format is not None and canonical(g.response_format) is not None
+    except FormatError as exc:
+        problems.append(f"generation.response_format: {exc}")
+        return False
 
 
 def _bounds(config: JobConfig) -> list[Bound]:

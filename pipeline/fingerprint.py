@@ -19,7 +19,7 @@ from pipeline.config import JobConfig
 from pipeline.input_formats import formats_identity
 from pipeline.shards import Shard
 from workers.common.model_kinds import KINDS
-from workers.common.row_settings import CONTROLS
+from workers.common.row_settings import LATER_SETTINGS
 
 FORMAT_VERSION = 1
 AUTO_DTYPE_KEY = "dtype_chosen"  # under the identity's "model"
@@ -65,7 +65,7 @@ def identity(
 
 # Keys added after jobs were first identified: part of the identity only when set away from their
 # default, so that an output written before they existed keeps its identity and resumes.
-LATER_KEYS = {"generation": CONTROLS, "strategy": ("reproducible_sampling",)}
+LATER_KEYS = {"generation": LATER_SETTINGS, "strategy": ("reproducible_sampling",)}
 
 
 def _settings(section: Any, name: str) -> dict[str, Any]:

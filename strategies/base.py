@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the registry reads this module in the driver, which imports no torch
+    from strategies.constraints.grammars import Grammar
     from strategies.runtime.logprobs import TokenLogprob
     from strategies.runtime.sampling import SamplingParams
 
@@ -57,6 +58,8 @@ class RowRequest:
     stop: Callable[[list[int]], bool] | None = None
     # Penalties, min_p, min_tokens, stop token ids, logit bias (`strategies.runtime.logit_controls`); None: none.
     controls: LogitControls | None = None
+    # Its response_format compiled (`strategies.constraints`): it emits only what the grammar allows; None: none.
+    grammar: Grammar | None = None
 
 
 # An output column a strategy fills for its rows: its name and the Python type of its values (float,

@@ -104,9 +104,12 @@ def auto_candidates(options: StrategySection, has: set[str]) -> list[str]:
     return auto.candidates(options, _SPECS, has)
 
 
-def problems(options: StrategySection, greedy: bool, logprobs: bool = False, controls: bool = False) -> list[str]:
+def problems(
+    options: StrategySection, greedy: bool, logprobs: bool = False, controls: bool = False, formats: bool = False
+) -> list[str]:
     """What is wrong with the strategy options for this job (`logprobs`: it reports the target's
-    log-probabilities; `controls`: it sets sampling controls), each naming its key (empty: nothing).
+    log-probabilities; `controls`: it sets sampling controls; `formats`: a response_format), each
+    naming its key (empty: nothing).
     Every strategy's own options are checked, since a strategy column may name any of them."""
     found = []
     name = options.name
@@ -119,11 +122,28 @@ def problems(options: StrategySection, greedy: bool, logprobs: bool = False, con
         found.extend([refused] if refused else [])
         if controls and _SPECS[name].controls_refusal:
             found.append(_SPECS[name].controls_refusal)
+    if formats and name in available():
+        found.extend([refused] if (refused := format_refusal(options)) else [])
     k = options.num_speculative_tokens
     found.extend(out_of_bounds([("strategy.num_speculative_tokens", k, k >= 0, ">= 0")]))
     for spec in SPECS:
         found.extend(spec.check(options))
     return found
+
+
+def format_refusal(options: StrategySection) -> str | None:
+    """Why strategy `options.name` cannot keep rows inside a response_format, or None: a lossy one may keep
+    a token the grammar's mask ruled out, and one that refuses sampling controls chooses tokens where no
+    mask reaches."""
+    name = options.name
+    spec = _SPECS.get(name)
+    why = auto.lossy(options, _SPECS) if spec is None else spec.controls_refusal or spec.lossy(options)
+    if why is None:
+        return None
+    return (
+        f"strategy.name={name} cannot keep rows inside a response_format ({why}): use a lossless strategy "
+        "(autoregressive, auto, or a drafter with exact acceptance), or drop the row's response_format"
+    )
 
 
 def artifact_problems(names: set[str], options: StrategySection, artifacts: Artifacts) -> list[str]:

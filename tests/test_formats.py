@@ -223,10 +223,13 @@ def test_an_openai_batch_file_in_and_out(tmp_path, tiny_model_dir):
     assert body["choices"][0]["finish_reason"] == "length"
     broken, structured = results["requests.jsonl#2"], results["structured"]
     assert broken["response"] is None and "requests.jsonl line 3: not valid JSON" in broken["error"]["message"]
-    assert structured["response"] is None and "body.response_format" in structured["error"]["message"]
+    assert structured["error"] is None  # a JSON object, as the request's response_format asks
+    choice = structured["response"]["body"]["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
     report = verify(str(tmp_path / "out"), str(tmp_path / "in"), {})
     assert report.ok and report.rows == 4, report.problems
-    assert read_job(str(tmp_path / "out"), {}).rows.column("finish_reason").to_pylist().count("error") == 2
+    assert read_job(str(tmp_path / "out"), {}).rows.column("finish_reason").to_pylist().count("error") == 1
 
 
 @pytest.fixture(scope="module")

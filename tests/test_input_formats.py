@@ -139,7 +139,7 @@ def _request(custom_id: str, **body: object) -> dict:
         ({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}, "the request has no custom_id"),
         ({"custom_id": "a", "url": "/v1/completions"}, "the request has no body object"),
         ({**_request("a", prompt="x"), "url": "/v1/embeddings"}, "url '/v1/embeddings' is not supported"),
-        (_request("a", prompt="x", response_format={"type": "json_object"}), "body.response_format is not supported"),
+        (_request("a", prompt="x", response_format={"type": "xml"}), "'body.response_format' (response_format)"),
         (_request("a", prompt="x", logprobs=5), "body.logprobs is not supported"),
         (_request("a", prompt="x", n=2), "body.n is 2"),
         (_request("a", prompt=["x", "y"]), "needs body.prompt as one string"),
@@ -167,7 +167,13 @@ def test_a_requests_body_sets_the_rows_settings():
         samples=1,
     )
     assert request.problem is None and request.chat and json.loads(request.messages)[0]["content"] == "x"
-    assert request.settings == {"max_new_tokens": 5, "temperature": 0.5, "stop": ["\n"], "seed": 3}
+    assert request.settings == {
+        "max_new_tokens": 5,
+        "temperature": 0.5,
+        "stop": ["\n"],
+        "seed": 3,
+        "response_format": '{"type": "text"}',  # the job's format does not reach a request that asks for text
+    }
 
 
 def _output_rows(samples: int) -> pa.Table:

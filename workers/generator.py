@@ -24,6 +24,8 @@ from transformers.utils import logging as transformers_logging
 
 from strategies import registry
 from strategies.base import Decoding, GenerationParams, RowOutput, RowRequest, Strategy, logit_controls
+from strategies.constraints.formats import FormatError
+from strategies.constraints.grammars import Grammar, GrammarCache
 from strategies.control.controller import Learned
 from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
@@ -82,6 +84,8 @@ class Generator:
             logprobs=spec.scores,
         )
         self.job_settings = job_row_settings(g)
+        self._grammars: GrammarCache | None = None  # built when a row first asks for a response_format
+        self._job_grammar()
         self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.faults = faults.plan()
         self._lock = threading.Lock()
@@ -271,6 +275,7 @@ class Generator:
         settings = unit_rows.settings_by_row(
             spec, self.job_settings, table, row_ids, token_ids, errors, self.runner.vocab_size
         )
+        grammars = unit_rows.compile_formats(spec, self._grammar, settings, row_ids, token_ids, errors)
         groups = unit_rows.groups(spec, table, token_ids, settings, errors, self._refusal)
         columns = empty_columns(spec, table, row_ids, errors, prompt_tokens)
         with self._lock:
@@ -282,6 +287,7 @@ class Generator:
                 seeded_key(row_key(row_ids[i], sample), settings[i].seed, spec.generation.seed),
                 self._stop_strings(settings[i].stop).for_row(),
                 logit_controls(settings[i]),
+                grammars.get(i),
             )
             for _, (i, sample) in items
         ]
@@ -307,9 +313,26 @@ class Generator:
             self._strategy(name)
             options = dataclasses.replace(self.spec.strategy, name=name)
             greedy, scores = settings.temperature == 0, self.params.logprobs is not None
-            return "; ".join(registry.problems(options, greedy, scores, sets_controls(settings))) or None
+            formats = settings.response_format is not None
+            return "; ".join(registry.problems(options, greedy, scores, sets_controls(settings), formats)) or None
         except (KeyError, ValueError) as exc:
             return exc.args[0]
+
+    def _grammar(self, format_json: str) -> Grammar:
+        """The compiled grammar of a canonical response_format (`strategies.constraints.grammars`)."""
+        if self._grammars is None:
+            self._grammars = GrammarCache(self.tokenizer, self.runner.vocab_size, self.params.eos_token_ids)
+        return self._grammars.get(format_json)
+
+    def _job_grammar(self) -> None:
+        """Compile the job's response_format at start: one that cannot compile fails the job, not its rows."""
+        job_format = self.job_settings.response_format
+        if job_format is None:
+            return
+        try:
+            self._grammar(job_format)
+        except FormatError as exc:
+            raise ValueError(f"generation.response_format {job_format} cannot be used: {exc}") from None
 
     def _open_decoding(self, group: unit_rows.Group, requests: list[RowRequest]) -> Decoding:
         name, key = group

@@ -42,6 +42,7 @@ _SETTING_TYPES = {
     "min_tokens": pa.int64(),
     "stop_token_ids": pa.list_(pa.int64()),
     "logit_bias": pa.string(),  # JSON text of {token id: bias}
+    "response_format": pa.string(),  # JSON text of the format
 }
 
 

@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
+from strategies.constraints.formats import FormatError
+from strategies.constraints.grammars import Grammar
 from workers.common.contract import derived_row_id, row_ids_of_id_column
 from workers.common.row_settings import RowSettings, row_settings
 from workers.common.spec import UnitInputError, WorkerSpec, WorkUnit
@@ -127,6 +129,33 @@ def settings_by_row(
         else:
             settings[i] = found
     return settings
+
+
+def compile_formats(
+    spec: WorkerSpec,
+    grammars: Callable[[str], Grammar],
+    settings: dict[int, RowSettings],
+    ids: list[str],
+    token_ids: dict[int, list[int]],
+    errors: dict[int, str],
+) -> dict[int, Grammar]:
+    """Each constrained row's grammar (`grammars`: the actor's cache, by canonical format). A row whose
+    format cannot compile becomes an error row (in `errors`, out of `token_ids` and `settings`); the job's
+    own compiled when the actor started (`Generator`), so such a format is always a row's column's."""
+    column = spec.input.params_columns.get("response_format")
+    compiled = {}
+    for i, found in list(settings.items()):
+        if found.response_format is None:
+            continue
+        try:
+            compiled[i] = grammars(found.response_format)
+        except FormatError as exc:
+            errors[i] = (
+                f"row {ids[i]}: input column {column!r} (response_format) is {found.response_format}: {exc}; fix the "
+                "format, or null for the job's generation.response_format"
+            )
+            del token_ids[i], settings[i]
+    return compiled
 
 
 def groups(

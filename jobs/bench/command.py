@@ -2,7 +2,7 @@
 
 Each mode lives in a module of its own, and none of them imports this one: the in-process table
 (`jobs/bench/decoding.py`), the cost table (`costs=true`, `jobs/bench/costs.py`) and whole jobs
-(`job=true`, `jobs/bench/job.py`).
+(`job=true`, `jobs/bench/job.py`) and structured outputs (`structured=true`, `jobs/bench/structured.py`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from jobs.args import config_or_usage
-from jobs.bench import costs, job
+from jobs.bench import costs, job, structured
 from jobs.bench.decoding import LEGEND, SWEEPS, Bench, print_header, print_rows
 from jobs.bench.settings import BenchConfig
 from pipeline.errors import JobError
@@ -26,6 +26,8 @@ def main(args: list[str]) -> int:
     check(config)
     if config.job:
         return job.main(config)
+    if config.structured:
+        return structured.main(config)
     bench = Bench(config)
     if config.costs:
         report = costs.measure(bench)

@@ -82,6 +82,11 @@ class _BenchSettings:
     )
     cost_new_tokens: list[int] = option([1, 2, 4, 8, 16], "costs=true: new tokens per row of each timed forward.")
     cost_cache_tokens: int = option(200, "costs=true: cached tokens per row under each timed forward.")
+    structured: bool = option(
+        False,
+        "Measure structured outputs instead (jobs/bench/structured.py): the JSON-schema synthesis set of num_prompts "
+        "rows, autoregressive and auto, constrained and not, at the first of batch_sizes.",
+    )
     # Whole jobs (jobs/bench/job.py): each contender runs as `accelgen generate` processes.
     job: bool = option(False, "Time whole `accelgen generate` jobs, cold and warm, instead of in-process decoding.")
     job_shards: int = option(3, "job=true: input shards the num_prompts rows are split into.")

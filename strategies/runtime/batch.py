@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from strategies.base import GenerationParams, RowRequest, finish_reason
+from strategies.constraints.grammars import RowMatcher
+from strategies.constraints.masks import constrain
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.logit_controls import next_token_logits
 from strategies.runtime.logprobs import TokenLogprob, score_tokens
@@ -40,6 +42,8 @@ class Row:
     tokens: list[int] = field(default_factory=list)  # generated, the pending one last
     reason: str | None = None  # why it finished; None while it goes on
     scores: list[TokenLogprob] | None = None  # each token's score, when `params.logprobs` asks for them
+    # Where the row stands in its response_format's grammar, its emitted tokens followed; None: no format.
+    matcher: RowMatcher | None = None
 
 
 @dataclass
@@ -69,6 +73,8 @@ class Batch:
         the row has finished with it."""
         tokens = row.tokens
         tokens.append(token)
+        if row.matcher is not None:
+            row.matcher.advance(token)
         self.generated += 1
         if row.scores is not None:
             row.scores.append(score)
@@ -146,10 +152,15 @@ def start_batch(
         kv.select_rows(index)
         last, hidden = last[index], hidden[index] if want_hidden else None
     keys = torch.tensor([r.key for r in requests], dtype=torch.long)  # [B]
-    controlled = next_token_logits(last, requests, [[] for _ in requests], params)
-    first = choose_tokens(controlled, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     scored = params.logprobs is not None
-    rows = [row_type(r, number, scores=[] if scored else None) for number, r in enumerate(requests)]
+    rows = [
+        row_type(r, number, scores=[] if scored else None, matcher=None if r.grammar is None else r.grammar.matcher())
+        for number, r in enumerate(requests)
+    ]
+    # The grammar's mask first: the controls then act on allowed tokens only (min_p's top one among them).
+    allowed = constrain(last, [row.matcher for row in rows])
+    controlled = next_token_logits(allowed, requests, [[] for _ in requests], params)
+    first = choose_tokens(controlled, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     batch = Batch(params, kv, rows, keys, runner.max_context, unreported=list(rows), count=len(rows))
     if want_hidden:
         width = hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
@@ -186,6 +197,8 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
     run = PlainRun(emitted=[[] for _ in active], still=list(range(len(active))))
     # Each row's controls read its output so far: its token list, which `emit` extends in place.
     requests, outputs = [row.request for row in active], [row.tokens for row in active]
+    matchers = [row.matcher for row in active]
+    constrained = any(m is not None for m in matchers)  # a batch without formats pays nothing per step
     while max_steps is None or run.steps < max_steps:
         began = time.perf_counter()
         ids = pending[:, None]  # [B, 1]
@@ -196,7 +209,8 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
             hidden.append(out.hidden[:, -1])
         # Generation index of each row's next token: keys a sampled draw (greedy needs none).
         positions = None if params.sampling.greedy else torch.tensor([len(row.tokens) for row in active])
-        controlled = next_token_logits(out.logits[:, -1], requests, outputs, params)
+        last = constrain(out.logits[:, -1], matchers) if constrained else out.logits[:, -1]
+        controlled = next_token_logits(last, requests, outputs, params)
         pending = choose_tokens(controlled, params.sampling, batch.keys, positions)  # [B]
         scores = batch.score(out.logits[:, -1], pending)
         finished = False

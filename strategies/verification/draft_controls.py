@@ -1,6 +1,7 @@
-"""A verify forward's logits under its rows' sampling controls: slot j of a row's draft follows the
-row's output and the draft's path down to slot j, so each slot's logits are controlled as plain
-decoding's would be had it emitted that path (`strategies.runtime.logit_controls`)."""
+"""A verify forward's logits under its rows' grammars and sampling controls: slot j of a row's draft
+follows the row's output and the draft's path down to slot j, so each slot's logits are masked and
+controlled as plain decoding's would be had it emitted that path (`strategies.constraints.masks`,
+`strategies.runtime.logit_controls`), the grammar's mask first, as in plain steps."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from strategies.constraints.masks import Matcher, draft_logits
 from strategies.runtime.logit_controls import SlotHistory, control_logits, min_tokens_ends
 
 if TYPE_CHECKING:
@@ -29,24 +31,29 @@ def slot_outputs(output: list[int], draft: Draft) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class DraftControls:
-    """The controls of a batch's rows, for a verify forward: what slot j of a row's draft follows is its
-    output and the draft's path to slot j, so each slot's logits are controlled as plain decoding's
-    would be had it emitted that path."""
+    """The controls and grammars of a batch's rows, for a verify forward: what slot j of a row's draft
+    follows is its output and the draft's path to slot j, so each slot's logits are masked and
+    controlled as plain decoding's would be had it emitted that path."""
 
     requests: Sequence[RowRequest]
     outputs: Sequence[list[int]]  # per row: generated so far, the pending token last
     params: GenerationParams
+    matchers: Sequence[Matcher | None]  # per row: where it stands in its grammar; None: no format
 
     @staticmethod
     def of(batch: Batch) -> DraftControls | None:
-        """The controls of the batch's active rows, or None when no row has any."""
-        requests = [row.request for row in batch.active]
-        if all(r.controls is None for r in requests):
+        """The controls and grammars of the batch's active rows, or None when no row has either."""
+        requests, matchers = [row.request for row in batch.active], [row.matcher for row in batch.active]
+        if all(r.controls is None for r in requests) and all(m is None for m in matchers):
             return None
-        return DraftControls(requests, [row.tokens for row in batch.active], batch.params)
+        return DraftControls(requests, [row.tokens for row in batch.active], batch.params, matchers)
 
     def apply(self, logits: torch.Tensor, drafts: Sequence[Draft]) -> torch.Tensor:
-        """[B, W, V] a verify forward's logits under each row's controls, slot by slot (padding as it is)."""
+        """[B, W, V] a verify forward's logits under each row's grammar and controls, slot by slot (padding
+        as it is). `drafts` are cut to what the grammars allow (`strategies.constraints.drafts.prune`)."""
+        logits = draft_logits(logits, self.matchers, drafts)
+        if all(r.controls is None for r in self.requests):
+            return logits
         b, w, v = logits.shape
         slots: list[SlotHistory | None] = []
         for request, output, draft in zip(self.requests, self.outputs, drafts, strict=True):

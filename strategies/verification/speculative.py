@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
+from strategies.constraints.drafts import prune
 from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, Row, decode_plainly, start_batch
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.target_states import TargetStates
@@ -165,7 +166,7 @@ class SpeculativeStrategy:
         if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
             self._plain(run, 1)
             return
-        drafts = self._drafts(run, drafter, context)
+        drafts = prune([row.matcher for row in batch.active], self._drafts(run, drafter, context))
         began += drafter.proposer.setup_s  # once per row, as a start is
         setup_s += drafter.proposer.setup_s
         if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost

@@ -16,7 +16,7 @@ from typing import Any
 
 from workers.common.contract import FINISH_ERROR
 from workers.common.json_lines import json_text
-from workers.common.row_settings import CONTROLS, RowSettings, column_value, row_settings
+from workers.common.row_settings import LATER_SETTINGS, RowSettings, column_value, row_settings
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
 # The columns a request's body fields are read into, by the row setting they set (their names are what
@@ -27,17 +27,17 @@ PARAMS_COLUMNS = {
     "top_p": "body.top_p",
     "stop": "body.stop",
     "seed": "body.seed",
-    **{control: f"body.{control}" for control in CONTROLS},
+    **{setting: f"body.{setting}" for setting in LATER_SETTINGS},
 }
-# OpenAI's presence_penalty, frequency_penalty and logit_bias, and vLLM's extra sampling fields of the same
-# requests (repetition_penalty, min_p, min_tokens, stop_token_ids), with the same meanings.
+# OpenAI's presence_penalty, frequency_penalty, logit_bias and response_format, and vLLM's extra sampling
+# fields of the same requests (repetition_penalty, min_p, min_tokens, stop_token_ids), with the same meanings.
 _BODY_FIELDS = {
     "max_tokens": "max_new_tokens",
     "temperature": "temperature",
     "top_p": "top_p",
     "stop": "stop",
     "seed": "seed",
-    **{control: control for control in CONTROLS},
+    **{setting: setting for setting in LATER_SETTINGS},
 }
 _HONOURED = frozenset({*_BODY_FIELDS, "max_completion_tokens"})
 # Read elsewhere (prompt, messages, n), or not needed: the job's model.target decodes every row,
@@ -50,12 +50,10 @@ _NEUTRAL = {
     "top_logprobs": (0,),
     "best_of": (1,),
     "echo": (False,),
-    "response_format": ({"type": "text"},),
 }
 _FIXES = {
     "logprobs": "per-token log-probabilities are not written in the Batch API output",
     "top_logprobs": "per-token log-probabilities are not written in the Batch API output",
-    "response_format": "structured outputs are not supported",
 }
 # What any row's settings are checked against: only the body's own values are kept.
 _ANY = RowSettings(1, 0.0, 1.0, (), 0)

@@ -1,5 +1,6 @@
 """Per-row generation settings: optional input columns (`input.params_columns`) override the job's
-`max_new_tokens`, `temperature`, `top_p`, `stop`, `seed` and sampling controls (`CONTROLS`) row by row.
+`max_new_tokens`, `temperature`, `top_p`, `stop`, `seed`, sampling controls (`CONTROLS`) and
+`response_format` row by row.
 
 A value that cannot be used is the row's problem, not the job's: `row_settings` returns a message
 naming the row, the column and the fix, and the row becomes an error row. A null value means the
@@ -9,7 +10,8 @@ Rows with different settings share a batch where the decoding loop allows it: a 
 into its sampling key (`sampling.seeded_key`) and its stop strings are its own callback, so neither
 splits a batch, and neither do the sampling controls: each row's are applied to its own logits, from its
 own history (`strategies.runtime.logit_controls`), so a batch of rows with different penalties costs what
-one with shared penalties would. Temperature, top-p and `max_new_tokens` shape the loop itself (which drafters may
+one with shared penalties would; nor do response formats, each row's grammar masking its own logits
+(`strategies.constraints`). Temperature, top-p and `max_new_tokens` shape the loop itself (which drafters may
 run, how tokens are drawn, how far a row goes), so rows are batched by them (`RowSettings.batch_key`).
 """
 
@@ -21,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from strategies.constraints.formats import FormatError, canonical
+
 # The sampling controls: applied to a row's logits before its token is chosen.
 CONTROLS = (
     "presence_penalty",
@@ -31,7 +35,10 @@ CONTROLS = (
     "stop_token_ids",
     "logit_bias",
 )
-SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed", *CONTROLS)
+# The generation keys that joined after the first: part of a job's identity only away from their defaults.
+LATER_SETTINGS = (*CONTROLS, "response_format")
+SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed", *LATER_SETTINGS)
+TEXT_FORMAT = '{"type": "text"}'  # a row's response_format that asks for no format, whatever the job's
 INT64 = (-(1 << 63), (1 << 63) - 1)
 PENALTY_BOUND = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
 BIAS_BOUND = 100.0  # a logit bias lies in [-100, 100], as OpenAI's
@@ -51,6 +58,7 @@ class RowSettings:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by token id
+    response_format: str | None = None  # canonical JSON text (`strategies.constraints.formats`); None: none
 
     def token_ids(self) -> list[int]:
         """The token ids the controls name, for a check against the model's vocabulary."""
@@ -89,6 +97,7 @@ def job_row_settings(generation: Any) -> RowSettings:
         g.min_tokens,
         tuple(g.stop_token_ids),
         tuple(sorted((int(token), float(bias)) for token, bias in g.logit_bias.items())),
+        None if g.response_format is None else canonical(g.response_format),
     )
 
 
@@ -117,6 +126,8 @@ def column_value(settings: RowSettings, setting: str) -> object:
     value = getattr(settings, setting)
     if setting == "logit_bias":
         return json.dumps({str(token): bias for token, bias in value})
+    if setting == "response_format":
+        return TEXT_FORMAT if value is None else value
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -223,6 +234,13 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...] | _Bad:
     return tuple(sorted(biases.items()))
 
 
+def _response_format(value: object) -> str | _Bad | None:
+    try:
+        return canonical(value)
+    except FormatError as exc:
+        return _Bad(f"{exc} (the JSON text of a response_format object)")
+
+
 _CHECKS = {
     "max_new_tokens": _max_new_tokens,
     "temperature": _temperature,
@@ -236,4 +254,5 @@ _CHECKS = {
     "min_tokens": _min_tokens,
     "stop_token_ids": _stop_token_ids,
     "logit_bias": _logit_bias,
+    "response_format": _response_format,
 }

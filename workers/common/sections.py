@@ -52,7 +52,8 @@ class InputConfig:
         {},
         "Per-row settings: {setting: column} for settings among max_new_tokens, temperature, top_p, stop, seed, "
         "presence_penalty, frequency_penalty, repetition_penalty, min_p, min_tokens, stop_token_ids (a list<int64> "
-        "column), logit_bias (a map<int64, double> column, or JSON text of an object); a row's non-null value "
+        "column), logit_bias (a map<int64, double> column, or JSON text of an object), response_format (JSON text of "
+        "one, as generation.response_format); a row's non-null value "
         "overrides generation.<setting>, a bad one makes an error row.",
     )
     storage_options: dict[str, Any] = option({}, "fsspec storage options for the input (endpoint, credentials).")
@@ -184,6 +185,12 @@ class GenerationConfig:
         {},
         "{token id: bias in [-100, 100]} added to the token's logit before anything else (OpenAI's): -100 bans a "
         "token, 100 all but forces it.",
+    )
+    response_format: dict[str, Any] | None = option(
+        None,
+        "Structured output, OpenAI's shape: {type: json_object}, {type: json_schema, json_schema: {name, schema}}, "
+        "{type: regex, pattern}, {type: choice, choices: [...]}, {type: grammar, ebnf} (llguidance's Lark syntax) "
+        "or {type: text} (none). Every token is one the format allows; a row ending by length may not parse.",
     )
     n: int = option(
         1,

@@ -1,0 +1,133 @@
+"""`accelgen bench structured=true`: the structured-output aims on the JSON-schema synthesis set
+(`jobs.bench.structured_set`, `num_prompts` rows, four schemas), in process, at the first of
+`batch_sizes`:
+
+- the share of finished constrained outputs (finish_reason stop) that parse and validate with jsonschema;
+- constrained autoregressive decoding's time over unconstrained decoding's of the same rows, each
+  unconstrained row stopped after as many tokens as its constrained output has (a stop callback), so
+  both decode the same number of tokens in batches that shrink alike;
+- `auto`'s speed-up over autoregressive decoding, constrained and unconstrained, and the share of the
+  unconstrained speed-up it keeps under constraints.
+
+Each contender decodes every row `repeats` times, rounds in alternating order; times are medians. Grammars
+are compiled before timing, as an actor compiles each distinct format once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jobs.bench.decoding import Bench
+from jobs.bench.settings import BenchConfig
+from jobs.bench.structured_set import SCHEMAS, response_format, synthesis_rows
+from strategies import registry
+from strategies.base import GenerationParams, RowOutput, RowRequest
+from strategies.constraints.formats import canonical
+from strategies.constraints.grammars import GrammarCache
+from strategies.runtime.sampling import SamplingParams, row_key
+
+CONTENDERS = [("autoregressive", True), ("autoregressive", False), (registry.AUTO, True), (registry.AUTO, False)]
+
+
+def label(name: str, constrained: bool) -> str:
+    return f"{name} {'constrained' if constrained else 'unconstrained'}"
+
+
+def main(config: BenchConfig) -> int:
+    bench = Bench(dataclasses.replace(config, strategies=["autoregressive", registry.AUTO]))
+    report = measure(bench)
+    print(json.dumps(report, indent=1))
+    if config.report:
+        with open(config.report, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def _decode(bench: Bench, name: str, requests: list[RowRequest], params: GenerationParams) -> list[RowOutput]:
+    batch_size = bench.config.batch_sizes[0]
+    strategy = bench.fresh(dataclasses.replace(bench.config.strategy, name=name), batch_size)
+    rows: list[RowOutput] = []
+    for first in range(0, len(requests), batch_size):
+        rows.extend(strategy.generate(requests[first : first + batch_size], params).rows)
+    return rows
+
+
+def _requests(prompts: list[list[int]], grammars: list, lengths: list[int] | None = None) -> list[RowRequest]:
+    """The rows as requests, each with its grammar, or ended after `lengths[i]` tokens."""
+    return [
+        RowRequest(p, row_key(str(i)), None if lengths is None else _stop_after(lengths[i]), grammar=g)
+        for i, (p, g) in enumerate(zip(prompts, grammars, strict=True))
+    ]
+
+
+def _stop_after(count: int) -> Callable[[list[int]], bool]:
+    return lambda tokens: len(tokens) >= count
+
+
+def measure(bench: Bench) -> dict[str, Any]:
+    config, tokenizer = bench.config, bench.tokenizer
+    rows = synthesis_rows(config.num_prompts)
+    prompts = [ids[-config.max_prompt_tokens :] for ids in tokenizer([p for p, _ in rows])["input_ids"]]
+    ends = frozenset({tokenizer.eos_token_id})
+    grammars = GrammarCache(tokenizer, bench.models.target.vocab_size, ends)
+    compiled = [grammars.get(canonical(response_format(name))) for _, name in rows]
+    params = GenerationParams(config.max_new_tokens, SamplingParams(), ends)
+
+    lengths = [len(r.tokens) for r in _decode(bench, "autoregressive", _requests(prompts, compiled), params)]
+
+    def requests(constrained: bool) -> list[RowRequest]:
+        return _requests(prompts, compiled) if constrained else _requests(prompts, [None] * len(prompts), lengths)
+
+    bench.models.target.warm_up(config.batch_sizes[0])
+    for name, constrained in CONTENDERS:  # warm-up: first calls allocate and pick kernels
+        _decode(bench, name, requests(constrained)[: config.batch_sizes[0]], params)
+    seconds: dict[str, list[float]] = {label(*c): [] for c in CONTENDERS}
+    outputs: dict[str, list[RowOutput]] = {}
+    order = list(CONTENDERS)
+    for _ in range(config.repeats):
+        for name, constrained in order:
+            gc.collect()
+            began = time.perf_counter()
+            outputs[label(name, constrained)] = _decode(bench, name, requests(constrained), params)
+            seconds[label(name, constrained)].append(time.perf_counter() - began)
+        order.reverse()
+    return _report(tokenizer, rows, {k: statistics.median(v) for k, v in seconds.items()}, outputs)
+
+
+def _valid(tokenizer: Any, row: RowOutput, schema: dict[str, Any]) -> bool:
+    import jsonschema  # a test and bench dependency (the dev extra), not the runtime's
+
+    try:
+        jsonschema.validate(json.loads(tokenizer.decode(row.tokens, skip_special_tokens=True)), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def _report(
+    tokenizer: Any, rows: list[tuple[str, str]], seconds: dict[str, float], outputs: dict[str, list[RowOutput]]
+) -> dict[str, Any]:
+    ar_c, ar_u = label("autoregressive", True), label("autoregressive", False)
+    auto_c, auto_u = label(registry.AUTO, True), label(registry.AUTO, False)
+    finished = [(row, name) for row, (_, name) in zip(outputs[ar_c], rows, strict=True) if row.finish_reason == "stop"]
+    valid = sum(_valid(tokenizer, row, SCHEMAS[name]) for row, name in finished)
+    tokens = {k: sum(len(r.tokens) for r in v) for k, v in outputs.items()}
+    speedup_c, speedup_u = seconds[ar_c] / seconds[auto_c], seconds[ar_u] / seconds[auto_u]
+    return {
+        "rows": len(rows),
+        "finished": len(finished),
+        "valid_share_of_finished": valid / len(finished) if finished else None,
+        "seconds": seconds,
+        "tokens": tokens,
+        "constrained_cost": seconds[ar_c] / seconds[ar_u],
+        "auto_speedup_constrained": speedup_c,
+        "auto_speedup_unconstrained": speedup_u,
+        "auto_speedup_kept": speedup_c / speedup_u,
+        "auto_tokens_equal_autoregressive": [r.tokens for r in outputs[auto_c]] == [r.tokens for r in outputs[ar_c]],
+    }

@@ -1,0 +1,279 @@
+"""Structured outputs (`generation.response_format`): every token a constrained row emits is one its
+grammar allows, chosen as plain decoding chooses among those tokens, and every lossless drafter emits
+constrained plain decoding's tokens (float64, batch 1 and 8 of mixed prompt lengths and mixed formats,
+some rows unconstrained)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jsonschema
+import pyarrow as pa
+import pytest
+import test_logit_controls as controls
+import torch
+from job_config import job_config
+from mixed_prompts import PROMPTS
+from scripted_proposer import ScriptedProposer
+from transformers import AutoTokenizer
+
+from pipeline.checks import validate
+from pipeline.driver import worker_spec
+from pipeline.errors import JobError
+from pipeline.fingerprint import LATER_KEYS
+from strategies import registry
+from strategies.base import GenerationParams, RowRequest
+from strategies.constraints.drafts import kept_nodes, prune
+from strategies.constraints.formats import FormatError, canonical
+from strategies.constraints.grammars import GrammarCache
+from strategies.constraints.masks import allowed, new_bitmasks, slot_masks
+from strategies.control.controller import AdaptiveController
+from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.options import StrategyOptions
+from strategies.runtime.sampling import SamplingParams
+from strategies.verification.drafting import DraftingMethod
+from strategies.verification.drafts import Draft
+from strategies.verification.rules import ExactMatch
+from strategies.verification.speculative import SpeculativeStrategy
+from workers.common.contract import FINISH_ERROR
+from workers.common.spec import WorkUnit
+from workers.generator import Generator
+
+EOS, NEW_TOKENS, LOSSLESS = controls.EOS, controls.NEW_TOKENS, controls.LOSSLESS
+# The tiny float64 target and every optional model, as the sampling controls' equivalence tests build them.
+model, target, models = controls.model, controls.target, controls.models
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "s": {"type": "string", "maxLength": 3}},
+    "required": ["n", "s"],
+    "additionalProperties": False,
+}
+FORMATS = {
+    "regex": {"type": "regex", "pattern": "[a-f]{3,12}"},
+    "choice": {"type": "choice", "choices": ["yes", "no", "maybe"]},
+    "json_schema": {"type": "json_schema", "json_schema": {"name": "pair", "schema": SCHEMA}},
+    "grammar": {"type": "grammar", "ebnf": 'start: "(" ITEM ("," ITEM)* ")"\nITEM: /[0-9]/'},
+    "json_object": {"type": "json_object"},
+}
+# One batch: every format, and rows without any.
+MIXED = [FORMATS["regex"], FORMATS["choice"], None, FORMATS["json_schema"], FORMATS["grammar"], None]
+MIXED += [FORMATS["json_object"], {"type": "regex", "pattern": "(def|import) [a-z]+"}]
+
+
+class TrieMatcher:
+    """A grammar of literal token sequences, for tests on literal inputs: a path is allowed while it is a
+    prefix of one of `sequences`."""
+
+    ends = frozenset({EOS})
+
+    def __init__(self, sequences: list[list[int]]) -> None:
+        self.sequences, self.path = sequences, []
+
+    def _next(self) -> set[int]:
+        n = len(self.path)
+        return {s[n] for s in self.sequences if len(s) > n and s[:n] == self.path}
+
+    def accepts(self, token: int) -> bool:
+        return token in self._next()
+
+    def advance(self, token: int) -> None:
+        self.path.append(token)
+
+    def back(self, count: int) -> None:
+        del self.path[len(self.path) - count :]
+
+    def fill(self, bitmask: torch.Tensor) -> None:
+        bitmask.zero_()
+        for token in self._next():
+            bitmask[token // 32] |= 1 << (token % 32)
+
+
+def test_a_draft_keeps_the_nodes_the_grammar_allows():
+    matcher = TrieMatcher([[1, 2, 3], [1, 4], [5]])
+    # Tree: 1 (0) -> 2 (1) -> 3 (2), 1 -> 9 (3) -> 3 (4), 7 (5), 5 (6).
+    tree = Draft([1, 2, 3, 9, 3, 7, 5], [-1, 0, 1, 0, 3, -1, -1])
+    assert kept_nodes(matcher, tree) == [0, 1, 2, 6] and matcher.path == []
+    pruned = prune([matcher, None], [tree, tree])
+    assert (pruned[0].tokens, pruned[0].parents) == ([1, 2, 3, 5], [-1, 0, 1, -1]) and pruned[1] is tree
+    chain = Draft.chain([1, 2, 7, 8])
+    assert prune([matcher], [chain])[0].tokens == [1, 2]
+    # Drawn with probabilities: the first refused node stays, a leaf, for the rule to reject.
+    drawn = Draft.chain([1, 2, 7, 8], probs=torch.eye(10)[[1, 2, 7, 8]])
+    kept = prune([matcher], [drawn])[0]
+    assert kept.tokens == [1, 2, 7] and kept.probs.argmax(dim=1).tolist() == [1, 2, 7]
+
+
+def test_each_slot_is_masked_by_the_grammar_after_its_draft_path():
+    matcher = TrieMatcher([[1, 2, 3], [1, 4], [5]])
+    tree = Draft([1, 2, 9, 4], [-1, 0, 1, 0])  # 1 -> 2 -> 9 (refused), 1 -> 4
+    bitmasks = new_bitmasks(1 + len(tree), 40)
+    slot_masks(matcher, tree, bitmasks)
+    ok = allowed(bitmasks, 40)
+    expected = [{1, 5}, {2, 4}, {3}, set(range(40)), set()]  # the refused node's slot: never reached
+    assert [set(torch.nonzero(row).flatten().tolist()) for row in ok] == expected and matcher.path == []
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def grammars(tokenizer, target):
+    return GrammarCache(tokenizer, target.vocab_size, {EOS})
+
+
+def _params(**sampling) -> GenerationParams:
+    return GenerationParams(NEW_TOKENS, SamplingParams(**sampling), frozenset({EOS}))
+
+
+def _requests(grammars, formats, prompts):
+    return [
+        RowRequest(list(p), key=i, grammar=None if f is None else grammars.get(canonical(f)))
+        for i, (p, f) in enumerate(zip(prompts, formats, strict=True))
+    ]
+
+
+def _plain(target, grammars, formats, prompts=PROMPTS, params=None) -> list[list[int]]:
+    out = AutoregressiveStrategy(target).generate(_requests(grammars, formats, prompts), params or _params())
+    return [r.tokens for r in out.rows]
+
+
+def _drafted(name, models, grammars, formats, prompts=PROMPTS, params=None) -> list[list[int]]:
+    options = StrategyOptions(name=name, num_speculative_tokens=4, adaptive=name == "auto")
+    options.self_speculative.exit_layer = 1  # the tiny target has two layers
+    controller = AdaptiveController() if name == "auto" else None
+    strategy = registry.create(options, models, controller)
+    return [r.tokens for r in strategy.generate(_requests(grammars, formats, prompts), params or _params()).rows]
+
+
+def test_plain_decoding_chooses_the_best_token_the_grammar_allows(model, target, grammars, tokenizer):
+    rows = _plain(target, grammars, MIXED)
+    assert rows != _plain(target, grammars, [None] * len(PROMPTS))
+    for prompt, fmt, row in zip(PROMPTS, MIXED, rows, strict=True):
+        matcher = None if fmt is None else grammars.get(canonical(fmt)).matcher()
+        output: list[int] = []
+        for token in row:
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + output])).logits[0, -1]
+            if matcher is not None:
+                bitmask = new_bitmasks(1, len(logits))
+                matcher.fill(bitmask[0])
+                logits = logits.masked_fill(~allowed(bitmask, len(logits))[0], -torch.inf)
+                matcher.advance(token)
+            assert token == int(logits.argmax())
+            output.append(token)
+    text = [tokenizer.decode(r, skip_special_tokens=True) for r in rows]
+    assert text[1] in ("yes", "no", "maybe") and rows[1][-1] == EOS  # a complete format allows only the end
+    assert len(text[0]) >= 3 and set(text[0]) <= set("abcdef")
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch8"])
+def test_every_lossless_drafter_emits_constrained_plain_decodings_tokens(target, models, grammars, prompts):
+    batches = [[f] for f in FORMATS.values()] if len(prompts) == 1 else [MIXED]
+    for formats in batches:
+        reference = _plain(target, grammars, formats, prompts)
+        for name in LOSSLESS:
+            assert _drafted(name, models, grammars, formats, prompts) == reference, (name, formats)
+
+
+def test_drafts_of_the_constrained_continuation_are_accepted_whole(target, grammars):
+    """Right drafts pass every slot only when slot j is masked after the draft's first j tokens."""
+    reference = _plain(target, grammars, MIXED)
+    for right in (True, False):  # wrong drafts: refused tokens, cut before the verify forward
+        proposer = ScriptedProposer(reference, target.vocab_size, right=right)
+        strategy = SpeculativeStrategy("scripted", target, [DraftingMethod("scripted", proposer, 4, 4, ExactMatch())])
+        out = strategy.generate(_requests(grammars, MIXED, PROMPTS), _params())
+        assert [r.tokens for r in out.rows] == reference
+        if right:
+            assert out.stats["accepted_tokens"] == out.stats["draft_tokens"] > 0
+
+
+def test_sampled_rows_keep_their_keyed_samples_under_formats(target, models, grammars):
+    params = _params(temperature=0.8, seed=5)
+    reference = _plain(target, grammars, MIXED, params=params)
+    for name in ("prompt_lookup", "eagle", "auto"):  # exact matching of keyed samples
+        assert _drafted(name, models, grammars, MIXED, params=params) == reference, name
+
+
+def test_a_finished_json_schema_row_validates(target, grammars, tokenizer):
+    params = GenerationParams(48, SamplingParams(), frozenset({EOS}))
+    rows = _plain(target, grammars, [FORMATS["json_schema"]] * len(PROMPTS), params=params)
+    finished = [r for r in rows if r[-1] == EOS]
+    assert len(finished) == len(rows)
+    for row in finished:
+        jsonschema.validate(json.loads(tokenizer.decode(row, skip_special_tokens=True)), SCHEMA)
+
+
+def test_formats_are_canonical_and_bad_ones_say_why(grammars):
+    schema = FORMATS["json_schema"]
+    assert canonical(schema) == canonical(json.dumps({**schema, "json_schema": {"schema": SCHEMA, "strict": True}}))
+    assert canonical(canonical(schema)) == canonical(schema) and canonical({"type": "text"}) is None
+    for bad, why in (
+        ({"type": "xml"}, "type 'xml'"),
+        ({"type": "choice", "choices": []}, "choice needs"),
+        ({"type": "regex"}, "regex needs"),
+        ("{", "not JSON"),
+    ):
+        with pytest.raises(FormatError, match=why):
+            canonical(bad)
+    for bad in ({"type": "regex", "pattern": "("}, {"type": "grammar", "ebnf": "start: nothing"}):
+        with pytest.raises(FormatError, match="cannot be compiled"):
+            grammars.get(canonical(bad))
+
+
+def test_lossy_strategies_refuse_constrained_rows():
+    for name, lossy in (("calm", {}), ("mask_predict", {}), ("blockwise", {"top_k": 2})):
+        options = StrategyOptions(name=name)
+        for key, value in lossy.items():
+            setattr(getattr(options, name), key, value)
+        found = registry.problems(options, greedy=True, formats=True)
+        assert any("cannot keep rows inside a response_format" in p for p in found), (name, found)
+    for name in (*LOSSLESS, "autoregressive"):
+        assert registry.format_refusal(StrategyOptions(name=name)) is None, name
+
+
+def test_a_default_format_leaves_the_job_identity_alone():
+    assert "response_format" in LATER_KEYS["generation"]
+
+
+def test_the_job_and_its_rows_formats(tmp_path, tiny_model_dir, tokenizer):
+    """A row's format column overrides the job's; a row's format that cannot compile is an error row and
+    the others decode; a job-wide one that cannot compile stops the actor at start, naming the key."""
+    fmt = json.dumps(FORMATS["choice"])
+    overrides = ["input.params_columns={response_format: fmt}", f"generation.response_format={fmt}"]
+    config = job_config(tmp_path, tiny_model_dir, *overrides)
+    validate(config)
+    generator = Generator(worker_spec(config, "job"))
+    column = [None, json.dumps(FORMATS["regex"]), '{"type": "regex", "pattern": "("}', '{"type": "text"}']
+    table = pa.table({"prompt": ["def add", "import os", "x", "y"], "fmt": column})
+    columns = generator.decode_table(table, WorkUnit("u", "s", "s.parquet", (0,), 0, 4), 1, {}).columns
+    assert columns["finish_reason"][2] == FINISH_ERROR and "unclosed group" in columns["error"][2]
+    assert "input column 'fmt' (response_format)" in columns["error"][2]
+    assert columns["completion"][0] in ("yes", "no", "maybe")
+    assert set(columns["completion"][1]) <= set("abcdef") and columns["completion"][3] is not None
+    bad = job_config(tmp_path, tiny_model_dir, 'generation.response_format={"type": "regex", "pattern": "("}')
+    with pytest.raises(ValueError, match=r"generation\.response_format"):
+        Generator(worker_spec(bad, "job"))
+    with pytest.raises(JobError, match=r"generation\.response_format"):
+        validate(job_config(tmp_path, tiny_model_dir, 'generation.response_format={"type": "xml"}'))
+
+
+def test_the_synthesis_bench_reports_its_aims_on_a_tiny_model(tmp_path, tiny_model_dir):
+    """`accelgen bench structured=true` runs end to end (its numbers on a tiny random model mean nothing)."""
+    from jobs.bench import structured
+    from jobs.bench.grammar_engines import RECORDS
+    from jobs.bench.settings import BenchConfig
+    from jobs.bench.structured_set import SCHEMAS, synthesis_rows
+    from pipeline.config import load_config
+
+    for name, schema in SCHEMAS.items():
+        jsonschema.validate(RECORDS[name], schema)  # the engines' walk is a valid record of each schema
+    assert [name for _, name in synthesis_rows(8)] == list(SCHEMAS) * 2
+    keys = [f"model={tiny_model_dir}", "num_prompts=4", "batch_sizes=[2]", "repeats=1", "max_new_tokens=8"]
+    config = load_config(BenchConfig(), None, [*keys, "strategy.candidates=[prompt_lookup]", "structured=true"])
+    report = structured.measure(structured.Bench(dataclasses.replace(config, strategies=["autoregressive", "auto"])))
+    assert report["rows"] == 4 and report["auto_tokens_equal_autoregressive"]
+    assert report["tokens"]["autoregressive constrained"] == report["tokens"]["autoregressive unconstrained"]
+    assert report["valid_share_of_finished"] in (None, 1.0)
