@@ -31,10 +31,10 @@ from strategies.base import GenerationParams, LogitControls, RowRequest
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
-from strategies.runtime.logit_controls import SlotHistory, control_logits
+from strategies.runtime.logit_controls import RowSlots, control_logits
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams, row_key
-from strategies.verification.draft_controls import slot_outputs
+from strategies.verification.draft_controls import DraftControls, slot_paths
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft
 from strategies.verification.rules import ExactMatch, RejectionSampling
@@ -70,8 +70,8 @@ def _row(values: list[float]) -> torch.Tensor:
 
 
 def _controlled(values, controls, prompt=(), output=(), ends=frozenset(), temperature=0.0) -> list[float]:
-    slot = SlotHistory(controls, list(prompt), list(output))
-    return control_logits(_row(values), [slot], ends, temperature)[0].tolist()
+    row = RowSlots(controls, list(prompt), list(output), 0, [()])
+    return control_logits(_row(values), [row], ends, temperature)[0].tolist()
 
 
 def test_each_control_on_literal_logits():
@@ -96,12 +96,35 @@ def test_each_control_on_literal_logits():
         assert [v != inf for v in at] == kept == expected
         assert [v for v, k in zip(at, kept, strict=True) if k] == [v for v, k in zip(logits, kept, strict=True) if k]
     assert _controlled(logits, LogitControls(min_p=0.1), temperature=0.0) == logits  # greedy: the argmax stays
-    assert control_logits(_row(logits), [None], frozenset(), 0.0).tolist() == [logits]
+    assert control_logits(_row(logits), [], frozenset(), 0.0).tolist() == [logits]
 
 
 def test_a_verify_slot_follows_the_output_and_its_draft_path():
     tree = Draft(tokens=[7, 8, 9, 10], parents=[-1, 0, 0, 2])
-    assert slot_outputs([1, 2], tree) == [[1, 2], [1, 2, 7], [1, 2, 7, 8], [1, 2, 7, 9], [1, 2, 7, 9, 10]]
+    assert slot_paths(tree) == [[], [7], [7, 8], [7, 9], [7, 9, 10]]
+
+
+def test_each_verify_slot_is_controlled_bit_for_bit_as_a_plain_step_after_its_path():
+    """A row's slots are controlled at once from its shared history: each slot's logits must equal, bit
+    for bit, what a plain step that had emitted the slot's path computes (float32, so a penalty applied
+    in two parts, or counted from a part of the history, would show). Rows without controls, and the
+    padding slots past a row's draft, stay as they are."""
+    generator = torch.Generator().manual_seed(3)
+    vocab, width = 64, 6
+    controls = LogitControls(0.4, 0.7, 1.3, 0.05, 4, (5,), ((3, 1.5), (9, -2.0)))
+    prompts, outputs = [[1, 2, 3, 2], [4, 4], [7]], [[2, 9, 9], [], [5, 6]]
+    drafts = [Draft([9, 2, 9, 11], [-1, 0, 1, 0]), Draft.chain([4, 4, 4, 4, 4]), Draft.chain([3, 3])]
+    requests = [RowRequest(p, key=i, controls=None if i == 2 else controls) for i, p in enumerate(prompts)]
+    params = GenerationParams(8, SamplingParams(temperature=0.7), frozenset({0}))
+    logits = torch.randn(len(prompts), width, vocab, generator=generator)
+    verified = DraftControls(requests, outputs, params, [None] * 3).apply(logits, drafts)
+    for r, (request, output, draft) in enumerate(zip(requests, outputs, drafts, strict=True)):
+        for j, path in enumerate(slot_paths(draft)):
+            plain = RowSlots(request.controls, request.prompt, [*output, *path], 0, [()]) if request.controls else None
+            expected = control_logits(logits[r, j][None], [plain] if plain else [], frozenset({0}), 0.7)[0]
+            assert torch.equal(verified[r, j], expected), (r, j)
+        assert torch.equal(verified[r, len(draft) + 1 :], logits[r, len(draft) + 1 :])
+    assert not torch.equal(verified[0], logits[0]) and torch.equal(verified[2], logits[2])
 
 
 def _reference_controls(logits: torch.Tensor, c: LogitControls, prompt, output, ends) -> torch.Tensor:

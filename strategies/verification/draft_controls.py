@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from strategies.constraints.masks import Matcher, draft_logits
-from strategies.runtime.logit_controls import SlotHistory, control_logits, min_tokens_ends
+from strategies.runtime.logit_controls import RowSlots, control_logits, min_tokens_ends
 
 if TYPE_CHECKING:
     from strategies.base import GenerationParams, RowRequest
@@ -20,13 +20,13 @@ if TYPE_CHECKING:
     from strategies.verification.drafts import Draft
 
 
-def slot_outputs(output: list[int], draft: Draft) -> list[list[int]]:
-    """The output each verify slot's token follows: slot 0 (the pending token's) the row's `output`, its
-    pending token last; slot i + 1 (node i's) that output and the draft's path down to node i."""
+def slot_paths(draft: Draft) -> list[list[int]]:
+    """What each verify slot's token follows past the row's output (its pending token last): slot 0 (the
+    pending token's) nothing, slot i + 1 (node i's) the draft's path down to node i."""
     paths: list[list[int]] = []
     for token, parent in zip(draft.tokens, draft.parents, strict=True):
         paths.append([*(paths[parent] if parent >= 0 else []), token])
-    return [output, *([*output, *path] for path in paths)]
+    return [[], *paths]
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,10 @@ class DraftControls:
         if all(r.controls is None for r in self.requests):
             return logits
         b, w, v = logits.shape
-        slots: list[SlotHistory | None] = []
-        for request, output, draft in zip(self.requests, self.outputs, drafts, strict=True):
-            histories = [] if request.controls is None else slot_outputs(output, draft)
-            slots += [SlotHistory(request.controls, request.prompt, h) for h in histories]
-            slots += [None] * (w - len(histories))
+        rows = [
+            RowSlots(request.controls, request.prompt, output, r * w, slot_paths(draft))
+            for r, (request, output, draft) in enumerate(zip(self.requests, self.outputs, drafts, strict=True))
+            if request.controls is not None
+        ]
         ends, temperature = min_tokens_ends(self.params), self.params.sampling.temperature
-        return control_logits(logits.reshape(b * w, v), slots, ends, temperature).view(b, w, v)
+        return control_logits(logits.reshape(b * w, v), rows, ends, temperature).view(b, w, v)
