@@ -24,10 +24,10 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import LATER_KEYS
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
-from strategies.constraints.drafts import kept_nodes, prune
+from strategies.constraints.drafts import kept_nodes, prune, slot_masks
 from strategies.constraints.formats import FormatError, canonical
 from strategies.constraints.grammars import GrammarCache
-from strategies.constraints.masks import allowed, new_bitmasks, slot_masks
+from strategies.constraints.masks import allowed, new_bitmasks
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions

@@ -1,6 +1,8 @@
-"""Drafts cut to what the grammar allows, before the verify forward: a node the row's grammar refuses
-can never be accepted (its slot's logit is -inf), and no slot below it can be masked (the matcher
-cannot follow a path it refuses), so it and its subtree leave the draft.
+"""Grammars over drafts. A verify forward's slot j follows the row's output and the draft's path to node
+j (`slot_masks`: a depth-first walk of the draft that advances the row's matcher down each path and
+rolls it back). Drafts are cut to what the grammar allows before the verify forward: a node the row's
+grammar refuses can never be accepted (its slot's logit is -inf), and no slot below it can be masked
+(the matcher cannot follow a path it refuses), so it and its subtree leave the draft.
 
 One exception keeps rejection sampling exact: a draft drawn with probabilities (`Draft.probs`) keeps
 its first refused node, as a leaf, so the rule rejects it and draws the correction from the target's
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from strategies.constraints.masks import Matcher, children
+import torch
+
+from strategies.constraints.masks import Matcher, apply, new_bitmasks
 from strategies.verification.drafts import Draft
 
 
@@ -52,3 +56,46 @@ def prune(matchers: Sequence[Matcher | None], drafts: list[Draft]) -> list[Draft
     return [
         d if m is None or not len(d) else subdraft(d, kept_nodes(m, d)) for m, d in zip(matchers, drafts, strict=True)
     ]
+
+
+def children(draft: Draft) -> list[list[int]]:
+    """Per node, then last the pending token's: the nodes hanging below it."""
+    below: list[list[int]] = [[] for _ in range(len(draft) + 1)]
+    for node, parent in enumerate(draft.parents):
+        below[parent].append(node)  # parent -1: the pending token's, the last list
+    return below
+
+
+def slot_masks(matcher: Matcher, draft: Draft, bitmasks: torch.Tensor) -> None:
+    """Fill `bitmasks` [1 + len(draft), words]: slot 0 what the grammar allows after the row's output,
+    slot i + 1 what it allows after the draft's path to node i. A node the grammar refuses, and its
+    subtree, keep every token: their slots are never reached (the slot above refuses the node). The
+    matcher ends where it began."""
+    below = children(draft)
+    matcher.fill(bitmasks[0])
+
+    def descend(parent: int) -> None:
+        for node in below[parent]:
+            if matcher.accepts(draft.tokens[node]):
+                matcher.advance(draft.tokens[node])
+                matcher.fill(bitmasks[node + 1])
+                descend(node)
+                matcher.back(1)
+
+    descend(-1)
+
+
+def draft_logits(logits: torch.Tensor, matchers: Sequence[Matcher | None], drafts: Sequence[Draft]) -> torch.Tensor:
+    """[B, W, V] a verify forward's logits with each constrained row's slots inside its grammar."""
+    b, w, v = logits.shape
+    rows = [r for r, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return logits
+    slots, ends, blocks = [], [], []
+    for r in rows:
+        block = new_bitmasks(1 + len(drafts[r]), v)
+        slot_masks(matchers[r], drafts[r], block)
+        slots += range(r * w, r * w + len(block))
+        ends += [matchers[r].ends] * len(block)
+        blocks.append(block)
+    return apply(logits.reshape(b * w, v), slots, torch.cat(blocks), ends).view(b, w, v)

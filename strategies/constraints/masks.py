@@ -1,10 +1,10 @@
 """The grammar's masks on the target's logits: each constrained slot keeps only the tokens its row's
 grammar allows there, the others at -inf (so no later control can bring one back).
 
-A plain step's slot follows the row's output (`constrain`); a verify forward's slot j follows the row's
-output and the draft's path to node j (`slot_masks`: a depth-first walk of the draft that advances the
-row's matcher down each path and rolls it back). A grammar that allows no token at all (it was left by
-a token it refused) allows the row's end tokens, so the row finishes rather than choosing at random.
+A plain step's slot follows the row's output (`constrain`); a verify forward's slots follow the draft's
+paths too (`strategies.constraints.drafts`). A grammar that allows no token at all (it was left by a
+token it refused) allows the row's end tokens, so the row finishes rather than choosing at random.
+This module knows nothing of drafts: the runtime's plain steps use it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import torch
-
-from strategies.verification.drafts import Draft
 
 
 class Matcher(Protocol):
@@ -71,46 +69,3 @@ def constrain(logits: torch.Tensor, matchers: Sequence[Matcher | None]) -> torch
     for s, b in enumerate(rows):
         matchers[b].fill(bitmasks[s])
     return apply(logits, rows, bitmasks, [matchers[b].ends for b in rows])
-
-
-def children(draft: Draft) -> list[list[int]]:
-    """Per node, then last the pending token's: the nodes hanging below it."""
-    below: list[list[int]] = [[] for _ in range(len(draft) + 1)]
-    for node, parent in enumerate(draft.parents):
-        below[parent].append(node)  # parent -1: the pending token's, the last list
-    return below
-
-
-def slot_masks(matcher: Matcher, draft: Draft, bitmasks: torch.Tensor) -> None:
-    """Fill `bitmasks` [1 + len(draft), words]: slot 0 what the grammar allows after the row's output,
-    slot i + 1 what it allows after the draft's path to node i. A node the grammar refuses, and its
-    subtree, keep every token: their slots are never reached (the slot above refuses the node). The
-    matcher ends where it began."""
-    below = children(draft)
-    matcher.fill(bitmasks[0])
-
-    def descend(parent: int) -> None:
-        for node in below[parent]:
-            if matcher.accepts(draft.tokens[node]):
-                matcher.advance(draft.tokens[node])
-                matcher.fill(bitmasks[node + 1])
-                descend(node)
-                matcher.back(1)
-
-    descend(-1)
-
-
-def draft_logits(logits: torch.Tensor, matchers: Sequence[Matcher | None], drafts: Sequence[Draft]) -> torch.Tensor:
-    """[B, W, V] a verify forward's logits with each constrained row's slots inside its grammar."""
-    b, w, v = logits.shape
-    rows = [r for r, m in enumerate(matchers) if m is not None]
-    if not rows:
-        return logits
-    slots, ends, blocks = [], [], []
-    for r in rows:
-        block = new_bitmasks(1 + len(drafts[r]), v)
-        slot_masks(matchers[r], drafts[r], block)
-        slots += range(r * w, r * w + len(block))
-        ends += [matchers[r].ends] * len(block)
-        blocks.append(block)
-    return apply(logits.reshape(b * w, v), slots, torch.cat(blocks), ends).view(b, w, v)

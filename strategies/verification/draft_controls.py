@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from strategies.constraints.masks import Matcher, draft_logits
+from strategies.constraints.drafts import draft_logits
+from strategies.constraints.masks import Matcher
 from strategies.runtime.logit_controls import RowSlots, control_logits, min_tokens_ends
 
 if TYPE_CHECKING:
