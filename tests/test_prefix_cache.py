@@ -14,9 +14,10 @@ from strategies.base import GenerationParams, RowRequest
 from strategies.options import StrategyOptions
 from strategies.runtime import prefix_cache
 from strategies.runtime.cached_prefill import prefill, shared_uncached
-from strategies.runtime.prefix_cache import PrefixCache
+from strategies.runtime.prefix_cache import BLOCK_TOKENS, PrefixCache
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import SamplingParams
+from workers.unit_rows import batch_order
 
 BLOCK = 4
 SHARED = list(range(5, 18))  # 13 tokens: three full blocks and one token
@@ -140,7 +141,8 @@ def test_shared_prefixes_are_computed_once_and_a_second_batch_reuses_them(models
     out = prefill(runner, runner.new_kv(len(PROMPTS)), PROMPTS)
     first = cache.drain_counts()
     # The three blocks that rows share once (row 3's two among them), then each row's uncached rest.
-    assert first["forwarded_tokens"] == 12 + sum(len(p) - c for p, c in zip(PROMPTS, [12, 12, 12, 8, 0, 0, 12, 0]))
+    cached = [12, 12, 12, 8, 0, 0, 12, 0]
+    assert first["forwarded_tokens"] == 12 + sum(len(p) - c for p, c in zip(PROMPTS, cached, strict=True))
     runner.prefix_cache = None
     plain = runner.prefill(runner.new_kv(len(PROMPTS)), PROMPTS)
     assert torch.allclose(out.logits, plain.logits, atol=1e-12)
@@ -150,3 +152,19 @@ def test_shared_prefixes_are_computed_once_and_a_second_batch_reuses_them(models
     # Every full block of the first batch was added: a row finds all of its own but the last token's.
     assert second["hits"] == 6 and second["cached_tokens"] == 12 + 12 + 16 + 12 + 4 + 12
     assert second["forwarded_tokens"] == sum(len(p) for p in PROMPTS) - second["cached_tokens"]
+
+
+def test_rows_that_begin_alike_join_batches_together_and_samples_stay_together():
+    stem = list(range(100, 100 + BLOCK_TOKENS))
+    token_ids = {
+        0: [1, 2, 3],
+        1: [*stem, 7, 8, 9],
+        2: list(range(200, 230)),
+        3: [4],
+        4: [*stem, 5],
+        5: [*stem, 7, 8],
+    }
+    rows = [(i, s) for i in token_ids for s in range(2)]
+    order = [item for _, item in batch_order({("autoregressive", ()): rows}, token_ids)]
+    # Short rows by length; the rows of one stem together, by their tokens, where their shortest would be.
+    assert order == [(3, 0), (3, 1), (0, 0), (0, 1), (4, 0), (4, 1), (5, 0), (5, 1), (1, 0), (1, 1), (2, 0), (2, 1)]

@@ -110,9 +110,10 @@ def _write_prefixes(kv: RaggedKV, found: list[list[Block]]) -> None:
     for row, chain in enumerate(found):
         if not chain:
             continue
-        if id(chain[-1]) not in joined:  # rows that share a chain gather it once
-            joined[id(chain[-1])] = tuple(torch.cat([getattr(b, part) for b in chain], dim=2) for part in ("keys", "values"))
-        row_keys, row_values = joined[id(chain[-1])]  # [layers, H, p, D]
+        last = id(chain[-1])
+        if last not in joined:  # rows that share a chain gather it once
+            joined[last] = (torch.cat([b.keys for b in chain], dim=2), torch.cat([b.values for b in chain], dim=2))
+        row_keys, row_values = joined[last]  # [layers, H, p, D]
         keys[:, row, :, width - widths[row] :] = row_keys
         values[:, row, :, width - widths[row] :] = row_values
         valid[row, width - widths[row] :] = True
