@@ -14,6 +14,7 @@ identical, row by row.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
 from pathlib import Path
@@ -32,10 +33,16 @@ MODES = {"cache": [], "no cache": ["model.prefix_cache_mb=0"]}
 
 
 def shared_prefix_prompts(texts: list[str], tokenizer: Any, rows: int, prefix: int, suffix: int) -> list[str]:
-    """`rows` prompts: one text of about `prefix` tokens, then each row's own of about `suffix`."""
-    shared = tokenizer.decode(tokenizer.encode("\n\n".join(texts * (1 + prefix // 50)))[:prefix])
+    """`rows` prompts: one text of about `prefix` tokens, then each row's own of about `suffix` (each text
+    tokenized alone: none is longer than a prompt, which a tokenizer warns of)."""
+    shared: list[int] = []
+    for text in itertools.cycle(texts):
+        if len(shared) >= prefix:
+            break
+        shared += tokenizer.encode(text + "\n\n")
+    shared_text = tokenizer.decode(shared[:prefix])
     own = [tokenizer.decode(tokenizer.encode(text)[:suffix]) for text in texts]
-    return [f"{shared}\n\nTask {i}: {own[i % len(own)]}" for i in range(rows)]
+    return [f"{shared_text}\n\nTask {i}: {own[i % len(own)]}" for i in range(rows)]
 
 
 def write_prompts(prompts: list[str], folder: Path) -> Path:
@@ -64,7 +71,8 @@ def _one_job(overrides: list[str], output: Path) -> dict[str, Any]:
 
 
 def _pair(config: Any, work: Path, input_folder: Path, strategy: str, batch_size: int) -> dict[str, Any]:
-    """Both modes over `config.repeats` rounds: medians, and whether every round's outputs agreed."""
+    """Both modes over `config.repeats` rounds: medians, and the most rows any job decoded otherwise than the
+    first job without the cache."""
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     order = list(MODES)
     for round_index in range(config.repeats):
@@ -74,8 +82,8 @@ def _pair(config: Any, work: Path, input_folder: Path, strategy: str, batch_size
             runs[mode].append(_one_job(overrides, work / f"out-{tag}"))
         order.reverse()
     reference = runs["no cache"][0]["rows"]
-    identical = all(run["rows"] == reference for mode in MODES for run in runs[mode])
-    row: dict[str, Any] = {"strategy": strategy, "batch_size": batch_size, "identical": identical}
+    differ = max(sum(run["rows"].get(i) != done for i, done in reference.items()) for m in MODES for run in runs[m])
+    row: dict[str, Any] = {"strategy": strategy, "batch_size": batch_size, "rows differing": differ}
     for mode in MODES:
         for key in ("wall_s", "prefill_s", "decode_s", "forwarded_tokens", "cached_tokens", "prompt_tokens"):
             row[f"{mode}: {key}"] = statistics.median(run[key] for run in runs[mode])
@@ -93,8 +101,8 @@ def print_row(row: dict[str, Any]) -> None:
         f"{row['strategy']:>16} b{row['batch_size']:<3} | prefill {row['no cache: prefill_s']:7.2f} s -> "
         f"{row['cache: prefill_s']:7.2f} s ({row['prefill x']:5.2f}x) | job {row['no cache: wall_s']:7.2f} s -> "
         f"{row['cache: wall_s']:7.2f} s ({row['job x']:5.2f}x) | prompt tokens computed "
-        f"{row['no cache: forwarded_tokens']:.0f} -> {row['cache: forwarded_tokens']:.0f} | identical "
-        f"{'yes' if row['identical'] else 'NO'}"
+        f"{row['no cache: forwarded_tokens']:.0f} -> {row['cache: forwarded_tokens']:.0f} | rows differing "
+        f"{row['rows differing']}"
     )
 
 
@@ -123,6 +131,6 @@ def main(config: Any) -> list[dict[str, Any]]:
     for row in rows:
         print(
             f"aim: {row['strategy']} b{row['batch_size']}: prefill >= 5x lower: {row['prefill x'] >= 5}; "
-            f"whole job >= 2x faster: {row['job x'] >= 2}; outputs identical: {row['identical']}"
+            f"whole job >= 2x faster: {row['job x'] >= 2}; outputs identical: {row['rows differing'] == 0}"
         )
     return rows
