@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_continuous import _joined
 from test_eagle import tiny_eagle
 from transformers import AutoModelForCausalLM
 
@@ -168,3 +169,25 @@ def test_rows_that_begin_alike_join_batches_together_and_samples_stay_together()
     order = [item for _, item in batch_order({("autoregressive", ()): rows}, token_ids)]
     # Short rows by length; the rows of one stem together, by their tokens, where their shortest would be.
     assert order == [(3, 0), (3, 1), (0, 0), (0, 1), (4, 0), (4, 1), (5, 0), (5, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+@pytest.mark.parametrize("name", ["autoregressive", "speculative", "eagle"])
+def test_rows_joining_a_batch_through_the_cache_decode_as_without_it(models, name):
+    """The joining rows' cache, a prefix region with holes, is merged into the running batch's."""
+    strategy = registry.create(StrategyOptions(name=name, adaptive=False), models, None)
+    for runner in (models.target, models.get("draft")):
+        runner.prefix_cache = None
+    reference, _ = _joined(strategy, PROMPTS)
+    for runner in (models.target, models.get("draft")):
+        runner.prefix_cache = PrefixCache(1 << 24, BLOCK)
+    assert _joined(strategy, PROMPTS)[0] == reference
+    assert models.target.prefix_cache.drain_counts()["cached_tokens"] > 0
+
+
+def test_hidden_states_given_to_a_cached_block_keep_the_blocks_after_it():
+    cache = PrefixCache(1 << 20, BLOCK)
+    chain = _filled(cache, list(range(8)))
+    assert cache.lookup(list(range(9)), 9, want_hidden=True) == []
+    assert cache.add(None, tuple(range(4)), *_kv(0), hidden=torch.zeros(BLOCK, 3)) is chain[0]
+    assert cache.lookup(list(range(9)), 9) == chain
+    assert cache.lookup(list(range(9)), 9, want_hidden=True) == chain[:1]

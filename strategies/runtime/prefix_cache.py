@@ -128,16 +128,20 @@ class PrefixCache:
         values: torch.Tensor,
         hidden: torch.Tensor | None = None,  # [block, H]
     ) -> Block | None:
-        """Keep the block of `tokens` after `parent` (hidden states given to a cached block that lacked
-        them), evicting the least recently used others to stay within the bound; None where the block
-        alone does not fit, and then no block after it is worth adding either."""
+        """Keep the block of `tokens` after `parent`, evicting the least recently used others to stay
+        within the bound; None where the block alone does not fit, and then no block after it is worth
+        adding either. A cached block that lacked hidden states is given them in place, so the blocks
+        after it stay found."""
         if len(tokens) != self.block_tokens:
             raise ValueError(f"a block holds {self.block_tokens} tokens, not {len(tokens)}")
         block = self.child(parent, tokens)
-        if block is not None and (hidden is None or block.hidden is not None):
-            return block
         if block is not None:
-            self._drop(block.key)
+            if hidden is not None and block.hidden is None and block.nbytes + hidden.nbytes <= self.capacity_bytes:
+                block.hidden = hidden
+                self.nbytes += hidden.nbytes
+                self._blocks.move_to_end(block.key)
+                self.count(CacheCounts(evicted_blocks=self._evict()))
+            return block
         key = block_key(0 if parent is None else parent.key, tokens)
         block = Block(tokens, parent, key, keys, values, hidden)
         if block.nbytes > self.capacity_bytes:
@@ -147,11 +151,7 @@ class PrefixCache:
         self._blocks[key] = block
         self.nbytes += block.nbytes
         self.block_bytes = block.nbytes
-        evicted = 0
-        while self.nbytes > self.capacity_bytes:
-            self._drop(next(iter(self._blocks)))
-            evicted += 1
-        self.count(CacheCounts(inserted_blocks=1, evicted_blocks=evicted))
+        self.count(CacheCounts(inserted_blocks=1, evicted_blocks=self._evict()))
         return block
 
     def fits(self, blocks: int) -> bool:
@@ -175,6 +175,14 @@ class PrefixCache:
         for block in reversed(chain):
             if self._blocks.get(block.key) is block:
                 self._blocks.move_to_end(block.key)
+
+    def _evict(self) -> int:
+        """Drop the least recently used blocks until within the bound (the newest, which fits, stays): how many."""
+        evicted = 0
+        while self.nbytes > self.capacity_bytes:
+            self._drop(next(iter(self._blocks)))
+            evicted += 1
+        return evicted
 
     def _drop(self, key: int) -> None:
         self.nbytes -= self._blocks.pop(key).nbytes
