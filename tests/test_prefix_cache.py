@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_continuous import _joined
 from test_eagle import tiny_eagle
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from jobs.bench.prefix import shared_prefix_prompts
 from strategies import registry
 from strategies.base import GenerationParams, RowRequest
 from strategies.options import StrategyOptions
@@ -191,3 +192,11 @@ def test_hidden_states_given_to_a_cached_block_keep_the_blocks_after_it():
     assert cache.add(None, tuple(range(4)), *_kv(0), hidden=torch.zeros(BLOCK, 3)) is chain[0]
     assert cache.lookup(list(range(9)), 9) == chain
     assert cache.lookup(list(range(9)), 9, want_hidden=True) == chain[:1]
+
+
+def test_the_prefix_bench_writes_rows_that_share_the_prefix_then_differ(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = shared_prefix_prompts(["def add(a, b):", "print('hello')"], tokenizer, 5, 40, 6)
+    ids = [tokenizer.encode(p) for p in prompts]
+    assert len(prompts) == 5 and len(set(prompts)) == 5
+    assert all(ids[0][:35] == t[:35] for t in ids)
