@@ -77,7 +77,7 @@ def _prefill(
 def shared_uncached(cache: PrefixCache, prompts: list[list[int]], want_hidden: bool) -> list[list[int]]:
     """The longest block-aligned prefixes, short of their prompt's last token, that two or more of
     `prompts` start with and the cache lacks (none a prefix of another): what to prefill once first.
-    None where the cache keeps nothing, or could not keep them all."""
+    Nothing where the cache keeps nothing, or could not keep them all."""
     size = cache.block_tokens
     if cache.capacity_bytes == 0:
         return []
