@@ -68,7 +68,8 @@ def _prefill(
     out = runner.prefill(kv, [p[c:] for p, c in zip(prompts, cached, strict=True)], want_hidden=want_hidden)
     counts.forwarded_tokens += sum(len(p) - c for p, c in zip(prompts, cached, strict=True))
     for row, (prompt, chain) in enumerate(zip(prompts, found, strict=True)):
-        _add_blocks(cache, kv, row, prompt, chain, out.hidden if want_hidden else None)
+        if cache.capacity_bytes:  # a cache that keeps nothing copies nothing
+            _add_blocks(cache, kv, row, prompt, chain, out.hidden if want_hidden else None)
     if want_hidden and any(cached):
         out = ForwardOutput(out.logits, _prompt_hidden(prompts, found, out.hidden))
     return out, cached
