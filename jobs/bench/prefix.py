@@ -14,7 +14,6 @@ identical, row by row.
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import tempfile
 from pathlib import Path
@@ -33,16 +32,23 @@ MODES = {"cache": [], "no cache": ["model.prefix_cache_mb=0"]}
 
 
 def shared_prefix_prompts(texts: list[str], tokenizer: Any, rows: int, prefix: int, suffix: int) -> list[str]:
-    """`rows` prompts: one text of about `prefix` tokens, then each row's own of about `suffix` (each text
-    tokenized alone: none is longer than a prompt, which a tokenizer warns of)."""
-    shared: list[int] = []
-    for text in itertools.cycle(texts):
-        if len(shared) >= prefix:
-            break
-        shared += tokenizer.encode(text + "\n\n")
-    shared_text = tokenizer.decode(shared[:prefix])
-    own = [tokenizer.decode(tokenizer.encode(text)[:suffix]) for text in texts]
-    return [f"{shared_text}\n\nTask {i}: {own[i % len(own)]}" for i in range(rows)]
+    """`rows` prompts: one text of about `prefix` tokens, then each row's own of about `suffix`: the
+    texts from its own on, run together and cut (each text tokenized alone: none is longer than a
+    prompt, which a tokenizer warns of)."""
+    encoded = [tokenizer.encode(text + "\n\n") for text in texts]
+    shared = tokenizer.decode(_run_together(encoded, 0, prefix))
+    own = [tokenizer.decode(_run_together(encoded, i, suffix)) for i in range(len(texts))]
+    return [f"{shared}\n\nTask {i}: {own[i % len(own)]}" for i in range(rows)]
+
+
+def _run_together(encoded: list[list[int]], first: int, tokens: int) -> list[int]:
+    """The first `tokens` tokens of the texts from `first` on, cycled."""
+    run: list[int] = []
+    at = first
+    while len(run) < tokens:  # each text holds a token at least: its "\n\n"
+        run += encoded[at % len(encoded)]
+        at += 1
+    return run[:tokens]
 
 
 def write_prompts(prompts: list[str], folder: Path) -> Path:
