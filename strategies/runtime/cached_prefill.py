@@ -98,29 +98,35 @@ def shared_uncached(cache: PrefixCache, prompts: list[list[int]], want_hidden: b
 
 def _write_prefixes(kv: RaggedKV, found: list[list[Block]]) -> None:
     """Write each row's cached blocks into the new cache `kv`, right-aligned in as many columns as the
-    longest prefix, the slots before a shorter one invalid."""
-    rows = len(found)
+    longest prefix, the slots before a shorter one invalid (zero: attention adds its mask to them)."""
     widths = [sum(block.keys.shape[2] for block in chain) for chain in found]
     width = max(widths)
-    like = next(chain[0] for chain in found if chain)
-    layers, heads, _, _ = like.keys.shape
-    keys = like.keys.new_zeros(layers, rows, heads, width, like.keys.shape[3])  # [layers, B, H, width, D]
-    values = like.values.new_zeros(layers, rows, heads, width, like.values.shape[3])
-    valid = torch.zeros(rows, width, dtype=torch.bool)
-    joined: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # a chain's last block -> its keys and values
+    valid = torch.zeros(len(found), width, dtype=torch.bool)
+    by_chain: dict[int, list[int]] = {}  # a chain's last block -> the rows that read that chain
     for row, chain in enumerate(found):
-        if not chain:
-            continue
-        last = id(chain[-1])
-        if last not in joined:  # rows that share a chain gather it once
-            joined[last] = (torch.cat([b.keys for b in chain], dim=2), torch.cat([b.values for b in chain], dim=2))
-        row_keys, row_values = joined[last]  # [layers, H, p, D]
-        keys[:, row, :, width - widths[row] :] = row_keys
-        values[:, row, :, width - widths[row] :] = row_values
-        valid[row, width - widths[row] :] = True
+        if chain:
+            by_chain.setdefault(id(chain[-1]), []).append(row)
+            valid[row, width - widths[row] :] = True
+    if len(by_chain) == 1 and min(widths) == width:  # one chain for every row: read, not copied, here
+        keys, values = _expanded(found[0], len(found))
+    else:
+        like = next(chain[0] for chain in found if chain)
+        layers, heads, _, _ = like.keys.shape
+        keys = like.keys.new_zeros(layers, len(found), heads, width, like.keys.shape[3])  # [layers, B, H, width, D]
+        values = like.values.new_zeros(layers, len(found), heads, width, like.values.shape[3])
+        for rows in by_chain.values():  # rows that share a chain gather it once and take it in one copy
+            at, index = width - widths[rows[0]], torch.tensor(rows, device=keys.device)
+            keys[:, index, :, at:], values[:, index, :, at:] = _expanded(found[rows[0]], len(rows))
     for layer, layer_keys, layer_values in zip(kv.layers, keys, values, strict=True):
-        layer.update(layer_keys, layer_values)
+        layer.update(layer_keys, layer_values)  # the one copy of the keys and values into `kv`
     kv.append(valid.to(kv.valid.device))
+
+
+def _expanded(chain: list[Block], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain's keys and values, each [layers, rows, H, p, D]: one gathered copy, seen `rows` times."""
+    keys = torch.cat([block.keys for block in chain], dim=2).unsqueeze(1)
+    values = torch.cat([block.values for block in chain], dim=2).unsqueeze(1)
+    return keys.expand(-1, rows, -1, -1, -1), values.expand(-1, rows, -1, -1, -1)
 
 
 def _add_blocks(
