@@ -74,9 +74,10 @@ def _format_problems(g: GenerationConfig, problems: list[str]) -> bool:
 
 def _bounds(config: JobConfig) -> list[Bound]:
     """Every numeric key's bounds (a NaN or an infinity is out of them where the key needs a number)."""
-    i, o, g, w = config.input, config.output, config.generation, config.workers
+    i, o, g, w, m = config.input, config.output, config.generation, config.workers, config.model
     return [
         ("input.rows_per_unit", i.rows_per_unit, i.rows_per_unit > 0, "> 0"),
+        ("model.prefix_cache_mb", m.prefix_cache_mb, 0 <= m.prefix_cache_mb < math.inf, ">= 0 (0: no prefix cache)"),
         ("output.top_logprobs", o.top_logprobs, o.top_logprobs >= 0, ">= 0 (0: no top_logprobs column)"),
         ("output.max_top_logprobs", o.max_top_logprobs, o.max_top_logprobs >= 0, ">= 0"),
         ("generation.max_new_tokens", g.max_new_tokens, g.max_new_tokens > 0, "> 0"),

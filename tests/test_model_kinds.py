@@ -28,7 +28,16 @@ from workers.common.model_files import weights_sha256
 from workers.common.model_kinds import BY_NAME, KINDS, needed_by
 from workers.model_loading import load_models
 
-MODEL_SETTINGS = {"target", "dtype", "trust_remote_code", "compile", "pack_weights", "cache_dir", "storage_options"}
+MODEL_SETTINGS = {
+    "target",
+    "dtype",
+    "trust_remote_code",
+    "compile",
+    "pack_weights",
+    "prefix_cache_mb",
+    "cache_dir",
+    "storage_options",
+}
 
 
 def _draft_folder(folder: Path, target: Path) -> None:

@@ -127,6 +127,7 @@ class Generator:
             trust_remote_code=spec.model.trust_remote_code,
             storage_options=spec.model.storage_options,
             lazy=True,
+            prefix_cache_mb=spec.model.prefix_cache_mb,
         )
         if spec.input.messages_column and not loaded.tokenizer.chat_template:
             raise ValueError(
@@ -302,7 +303,11 @@ class Generator:
             fill_row(columns, i * samples + sample, row, name, completion)
         by_option = add_up(row.tokens_by_option or {} for row in outputs)
         device = str(self.device)
-        records = [throughput_record(r, spec.job_id, self.actor, device, self.controller) for r in ticket.records]
+        cache = self.runner.prefix_cache
+        counts = cache.drain_counts if cache is not None else None
+        records = [
+            throughput_record(r, spec.job_id, self.actor, device, self.controller, counts) for r in ticket.records
+        ]
         return Decoded(columns, records, by_option)
 
     def _refusal(self, name: str, settings: RowSettings) -> str | None:

@@ -20,6 +20,7 @@ from strategies.artifacts.eagle import EagleHead, load_eagle
 from strategies.artifacts.exits import ExitHeads, load_exits
 from strategies.artifacts.heads import DraftHeads, load_heads
 from strategies.registry import Models
+from strategies.runtime.prefix_cache import prefix_cache_of
 from strategies.runtime.runner import ModelRunner
 from workers.common.model_files import check_trained_for_target, resolve_model_dir
 from workers.common.model_kinds import BY_NAME, ModelKind
@@ -73,6 +74,7 @@ class Loading:
     target_url: str
     target: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
+    prefix_cache_mb: float | None = None  # each prefilling runner's prefix cache (None: none)
 
 
 def _load_draft(folder: Path, url: str, at: Loading) -> ModelRunner:
@@ -83,6 +85,7 @@ def _load_draft(folder: Path, url: str, at: Loading) -> ModelRunner:
             "a draft must share the target's vocabulary"
         )
     runner = ModelRunner(model)
+    runner.prefix_cache = prefix_cache_of(at.prefix_cache_mb)  # its prompts are the target's: worth a cache too
     runner.prepack()  # loaded as its strategy is made, before decoding: not on its first draft
     return runner
 
@@ -152,12 +155,16 @@ def load_models(
     trust_remote_code: bool = False,
     storage_options: dict[str, Any] | None = None,
     lazy: bool = False,
+    prefix_cache_mb: float | None = None,
 ) -> LoadedModels:
     """The target, and the optional models given by kind (`optional`: {"draft": URL, …}; a None URL is
     not given), each checked against the target by its kind. `storage_options` reach every model at a URL.
 
     `lazy`: the optional models load (and are checked) only when a strategy that uses them is first
     created (`Models.get`); an actor whose strategies never use one never reads it.
+
+    `prefix_cache_mb`: the target's and the draft model's prefix caches (`model.prefix_cache_mb`; None:
+    none, so that a bench or a test prefills every prompt whole unless it asks).
     """
     given = {name: url for name, url in (optional or {}).items() if url}
     unknown = sorted(set(given) - set(BY_NAME))
@@ -167,7 +174,7 @@ def load_models(
     target_dir = resolve_model_dir(target_url, cache_dir, storage_options)
     target, tokenizer = load_model(target_dir, dtype, device, trust_remote_code)
     target_load_s = time.perf_counter() - began
-    at = Loading(dtype, device, trust_remote_code, target_url, target, tokenizer)
+    at = Loading(dtype, device, trust_remote_code, target_url, target, tokenizer, prefix_cache_mb)
 
     def loader(kind: ModelKind, url: str) -> Callable[[], Any]:
         def load() -> Any:
@@ -177,7 +184,9 @@ def load_models(
 
         return load
 
-    models = Models(ModelRunner(target), loaders={name: loader(BY_NAME[name], url) for name, url in given.items()})
+    runner = ModelRunner(target)
+    runner.prefix_cache = prefix_cache_of(prefix_cache_mb)
+    models = Models(runner, loaders={name: loader(BY_NAME[name], url) for name, url in given.items()})
     if not lazy:
         for name in list(models.loaders):
             models.get(name)

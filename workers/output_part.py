@@ -4,6 +4,7 @@ stages; the driver alone commits (docs/design.md, "Data flow of one job")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -85,10 +86,16 @@ def stage(url: str, data: bytes, storage_options: dict[str, Any]) -> None:
 
 
 def throughput_record(
-    record: SegmentRecord, job_id: str, actor: str, device: str, controller: AdaptiveController | None
+    record: SegmentRecord,
+    job_id: str,
+    actor: str,
+    device: str,
+    controller: AdaptiveController | None,
+    prefix_counts: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A throughput record of the actor's decoding (`engine.SegmentRecord`) for the job's `_logs/`, with
-    the controller's switches and exploration since the previous record."""
+    the controller's switches and exploration, and the target's prefills through its prefix cache
+    (`prefix_counts`: `PrefixCache.drain_counts`), since the previous record."""
     name, _ = record.group
     segment, rows = record.segment, record.finished
     generated = segment.generated_tokens
@@ -111,4 +118,5 @@ def throughput_record(
         **segment.stats,
         "switches": controller.drain_events() if controller is not None else [],
         "exploring": controller.drain_exploring() if controller is not None else {},
+        **({"prefix_cache": prefix_counts()} if prefix_counts is not None else {}),
     }

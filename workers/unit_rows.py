@@ -7,6 +7,7 @@ why) and leaves it out of the rows to decode, and it becomes an error row of the
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -15,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from strategies.constraints.formats import FormatError
 from strategies.constraints.grammars import Grammar
+from strategies.runtime.prefix_cache import BLOCK_TOKENS
 from workers.common.contract import derived_row_id, row_ids_of_id_column
 from workers.common.row_settings import RowSettings, row_settings
 from workers.common.spec import UnitInputError, WorkerSpec, WorkUnit
@@ -190,10 +192,30 @@ def batch_order(
     grouped: dict[Group, list[tuple[int, int]]], token_ids: dict[int, list[int]]
 ) -> list[tuple[Group, tuple[int, int]]]:
     """(group, (row, sample index)) in the order they join batches: group by group, rows of similar
-    prompt length together (a batch opened on them pads little), a row's samples next to each other
-    (they share its prefill, `batch.start_batch`)."""
-    return [
-        (group, item)
-        for group, rows in grouped.items()
-        for item in sorted(rows, key=lambda item: len(token_ids[item[0]]))  # stable: samples stay together
-    ]
+    prompt length together (a batch opened on them pads little), rows that begin alike next to each
+    other, a row's samples next to each other (they share its prefill, `batch.start_batch`).
+
+    Rows whose prompts begin with the same cache block (`prefix_cache.BLOCK_TOKENS` tokens) sort
+    together, by their tokens, at the place of the shortest of them: rows of one batch, or of batches
+    one after the other, then share prefixes the prefix cache computes once. The parts keep the
+    input's order whatever this one is."""
+    return [(group, item) for group, rows in grouped.items() for item in sorted(rows, key=_by_prompt(rows, token_ids))]
+
+
+def _by_prompt(rows: list[tuple[int, int]], token_ids: dict[int, list[int]]) -> Callable[[tuple[int, int]], tuple]:
+    """The sort key of `batch_order` for one group's rows (stable: samples stay together)."""
+    size = BLOCK_TOKENS
+    distinct = {i for i, _ in rows if len(token_ids[i]) > size}  # a prompt with a block to share
+    stems = Counter(tuple(token_ids[i][:size]) for i in distinct)
+    at: dict[tuple[int, ...], int] = {}  # a stem that prompts share -> its shortest prompt's length
+    for i in distinct:
+        stem = tuple(token_ids[i][:size])
+        if stems[stem] > 1:
+            at[stem] = min(at.get(stem, len(token_ids[i])), len(token_ids[i]))
+
+    def key(item: tuple[int, int]) -> tuple:
+        tokens = token_ids[item[0]]
+        stem = tuple(tokens[:size])
+        return (at[stem], 1, stem, tuple(tokens)) if stem in at else (len(tokens), 0, (), ())
+
+    return key

@@ -1,8 +1,9 @@
 """`accelgen bench`: the keys read and checked once, then the mode they ask for.
 
 Each mode lives in a module of its own, and none of them imports this one: the in-process table
-(`jobs/bench/decoding.py`), the cost table (`costs=true`, `jobs/bench/costs.py`) and whole jobs
-(`job=true`, `jobs/bench/job.py`) and structured outputs (`structured=true`, `jobs/bench/structured.py`).
+(`jobs/bench/decoding.py`), the cost table (`costs=true`, `jobs/bench/costs.py`), whole jobs
+(`job=true`, `jobs/bench/job.py`), structured outputs (`structured=true`, `jobs/bench/structured.py`)
+and whole jobs with and without the prefix cache (`prefix=true`, `jobs/bench/prefix.py`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 
 from jobs.args import config_or_usage
-from jobs.bench import costs, job, structured
+from jobs.bench import costs, job, prefix, structured
 from jobs.bench.decoding import LEGEND, SWEEPS, Bench, print_header, print_rows
 from jobs.bench.settings import BenchConfig
 from pipeline.errors import JobError
@@ -28,13 +29,14 @@ def main(args: list[str]) -> int:
         return job.main(config)
     if config.structured:
         return structured.main(config)
-    bench = Bench(config)
-    if config.costs:
-        report = costs.measure(bench)
+    if config.prefix:
+        report = prefix.main(config)
+    elif config.costs:
+        report = costs.measure(Bench(config))
         costs.print_table(report)
     else:
         print_header()
-        report = bench.run(on_rows=print_rows)
+        report = Bench(config).run(on_rows=print_rows)
         print(LEGEND)
     if config.report:
         with open(config.report, "w") as f:

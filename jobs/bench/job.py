@@ -72,8 +72,8 @@ def write_input(texts: list[str], rows: int, shards: int, folder: Path) -> Path:
     return folder
 
 
-def decoding_of(output: Path) -> tuple[float, int]:
-    """(seconds spent in batches, tokens generated) over every batch record of a finished job's output."""
+def batch_records(output: Path) -> list[dict[str, Any]]:
+    """Every batch record of a finished job's output (`_logs/batches`)."""
     records = [
         json.loads(line)
         for path in sorted((output / "_logs" / "batches").rglob("*.jsonl"))
@@ -82,6 +82,12 @@ def decoding_of(output: Path) -> tuple[float, int]:
     ]
     if not records:
         raise JobError(f"bench job: no batch records under {output / '_logs' / 'batches'}; did the job decode?")
+    return records
+
+
+def decoding_of(output: Path) -> tuple[float, int]:
+    """(seconds spent in batches, tokens generated) over every batch record of a finished job's output."""
+    records = batch_records(output)
     return sum(r["wall_s"] for r in records), sum(r["generated_tokens"] for r in records)
 
 

@@ -1,5 +1,5 @@
-"""The keys of `accelgen bench`: what every mode of the bench (in-process, `costs=true`, `job=true`)
-reads, apart from the code of any mode, so the command can parse them before choosing one."""
+"""The keys of `accelgen bench`: what every mode of the bench (in-process, `costs=true`, `job=true`,
+`prefix=true`) reads, apart from the code of any mode, so the command can parse them before choosing one."""
 
 from __future__ import annotations
 
@@ -97,6 +97,14 @@ class _BenchSettings:
         "job=true: the job key of a cache shared between jobs (e.g. the controller's statistics URL): each cold job "
         "gets a new empty one, the warm job after it the same. Empty: jobs share nothing.",
     )
+    # Whole jobs on rows sharing one long prefix (jobs/bench/prefix.py), with and without the prefix cache.
+    prefix: bool = option(
+        False,
+        "Time whole jobs on num_prompts rows that share one long prefix, with the prefix cache and with "
+        "model.prefix_cache_mb=0, per strategy and batch size; outputs compared.",
+    )
+    prefix_tokens: int = option(700, "prefix=true: tokens of the prefix every row shares.")
+    suffix_tokens: int = option(50, "prefix=true: tokens of each row's own text after it.")
     vllm: list[str] = option(
         ["plain", "ngram"], "job=true: vLLM peers: plain (offline generate), ngram (its n-gram speculation)."
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from strategies.base import GenerationParams
+from strategies.runtime.cached_prefill import prefill
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.sampling import STREAM_DRAFT, filtered_probs, greedy_tokens, keyed_uniform, sample_from
@@ -55,9 +56,10 @@ class DraftModelProposer(Proposer[_DraftRow]):
             self.kv.select_rows(torch.tensor(rows, dtype=torch.long, device=self.draft.device))
 
     def _prefilled(self, contexts: list[list[int]]) -> RaggedKV:
-        """A draft cache of the contexts but their last token (the pending one, fed when drafting)."""
+        """A draft cache of the contexts but their last token (the pending one, fed when drafting): the
+        draft's runner keeps a prefix cache of its own where the actor gave it one."""
         kv = self.draft.new_kv(len(contexts))
-        self.draft.prefill(kv, [c[:-1] for c in contexts])
+        prefill(self.draft, kv, [c[:-1] for c in contexts])  # through the draft's own prefix cache, if any
         return kv
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 from strategies.base import GenerationParams, RowRequest, finish_reason
 from strategies.constraints.grammars import RowMatcher
 from strategies.constraints.masks import constrain
+from strategies.runtime.cached_prefill import prefill
 from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.logit_controls import next_token_logits
 from strategies.runtime.logprobs import TokenLogprob, score_tokens
@@ -140,12 +141,13 @@ def start_batch(
     """Prefill the prompts and choose every row's first token; rows that end on it leave the batch.
     Each request gets a record of `row_type` (a strategy's subclass of `Row`, with its own defaults).
 
-    Identical prompts (the samples of one input row) are prefilled once and their cache rows copied.
+    Identical prompts (the samples of one input row) are prefilled once and their cache rows copied;
+    prefixes the runner's prefix cache holds are not prefilled again (`cached_prefill`).
     """
     distinct: dict[tuple[int, ...], int] = {}
     source = [distinct.setdefault(tuple(r.prompt), len(distinct)) for r in requests]  # request -> prompt
     kv = runner.new_kv(len(distinct))
-    out = runner.prefill(kv, [list(p) for p in distinct], want_hidden=want_hidden)
+    out = prefill(runner, kv, [list(p) for p in distinct], want_hidden=want_hidden)
     last, hidden = out.logits[:, -1], out.hidden  # [P, V], [P, L, H] per distinct prompt
     if len(distinct) < len(requests):
         index = torch.tensor(source, dtype=torch.long, device=kv.valid.device)

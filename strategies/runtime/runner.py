@@ -30,6 +30,7 @@ from strategies.runtime.kernel_timing import WARM_WIDTHS, KernelTiming
 from strategies.runtime.kernel_timing import synchronize as synchronize
 from strategies.runtime.kernel_timing import synthetic_contexts as synthetic_contexts
 from strategies.runtime.kv_cache import Provisional, RaggedKV
+from strategies.runtime.prefix_cache import PrefixCache
 
 # A prefill runs as forwards over chunks of its columns, some this many tokens each (rows × chunk width),
 # never narrower than `PREFILL_MIN_CHUNK` columns: see `ModelRunner.prefill`.
@@ -62,6 +63,8 @@ class ModelRunner(KernelTiming):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         # Llama-family models take the lean forward; any other causal LM runs through its own code.
         self._fast = llama_forward.LlamaForward(model) if llama_forward.supports(model) else None
+        # Prompt prefixes computed before, which `cached_prefill.prefill` reuses; None: no cache.
+        self.prefix_cache: PrefixCache | None = None
 
     def new_kv(self, batch_size: int) -> RaggedKV:
         return RaggedKV(self.num_layers, batch_size, self.device)
@@ -279,7 +282,10 @@ class ModelRunner(KernelTiming):
         batch, which the allocator takes fresh from the kernel, each page faulting at its first touch,
         and hands back after; and masked attention computes every one of the L² scores. Chunked, each
         chunk's memory is the last one's again and attention covers the chunk's rows of the triangle.
-        One row, or a few, is one chunk."""
+        One row, or a few, is one chunk.
+
+        Each row's positions go on from the tokens `kv` already holds for it (none in a new cache; a
+        cached prefix, `cached_prefill`)."""
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         valid = torch.zeros(len(prompts), width, dtype=torch.bool)
@@ -287,7 +293,7 @@ class ModelRunner(KernelTiming):
             ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             valid[row, width - len(prompt) :] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
-        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # [B, L]
+        positions = kv.next_pos[:, None] + (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # [B, L]
         chunk = max(PREFILL_MIN_CHUNK, PREFILL_CHUNK_TOKENS // len(prompts))
         hidden = []
         for start in range(0, width, chunk):

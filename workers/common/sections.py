@@ -90,6 +90,14 @@ class OutputConfig:
     )
 
 
+_PREFIX_CACHE_HELP = (
+    "MiB of prompt prefixes each actor keeps computed (every layer's keys and values of 16-token blocks, on the "
+    "model's device), per model that prefills (the target, and a draft model): a prefix that rows share, within a "
+    "batch or across batches and units, is prefilled once; least recently used blocks go first. 0: none. Outputs "
+    "are the same either way (docs/operations.md, 'Shared prompt prefixes')."
+)
+
+
 def _model_config() -> type:
     """`model.*`: the target, one key per optional model kind (`workers/common/model_kinds.py`: a new kind is a
     new key without an edit here), and how every model loads."""
@@ -130,6 +138,7 @@ def _model_config() -> type:
                 "(docs/performance.md, 'Weights packed for oneDNN').",
             ),
         ),
+        ("prefix_cache_mb", float, option(512.0, _PREFIX_CACHE_HELP)),
         ("cache_dir", str, option("", "Where remote models are downloaded. Empty: ~/.cache/accelgen/models.")),
         (
             "storage_options",
