@@ -134,3 +134,15 @@ def test_the_best_length_counts_the_pending_token_and_the_shortest_of_equals():
     assert best_length([0.5], [1.4], plain_cost=2.0) == 1  # 1.5 / 1.4 beats half a token per plain step
     assert best_length([0.5], [3.1], plain_cost=2.0) == 0
     assert best_length([], [], plain_cost=None) == 1
+
+
+def test_a_row_that_drafts_nothing_awaits_no_verdict():
+    """Kills `propose` leaving a pending draft on a row that found none (`if tokens` made always true):
+    its next emitted tokens would be counted as a verdict on an empty draft of no kind."""
+    record = AcceptanceRecord()
+    proposer = PromptLookupProposer(1, 2, record, [1.0, 1.0])
+    proposer.start([[1, 2, 3]], None, None)
+    assert [d.tokens for d in proposer.propose(_context([2], [1]))] == [[]]
+    assert proposer.rows[0].pending is None
+    proposer.emitted([[4]], None)
+    assert record.tried == {}
