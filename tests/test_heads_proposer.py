@@ -82,9 +82,9 @@ def test_a_tree_that_ranks_more_tokens_than_the_heads_draft_is_refused():
 
 def test_choices_are_checked_for_every_fault_a_tree_can_have():
     """Kills `check_choices` missing a fault (an empty path, a negative rank, a rank at or beyond the
-    vocabulary, a path deeper than the heads), flagging a path exactly as deep as the heads or a rank
-    of vocab_size - 1, checking vocabulary or depth without the heads given, and `chain_choices`
-    drafting other than one top-1 per depth."""
+    vocabulary, a path deeper than the heads, a prefix missing below the root's child), flagging a path
+    exactly as deep as the heads or a rank of vocab_size - 1, checking vocabulary or depth without the
+    heads given, and `chain_choices` drafting other than one top-1 per depth."""
     assert check_choices([[0], []]) == "an empty path (the root is the pending token, never a choice)"
     assert check_choices([[0], [0, -1]]) == "path [0, -1] has a negative rank (0 is a head's top-1)"
     assert check_choices([[0], [3]], vocab_size=3) == "path [3] has a rank outside 0..2"
@@ -93,5 +93,6 @@ def test_choices_are_checked_for_every_fault_a_tree_can_have():
     assert check_choices([[0], [0, 0], [0, 0, 0], [7]]) is None  # unchecked without the heads
     assert check_choices([[1], [1, 0], [1]]) == "path [1] is listed twice"
     assert check_choices([[0], [1, 0]]) == "path [1, 0] comes before its prefix [1]"
+    assert check_choices([[0], [0, 1, 2]]) == "path [0, 1, 2] comes before its prefix [0, 1]"
     assert chain_choices(3) == [[0], [0, 0], [0, 0, 0]]
     assert chain_choices(0) == []

@@ -20,7 +20,7 @@ def test_the_latest_occurrence_of_the_longest_suffix_is_copied_within_min_and_ma
     """Kills a lookup from the wrong position or with the wrong n-gram length: `extend` indexing n-grams
     from min_n ± 1 or to max_n ± 1, at `end ± n`, keeping the first occurrence instead of the latest;
     `match` trying n shortest first, from max_n ± 1 or down to min_n ± 1; `copy_after` starting at
-    `start + n ± 1`."""
+    `start + n ± 1`; `extend` indexing n-grams shorter than min_n, which no lookup reads."""
     index = NgramIndex([1, 2, 3, 7, 5, 2, 3, 8, 1, 2, 3], min_n=1, max_n=3)
     assert index.match() == (3, 0)  # [1, 2, 3] before 7; [2, 3] alone was last seen before 8
     assert index.continuation(3) == [7, 5, 2]
@@ -35,6 +35,7 @@ def test_the_latest_occurrence_of_the_longest_suffix_is_copied_within_min_and_ma
     assert NgramIndex([4, 6, 4, 6], min_n=2, max_n=2).continuation(1) == [4]  # a 2-gram is indexed at its end
     assert NgramIndex([4, 6, 1, 4, 6], min_n=3, max_n=3).continuation(1) == []
     assert index.continuation(0) == []
+    assert {len(ngram) for ngram in NgramIndex([1, 2, 3, 4, 5], min_n=2, max_n=3).latest} == {2, 3}
 
 
 def test_an_index_extended_token_by_token_equals_one_built_at_once():
