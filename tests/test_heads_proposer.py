@@ -73,11 +73,12 @@ def test_each_node_is_its_heads_token_of_its_paths_last_rank_below_its_parent():
 
 def test_a_tree_that_ranks_more_tokens_than_the_heads_draft_is_refused():
     """Kills the refusal `max_rank > drafted_tokens` as `>=` or never raised, and `max_rank` counted from
-    the ranks other than as the highest plus one."""
+    the ranks other than as the highest plus one; the proposer not named as its method."""
     with pytest.raises(ValueError, match="medusa: its tree ranks 2 tokens of a head, the heads draft 1"):
         HeadsProposer("medusa", LiteralHeads(_ranked_logits(), drafted_tokens=1), CHOICES)
     assert HeadsProposer("medusa", LiteralHeads(_ranked_logits(), drafted_tokens=2), CHOICES).max_rank == 2
-    assert HeadsProposer("blockwise", LiteralHeads(_ranked_logits(), drafted_tokens=1), chain_choices(3)).max_rank == 1
+    blockwise = HeadsProposer("blockwise", LiteralHeads(_ranked_logits(), drafted_tokens=1), chain_choices(3))
+    assert (blockwise.name, blockwise.max_rank) == ("blockwise", 1)
 
 
 def test_choices_are_checked_for_every_fault_a_tree_can_have():
