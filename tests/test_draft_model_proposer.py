@@ -126,3 +126,16 @@ def test_draft_logits_are_cut_or_padded_to_the_targets_vocabulary(draft):
     assert DraftModelProposer(draft, 4)._logits(logits).tolist() == logits.tolist()
     lowest = torch.finfo(torch.float64).min
     assert DraftModelProposer(draft, 6)._logits(logits).tolist() == [[0.5, -1.0, 2.0, 0.0, lowest, lowest]]
+
+
+def test_rows_that_join_mid_batch_draft_from_their_own_whole_context(draft):
+    """Kills `add_rows` not prefilling the joining rows' draft cache (or prefilling other contexts), and
+    not making their records: continuous batching adds rows to a running batch."""
+    proposer = DraftModelProposer(draft, draft.vocab_size)
+    proposer.start([list(CONTEXTS[0])], _params(), None)
+    first = proposer.propose(_context([2], [1]))[0].tokens
+    proposer.emitted([[*first, 1]], None)
+    proposer.add_rows([list(CONTEXTS[1]), list(CONTEXTS[2])], None)
+    drafts = proposer.propose(_context([3, 2, 3], [4, 1, 1]))
+    contexts = [[*CONTEXTS[0], *first, 1], CONTEXTS[1], CONTEXTS[2]]
+    assert [d.tokens for d in drafts] == [_greedy(draft, c, n) for c, n in zip(contexts, (3, 2, 3), strict=True)]
