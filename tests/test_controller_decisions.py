@@ -263,3 +263,86 @@ def test_the_cost_ratio_of_an_unmeasured_bucket_is_the_nearest_measured_ones_the
     c.row_time[(A, 64)] = RecentTime(9, recent=deque([9.0]))  # no plain steps at 64
     assert [c.cost_ratio(A, b) for b in (1, 2, 4, 8, 16, 64, 128)] == [1.2, 1.2, 1.8, 1.8, 3.0, 3.0, 3.0]
     assert c.cost_ratio(AUTOREGRESSIVE, 4) == 1.0
+
+
+def test_a_step_is_measured_per_row_and_a_drafters_against_the_plain_step_before_it():
+    """Kills `observe`/`_observe_times`: a plain step's time other than per row, a drafter's other than
+    its per-row time over the plain step's (or kept before plain steps ran), the steps and row steps
+    measured, `last_used`, `decode_s` without the setup, a resumed drafter's start other than per row
+    over a plain step (or kept when it ran the step before, or when it learns), and a forward's time
+    other than per row at its computed width; a drafter's host time other than the step less its
+    forward, per row, over a plain step."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({A: DraftLimits(4, 4), B: DraftLimits(4, 4, learns=True)}, 2)
+    c.observe(StepRecord(A, 2, 0.05, [2, 2], [1, 1]))  # before any plain step: no ratio
+    assert (A, 2) not in c.row_time and c.measured[A] == (1, 2)
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.02, [0, 0], [0, 0], forward_s=0.016))
+    assert c.row_time[(AUTOREGRESSIVE, 2)].value == pytest.approx(0.01)
+    assert c.forward.row_seconds(2, 1) == pytest.approx(0.008)
+    c.observe(StepRecord(A, 2, 0.03, [2, 2], [1, 1], width=3, forward_s=0.02, setup_s=0.004, computed_width=2))
+    assert c.row_time[(A, 2)].value == pytest.approx(1.5)
+    assert list(c.resume_setup[(A, 2)]) == [pytest.approx(0.2)]  # 0.004 / 2 rows / 0.01
+    assert c.host_time[(A, 2, 3)].value == pytest.approx(0.5)  # (0.03 - 0.02) / 2 / 0.01
+    assert c.forward.times[(2, 2)].value == pytest.approx(0.01 / 0.008)  # at its computed width, as a ratio
+    c.observe(StepRecord(A, 2, 0.03, [2, 2], [1, 1], setup_s=0.004))  # ran the step before: no start
+    assert len(c.resume_setup[(A, 2)]) == 1
+    c.observe(StepRecord(B, 2, 0.03, [2, 2], [1, 1], setup_s=0.004))  # learns: its counting is no start
+    assert (B, 2) not in c.resume_setup
+    assert (c.step, c.row_steps, c.measured[A], c.last_used) == (5, 10, (3, 6), {A: 4, AUTOREGRESSIVE: 2, B: 5})
+    assert c.decode_s == pytest.approx(0.05 + 0.02 + 0.034 + 0.034 + 0.034)
+
+
+def test_an_exploring_step_loses_only_what_it_took_beyond_plain_steps_moving_its_slower_half_as_far():
+    """Kills the exploring loss other than setup + max(0, wall - plain x rows x slower-half gain), counted
+    for a step that was not exploring, or the exploring flag kept after the step; `drain_exploring`
+    other than the seconds since its last call."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({A: DraftLimits(4, 4)}, 2)
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.02, [0, 0], [0, 0]))
+    c.exploring = A
+    c.observe(StepRecord(A, 2, 0.05, [3, 3], [0, 2], setup_s=0.01))  # slower half gains 1: plain 0.02
+    assert (c.exploring_lost_s, c.exploring_s, c.exploring) == (pytest.approx(0.04), pytest.approx(0.06), None)
+    c.observe(StepRecord(A, 2, 0.05, [3, 3], [0, 2]))  # not exploring
+    c.exploring = A
+    c.observe(StepRecord(A, 2, 0.01, [3, 3], [3, 3]))  # paid: lost nothing
+    assert c.exploring_lost_s == pytest.approx(0.04)
+    assert c.drain_exploring() == {"exploring_s": 0.07, "exploring_lost_s": 0.04, "decoding_s": 0.14}
+    c.observe(StepRecord(AUTOREGRESSIVE, 2, 0.02, [0, 0], [0, 0]))
+    assert c.drain_exploring() == {"exploring_s": 0.0, "exploring_lost_s": 0.0, "decoding_s": 0.02}
+
+
+def test_tau_is_kept_per_bucket_and_budget_asked_for_and_per_tree_budget():
+    """Kills `_observe_gain`: a step's share other than its rows over `smoothing_rows` (at most 1), τ kept
+    at other than the planned node budget (the learned one, the widest draft), a tree's τ by budget not
+    kept or not dated in row steps; and a learning drafter's evidence not grown by the step's rows."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({A: DraftLimits(4, 8, trees=True), B: DraftLimits(4, 4, learns=True)}, 4)
+    c.observe(StepRecord(AUTOREGRESSIVE, 4, 0.04, [0] * 4, [0] * 4))
+    c.observe(StepRecord(A, 4, 0.04, [8, 8, 8, 8], [1, 3, 3, 3]))  # no plan: its learned 8 nodes
+    c.planned_nodes[A] = 4
+    c.observe(StepRecord(A, 4, 0.04, [4, 4, 4, 4], [0, 0, 1, 1]))
+    assert c.tau[A].seen == pytest.approx(8 / 64)
+    assert c.tau_at[A][(4, 8)].value == pytest.approx(3.0) and c.tau_at[A][(4, 4)].value == pytest.approx(1.0)
+    assert c.tree_tau[A][8].value == pytest.approx(3.0) and c.tree_tau[A][4].value == pytest.approx(1.0)
+    assert c.tree_tau_at == {(A, 8): 4, (A, 4): 8}
+    c.observe(StepRecord(B, 4, 0.04, [2, 2, 2, 2], [1, 1, 1, 1]))
+    assert c.evidence[B] == (4, 16)
+    assert c.drafted_width[A].recent == deque([1, 1])
+
+
+def test_forwards_timed_before_decoding_and_what_a_controller_learned_carry_over():
+    """Kills `time_forwards` other than per row at the batch's bucket, the plain forward first;
+    `learned`/`warm_start` losing a field or the windows of what they load."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({A: DraftLimits(4, 4)}, 3)
+    c.time_forwards(3, {4: [0.06, 0.06, 0.06], 1: [0.03]})
+    assert c.forward.row_seconds(4, 1) == pytest.approx(0.01)
+    assert c.forward.row_seconds(4, 4) == pytest.approx(0.02)
+    c.observe(StepRecord(AUTOREGRESSIVE, 3, 0.03, [0] * 3, [0] * 3))
+    c.observe(StepRecord(A, 3, 0.045, [2] * 3, [1] * 3, width=3, forward_s=0.03))
+    learned = c.learned()
+    warm = AdaptiveController(ControllerSettings())
+    warm.warm_start(learned)
+    assert warm.learned() == learned
+    assert warm.row_time[(A, 4)].window == c._row_window((A, 4))
+    assert warm.measured == {AUTOREGRESSIVE: (1, 3), A: (1, 3)} and warm.depth == {A: 4}
