@@ -84,17 +84,26 @@ def test_every_draft_is_the_drafts_greedy_continuation_of_the_rows_whole_context
     assert [d.tokens for d in drafts] == [_greedy(draft, contexts[0], 3), _greedy(draft, contexts[1], 2)]
 
 
-def test_a_draft_stops_at_an_end_of_sequence_token_unless_the_row_ignores_it(draft):
+def test_a_draft_stops_at_an_end_of_sequence_token_unless_the_row_ignores_it(draft, monkeypatch):
     """Kills drafting on past an end-of-sequence token (`chosen in eos` as `not in`), or stopping at one
-    the row ignores; and a row's drafting stopping before its budget (`>=` as `>`)."""
+    the row ignores; a row's drafting stopping before its budget (`>=` as `>`); and draft forwards run
+    after every row has stopped (`or` as `and`) or past the last depth (`steps - 1` as `steps + 1`):
+    the pending token's forward, then one per drafted token but the last."""
+    forwards = []
+    forward = draft.forward
+    monkeypatch.setattr(draft, "forward", lambda *args, **kwargs: forwards.append(1) or forward(*args, **kwargs))
     greedy = _greedy(draft, CONTEXTS[0], 4)
     eos = frozenset({greedy[1]})
     proposer = DraftModelProposer(draft, draft.vocab_size)
     proposer.start([list(CONTEXTS[0])], _params(eos=eos, ignore_eos=False), None)
+    forwards.clear()
     assert proposer.propose(_context([4], [1]))[0].tokens == greedy[:2]
+    assert len(forwards) == 2
     proposer = DraftModelProposer(draft, draft.vocab_size)
     proposer.start([list(CONTEXTS[0])], _params(eos=eos, ignore_eos=True), None)
+    forwards.clear()
     assert proposer.propose(_context([4], [1]))[0].tokens == greedy
+    assert len(forwards) == 4
 
 
 def test_sampled_drafts_are_keyed_samples_of_the_drafts_filtered_distribution(draft):
