@@ -94,8 +94,10 @@ def test_verdicts_stop_at_the_first_emitted_token_no_child_drafted():
 
 def test_the_static_shapes_levels_lay_each_depth_below_its_parents_frontier():
     """Kills `_shape`'s per-level slots, frontier, ranks per parent (`top`), picks and frontier parents,
-    and `static_rank_prior` other than 0.6 x 0.4^r."""
+    and `static_rank_prior` other than 0.6 x 0.4^r. The shapes are cached per process: built afresh here,
+    so that a shape an earlier test built cannot stand in for this one."""
     assert [static_rank_prior(r) for r in (0, 1, 2)] == pytest.approx([0.6, 0.24, 0.096])
+    static_tree.cache_clear()
     tree = static_tree(nodes=7, depth=3, top_k=3)  # [0] [0,0] [1] [0,0,0] [0,1] [1,0] [2]
     first, second, third = tree.levels
     assert (first.slots.tolist(), first.frontier.tolist(), first.top) == ([0, 0, 0], [0, 1], 3)
@@ -106,6 +108,9 @@ def test_the_static_shapes_levels_lay_each_depth_below_its_parents_frontier():
     assert (third.slots.tolist(), third.frontier.tolist(), third.top, third.picks.tolist()) == ([0], [], 1, [0])
     assert tree.order.tolist() == [0, 3, 1, 6, 4, 5, 2]
     assert tree.depths.tolist() == [1, 2, 1, 3, 2, 2, 1]
+    assert tree.paths == ((0,), (0, 0), (1,), (0, 0, 0), (0, 1), (1, 0), (2,))
+    assert tree.parents == (-1, 0, -1, 1, 0, 2, -1)
+    assert static_tree(nodes=4, depth=2, top_k=2).paths == ((0,), (0, 0), (1,), (0, 1))
 
 
 def test_a_frontier_keeps_the_best_children_of_the_whole_level_and_counts_nodes_across_levels():
