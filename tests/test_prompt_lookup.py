@@ -4,6 +4,7 @@ it kills."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from strategies.proposers.draft_sizing import AcceptanceRecord, best_length, linear_step_costs
@@ -147,3 +148,19 @@ def test_a_row_that_drafts_nothing_awaits_no_verdict():
     assert proposer.rows[0].pending is None
     proposer.emitted([[4]], None)
     assert record.tried == {}
+
+
+def test_a_batch_depth_counts_each_drafts_survival_only_as_far_as_its_room():
+    """Kills `AcceptanceRecord.depth` adding a draft's survival past the tokens it found (`[: min(room,
+    depth)]`), dividing by other than the batch's rows, sizing deeper than the costs given, and
+    `survival` past the positions counted other than the prior. Prior survival 1/2, 1/4, 1/8: one row
+    with room 1 and one with 3 in a batch of 2 average 0.5, 0.125, 0.0625 (costs 1, 1.1, 1.2: one token
+    is best); counted whole they would average 0.5, 0.25, 0.125 (two tokens best)."""
+    record = AcceptanceRecord()
+    assert record.depth([("k", 1), ("k", 3)], 2, [1.0, 1.1, 1.2]) == 1
+    assert record.depth([("k", 3), ("k", 3)], 2, [1.0, 1.1, 1.2]) == 2
+    assert record.depth([("k", 3)], 4, [1.2, 1.3, 1.4]) == 0  # a quarter of the batch: 1.125 / 1.2 < 1
+    assert record.depth([("k", 9)], 1, [0.5, 0.5]) == 2  # no deeper than the costs say
+    record.record("k", drafted=1, accepted=1)
+    record.record("k", drafted=1, accepted=1)
+    assert record.survival("k", 3) == pytest.approx([0.75, 0.375, 0.1875])
