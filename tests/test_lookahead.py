@@ -157,3 +157,27 @@ def test_a_mode_is_checked_and_says_whether_it_drafts_trees():
     proposer.start([[1, 2, 3]], None, None)
     proposer.propose(_context([1], 4))
     assert proposer.stats() == {"trie_nodes": proposer.trie.num_nodes} and proposer.trie.num_nodes == 6
+
+
+def test_pruning_stops_where_only_live_prompts_hold_the_trie_and_goes_on_while_outputs_can_decay():
+    """Kills `prune`'s stop test: never stopping when a pass dropped nothing and no output count is left
+    (a trie of live prompts alone over its cap would prune forever: `before` lost, `==` as `!=`, the
+    output test negated, `_has_output_counts` always true), or stopping while output counts could still
+    decay below 1 (`and` as `or`: a trie of outputs counted 4 times stays over its target after one
+    pass)."""
+    prompts = TokenTrie(depth=2, max_nodes=4)
+    prompts.insert([1, 2, 3, 4], range(4), row=0)  # 7 nodes, every one a live prompt's
+    assert prompts.num_nodes == 7 and prompts.find([1, 2]).prompt_total == 1
+    outputs = TokenTrie(depth=1, max_nodes=10, decay=0.5)
+    outputs.insert(list(range(11)) * 4, range(44))  # 11 nodes counted 4 times: 2, 1, then 0.5 drops
+    assert outputs.num_nodes <= 9
+
+
+def test_rows_that_join_a_running_batch_draft_from_their_own_prompt_and_prompt_lookups_record():
+    """Kills `add_rows` not making the joining rows' records, or not adding them to prompt lookup's."""
+    lookup = PromptLookupProposer(1, 2)
+    proposer = LookaheadProposer(decoding_length=2, branch_length=2, max_query_length=1, lookup=lookup)
+    proposer.start([[1, 2, 3]], None, None)
+    proposer.add_rows([[7, 8, 9, 7]], None)
+    assert len(lookup.rows) == 2
+    assert [d.tokens for d in proposer.propose(_context([2, 2], 4))] == [[], [8, 9]]
