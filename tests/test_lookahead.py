@@ -111,7 +111,8 @@ def test_a_drafts_depth_and_nodes_follow_the_rows_budget_and_the_proposers_limit
 
 def test_a_rows_outputs_are_counted_from_its_first_substring_past_its_prompt():
     """Kills `new_row_state`'s first output substring other than max(0, len - depth + 1), and
-    `_count_outputs` counting substrings that are not whole yet or counting any twice."""
+    `_count_outputs` counting substrings that are not whole yet, counting any twice, or counting the
+    prompt's own substrings as outputs."""
     proposer = LookaheadProposer(decoding_length=4, branch_length=1, max_query_length=1)  # depth 2
     proposer.start([[1, 2, 3], [4]], None, None)
     assert [row.counted_from for row in proposer.rows] == [2, 0]
@@ -125,6 +126,7 @@ def test_a_rows_outputs_are_counted_from_its_first_substring_past_its_prompt():
         1.0,
     )
     assert proposer.trie.find([8]) is None
+    assert proposer.trie.find([1, 2]).freq == 0.0  # the prompt is not counted again as an output
     proposer.propose(_context([1, 1], 4))
     assert proposer.trie.find([3, 7]).freq == 1.0
 
@@ -181,3 +183,56 @@ def test_rows_that_join_a_running_batch_draft_from_their_own_prompt_and_prompt_l
     proposer.add_rows([[7, 8, 9, 7]], None)
     assert len(lookup.rows) == 2
     assert [d.tokens for d in proposer.propose(_context([2, 2], 4))] == [[], [8, 9]]
+
+
+def test_a_trie_at_its_cap_is_not_pruned_and_a_prompt_counts_each_occurrence():
+    """Kills `insert` pruning a trie at exactly `max_nodes` (`>` as `>=`), and `_count` not adding up a
+    row's occurrences of one substring in its prompt."""
+    trie = TokenTrie(depth=1, max_nodes=3, decay=0.5)
+    trie.insert([1, 2, 3], range(3))
+    assert trie.num_nodes == 3
+    trie.insert([1, 1], range(2), row=4)
+    assert trie.find([1]).prompt == {4: 2}
+
+
+def test_each_row_drafts_what_follows_in_its_own_prompt_in_either_mode():
+    """Kills `_retrieve` and `propose` passing other than the row's own id to the trie's scores (a row's
+    own prompt would count as another's), `gather_tree`'s mode `one` scoring without the row, and
+    `_retrieve` dropping the proposer's mode (mode `one` would draft a tree)."""
+    for mode in ("hier", "one"):
+        proposer = LookaheadProposer(decoding_length=1, branch_length=1, max_query_length=1, mode=mode)
+        proposer.start([[5, 1, 9, 5], [5, 2, 8, 5]], None, None)
+        assert [d.tokens for d in proposer.propose(_context([1, 1], 1))] == [[1], [2]], mode
+    one = LookaheadProposer(decoding_length=4, branch_length=2, max_query_length=1, mode="one")
+    one.start([[5, 1, 3, 5, 2, 4, 5, 1, 6, 5]], None, None)
+    draft = one.propose(_context([2], 4))[0]
+    assert (draft.tokens, draft.parents) == ([1, 3], [-1, 0])  # a chain: 5 -> 1 (twice) -> 3 (first)
+
+
+def test_finished_outputs_are_kept_up_to_max_nodes_tokens_and_counting_them_is_setup():
+    """Kills `propose` leaving the pending token count other than 0 once it counted them (outputs that
+    fit `max_nodes` exactly would lose the oldest), not counting pending outputs as setup time, or
+    taking setup time other than the time since it began."""
+    proposer = LookaheadProposer(decoding_length=4, branch_length=1, max_query_length=1, max_nodes=5)  # depth 2
+    proposer.start([[1, 2], [5, 6]], None, None)
+    proposer.propose(_context([1, 1], 4))
+    proposer.emitted([[3, 4], [7]], None)
+    proposer.keep_rows([])  # outputs [2, 3, 4] and [6, 7]: 5 tokens, as many as max_nodes
+    assert list(proposer.pending) == [[2, 3, 4], [6, 7]]
+    proposer.start([[8, 9]], None, None)
+    proposer.propose(_context([1], 4))
+    proposer.emitted([[1]], None)
+    proposer.keep_rows([])
+    proposer.start([[8, 9]], None, None)
+    proposer.rows[0].prompt_counted = True  # only the finished output is left to count
+    proposer.propose(_context([1], 4))
+    assert 0.0 < proposer.setup_s < 60.0
+
+
+def test_prompt_lookups_chain_never_exceeds_the_node_budget():
+    """Kills `_copied` granting prompt lookup a chain longer than the node budget (`min(budget, nodes,
+    branch_length)` without `nodes`)."""
+    lookup = PromptLookupProposer(1, 2)
+    proposer = LookaheadProposer(decoding_length=2, branch_length=3, max_query_length=1, lookup=lookup)
+    proposer.start([[5, 6, 7, 8, 5]], None, None)
+    assert proposer.propose(_context([3], 16))[0].tokens == [6, 7]
