@@ -186,13 +186,15 @@ def test_rows_that_join_a_running_batch_draft_from_their_own_prompt_and_prompt_l
 
 
 def test_a_trie_at_its_cap_is_not_pruned_and_a_prompt_counts_each_occurrence():
-    """Kills `insert` pruning a trie at exactly `max_nodes` (`>` as `>=`), and `_count` not adding up a
-    row's occurrences of one substring in its prompt."""
+    """Kills `insert` pruning a trie at exactly `max_nodes` (`>` as `>=`), `_count` not adding up a row's
+    occurrences of one substring in its prompt, and `release` taking back a count it already took."""
     trie = TokenTrie(depth=1, max_nodes=3, decay=0.5)
     trie.insert([1, 2, 3], range(3))
     assert trie.num_nodes == 3
     trie.insert([1, 1], range(2), row=4)
     assert trie.find([1]).prompt == {4: 2}
+    trie.release(4)  # [1] was touched twice: released once, whole
+    assert (trie.find([1]).prompt, trie.find([1]).prompt_total) == ({}, 0)
 
 
 def test_each_row_drafts_what_follows_in_its_own_prompt_in_either_mode():
@@ -210,21 +212,30 @@ def test_each_row_drafts_what_follows_in_its_own_prompt_in_either_mode():
 
 
 def test_finished_outputs_are_kept_up_to_max_nodes_tokens_and_counting_them_is_setup():
-    """Kills `propose` leaving the pending token count other than 0 once it counted them (outputs that
-    fit `max_nodes` exactly would lose the oldest), not counting pending outputs as setup time, or
+    """Kills the pending token count starting other than 0, or left other than 0 once `propose` counted
+    them (outputs that fit `max_nodes` exactly would lose the oldest); `_finish` dropping outputs that
+    fit (`>` as `>=`, `and` as `or`), dropping the only one, counting the tokens left wrong after a drop,
+    or keeping a finished row's prompt counts; `propose` not counting pending outputs as setup time, or
     taking setup time other than the time since it began."""
     proposer = LookaheadProposer(decoding_length=4, branch_length=1, max_query_length=1, max_nodes=5)  # depth 2
-    proposer.start([[1, 2], [5, 6]], None, None)
-    proposer.propose(_context([1, 1], 4))
-    proposer.emitted([[3, 4], [7]], None)
-    proposer.keep_rows([])  # outputs [2, 3, 4] and [6, 7]: 5 tokens, as many as max_nodes
-    assert list(proposer.pending) == [[2, 3, 4], [6, 7]]
+    for counted_first in (False, True):
+        proposer.start([[1, 2], [5, 6]], None, None)
+        if counted_first:
+            proposer.propose(_context([1, 1], 4))
+        proposer.emitted([[3, 4], [7]], None)
+        proposer.keep_rows([])  # outputs [2, 3, 4] and [6, 7]: 5 tokens, as many as max_nodes
+        assert list(proposer.pending) == [[2, 3, 4], [6, 7]], counted_first
+        assert proposer.trie.find([1, 2]) is None or proposer.trie.find([1, 2]).prompt_total == 0
+        proposer.pending.clear()
+        proposer._pending_tokens = 0
+    proposer.start([[1], [2], [3]], None, None)
+    proposer.emitted([[8, 8, 8, 8, 8, 8], [9], [7]], None)
+    proposer.keep_rows([1, 2])  # 7 tokens alone: the only output is kept
+    proposer.keep_rows([1])  # 7 + 2: the oldest goes
+    proposer.keep_rows([])  # 2 + 2 fit
+    assert list(proposer.pending) == [[2, 9], [3, 7]]
     proposer.start([[8, 9]], None, None)
-    proposer.propose(_context([1], 4))
-    proposer.emitted([[1]], None)
-    proposer.keep_rows([])
-    proposer.start([[8, 9]], None, None)
-    proposer.rows[0].prompt_counted = True  # only the finished output is left to count
+    proposer.rows[0].prompt_counted = True  # only the finished outputs are left to count
     proposer.propose(_context([1], 4))
     assert 0.0 < proposer.setup_s < 60.0
 
