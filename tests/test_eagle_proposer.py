@@ -66,8 +66,8 @@ def _params(**sampling) -> GenerationParams:
 def test_kept_and_joining_rows_draft_from_a_root_of_their_whole_context(target, tiny_model_dir):
     """Kills `keep_rows` selecting other rows of the head's cache, `add_rows` giving a joining row
     another row's features (or none) or not extending the cache, and `emitted` not queueing each row's
-    own new features: after a plain step, rows finishing and a row joining, every root is the head's
-    causal pass over its row's whole context."""
+    own new features or recording its verdicts under another depth: after a plain step, rows finishing
+    and a row joining, every root is the head's causal pass over its row's whole context."""
     head = tiny_eagle(target, tiny_model_dir)
     proposer = RootTracing(head, top_k=1)
     proposer.start([list(c) for c in CONTEXTS[:2]], _params(), _prefill_states(target, CONTEXTS[:2]))
@@ -77,6 +77,7 @@ def test_kept_and_joining_rows_draft_from_a_root_of_their_whole_context(target, 
     # A step where the target rejected each draft at once: each row keeps its pending token's state.
     pending_states = torch.stack([_final_states(target, c)[-1] for c in CONTEXTS[:2]])[:, None]
     proposer.emitted([[8], [6]], TargetStates(pending_states, [[0], [0]]))
+    assert {depth for depth, _ in proposer.calibration.counts} == {1}  # each row's depth-1 node judged
     contexts = [[*CONTEXTS[0], 8], [*CONTEXTS[1], 6]]
     proposer.keep_rows([1])
     proposer.add_rows([list(CONTEXTS[2])], _prefill_states(target, CONTEXTS[2:]))
