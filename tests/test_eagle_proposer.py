@@ -92,5 +92,17 @@ def test_a_step_without_budget_drafts_nothing_and_a_proposer_without_states_says
     proposer = EagleProposer(tiny_eagle(target, tiny_model_dir), top_k=2)
     proposer.start([list(CONTEXTS[0])], _params(), _prefill_states(target, CONTEXTS[:1]))
     assert [d.tokens for d in proposer.propose(_context([0]))] == [[]]
-    with pytest.raises(ValueError, match="needs them after every forward"):
+    needs = r"^the EAGLE proposer drafts from the target's features: it needs them after every forward$"
+    with pytest.raises(ValueError, match=needs):
         proposer.emitted([[3]], None)
+
+
+def test_a_head_loaded_for_inference_alone_is_fused_and_drafts(target, tiny_model_dir):
+    """Kills `_fused_weights` reading the version counter of inference tensors (which keep none): a head
+    whose parameters were made under `torch.inference_mode` is fused once, and drafts."""
+    with torch.inference_mode():
+        head = tiny_eagle(target, tiny_model_dir)
+    assert all(p.is_inference() for p in head.parameters())
+    proposer = EagleProposer(head, top_k=1)
+    proposer.start([list(CONTEXTS[0])], _params(), _prefill_states(target, CONTEXTS[:1]))
+    assert len(proposer.propose(_context([2]))[0].tokens) == 2
