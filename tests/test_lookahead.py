@@ -186,15 +186,13 @@ def test_rows_that_join_a_running_batch_draft_from_their_own_prompt_and_prompt_l
 
 
 def test_a_trie_at_its_cap_is_not_pruned_and_a_prompt_counts_each_occurrence():
-    """Kills `insert` pruning a trie at exactly `max_nodes` (`>` as `>=`), `_count` not adding up a row's
-    occurrences of one substring in its prompt, and `release` taking back a count it already took."""
+    """Kills `insert` pruning a trie at exactly `max_nodes` (`>` as `>=`), and `_count` not adding up a
+    row's occurrences of one substring in its prompt."""
     trie = TokenTrie(depth=1, max_nodes=3, decay=0.5)
     trie.insert([1, 2, 3], range(3))
     assert trie.num_nodes == 3
     trie.insert([1, 1], range(2), row=4)
     assert trie.find([1]).prompt == {4: 2}
-    trie.release(4)  # [1] was touched twice: released once, whole
-    assert (trie.find([1]).prompt, trie.find([1]).prompt_total) == ({}, 0)
 
 
 def test_each_row_drafts_what_follows_in_its_own_prompt_in_either_mode():
@@ -247,3 +245,23 @@ def test_prompt_lookups_chain_never_exceeds_the_node_budget():
     proposer = LookaheadProposer(decoding_length=2, branch_length=3, max_query_length=1, lookup=lookup)
     proposer.start([[5, 6, 7, 8, 5]], None, None)
     assert proposer.propose(_context([3], 16))[0].tokens == [6, 7]
+
+
+def test_a_finished_rows_prompt_is_released_whole_once():
+    """Kills `release` taking back a count it already took: a substring the prompt holds twice is touched
+    twice, and its count goes at the first."""
+    trie = TokenTrie(depth=1, max_nodes=10)
+    trie.insert([1, 1, 2], range(3), row=4)
+    trie.insert([1], range(1), row=5)
+    trie.release(4)
+    assert (trie.find([1]).prompt, trie.find([1]).prompt_total, trie.find([2]).prompt_total) == ({5: 1}, 1, 0)
+
+
+def test_the_only_finished_output_is_kept_however_long():
+    """Kills `_finish` dropping the only pending output (`len(pending) > 1` as `>= 1`): a row whose output
+    alone is longer than `max_nodes` still teaches the trie at the next proposal."""
+    proposer = LookaheadProposer(decoding_length=4, branch_length=1, max_query_length=1, max_nodes=3)
+    proposer.start([[1]], None, None)
+    proposer.emitted([[8, 8, 8, 8, 8]], None)
+    proposer.keep_rows([])
+    assert list(proposer.pending) == [[1, 8, 8, 8, 8, 8]]
