@@ -40,7 +40,8 @@ RUNS ?= 20
 soak: install
 	ACCELGEN_SOAK_RUNS=$(RUNS) $(BIN)/python -m pytest -q -s -m slow tests/test_soak.py
 
-# Mutation testing of the decoding cores against their fast tests ([tool.mutmut]); long, not part of `make test`.
+# Mutation testing of the decoding cores, the proposers and the controller's decisions against their fast tests
+# ([tool.mutmut]); hours on a small machine, not part of `make test`. `mutmut run "GLOB"` runs one file's mutants.
 mutate: install
 	OMP_NUM_THREADS=1 nice -n 19 $(BIN)/mutmut run --max-children 1
 	$(BIN)/mutmut results
