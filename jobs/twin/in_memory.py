@@ -79,7 +79,7 @@ def twin_in_memory(config: TwinConfig, device: torch.device) -> InMemoryTwin:
 
 def twin_target(twin: TwinPlan, device: torch.device, seed: int) -> PreTrainedModel:
     """The twin target on `device`: built on `meta`, given the widened tensors as its parameters; tied
-    weights tied again and the rotary frequencies (a buffer no state dict holds) computed on `device`."""
+    weights tied again and the rotary frequencies (a buffer no state dict holds) computed anew."""
     config = twin_config(twin.source, twin.shape, twin.layers)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=twin.dtype)
@@ -93,8 +93,8 @@ def twin_target(twin: TwinPlan, device: torch.device, seed: int) -> PreTrainedMo
             f"{sorted(set(loaded.missing_keys) - tied)}, unexpected {sorted(loaded.unexpected_keys)}"
         )
     model.tie_weights()
-    with torch.device(device):
-        model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
+    # Computed on the CPU and moved, as a model loaded from a folder has them: the same frequencies.
+    model.model.rotary_emb = type(model.model.rotary_emb)(model.config).to(device)
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"the twin of {twin.source_dir} left {left} without values on the meta device")
