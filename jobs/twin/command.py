@@ -5,7 +5,8 @@ several times one token's and no drafter can pay much. A twin of a real model's 
 every weight from memory at each step, as a user's 0.5B-70B model does, while it computes exactly
 the shipped target's tokens, so every drafter of the shipped family drafts on it as it does on the
 shipped target: acceptance unchanged, costs a real model's. It is for measuring speed, not a better
-model. Twins are made on demand and never committed (the 0.5B twin is 1.5 GB in float32).
+model. Twins are made on demand and never committed (the 0.5B twin is 1.5 GB in float32); the device
+check makes the 7B twin in a GPU's memory instead of writing it (`in_memory.py`).
 
     DIR/target   an ordinary Llama folder (transformers loads it), weights in shards of `shard_gb`
     DIR/heads    the shipped Medusa/blockwise heads, widened (`model.heads`)
