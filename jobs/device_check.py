@@ -9,9 +9,14 @@ short still leaves what it measured):
 2. the float64 equivalence tests that need no Ray (`EQUIVALENCE_TESTS`) on the device: every `ModelRunner` the tests
    build moves its model to the device, and new tensors default to it (this module is also the pytest
    plugin that does it); the JSON lists each failure and the devices the runners ran on;
-3. `accelgen bench` in bfloat16, every strategy, at batch 1, 8 and 64;
-4. a profile of `auto` against `autoregressive` at batch 1: torch.profiler's top operations and the
+3. the 7B-shaped twin of the shipped family, made in the GPU's memory in bfloat16, decoded with
+   `autoregressive`, `eagle` and `auto` at batch 1 and 8 (`jobs.twin.device_step`);
+4. `accelgen bench` in bfloat16, every strategy on the shipped target, at batch 1, 8 and 64;
+5. a profile of `auto` against `autoregressive` at batch 1: torch.profiler's top operations and the
    step's parts (drafting, verify, plain steps, controller, host syncs).
+The steps' limits (`STEP_LIMITS_S`) add up to 9 minutes on a GPU machine, so that the whole check, with the
+interpreter's start, fits in one call of under 10 minutes on one H100. CUDA graphs of the plain and
+verify steps are not built yet: every strategy here launches its kernels from Python.
 `--dry-run` runs every step on this machine's CPU at toy sizes (float32, few tokens), to prove the
 script end to end without a device.
 Writes `device_check.json` and `device_check.log` under `--out` (default `$OUT`, else `out/device`).
@@ -59,25 +64,44 @@ SYNC_OPS = (
     "cudaMemcpyAsync",
 )
 PARTS = ("drafting", "verify", "plain_steps", "controller")
+# (step, its time limit on a GPU machine, its limit in the dry run on a shared CPU), in the order the
+# steps run: on a GPU machine 540 s in all.
+STEP_LIMITS_S = (
+    ("environment", 45, 60),
+    ("equivalence_tests", 120, 600),
+    ("twin_7b", 150, 600),
+    ("bench_bfloat16", 165, 900),
+    ("profile_batch1", 60, 600),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.device_check", description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="every step on this CPU at toy sizes")
     parser.add_argument("--out", default=os.environ.get("OUT") or "out/device", help="results folder")
-    parser.add_argument("--profile-only", metavar="JSON", help=argparse.SUPPRESS)  # step 4's own process
+    parser.add_argument("--profile-only", metavar="JSON", help=argparse.SUPPRESS)  # step 5's own process
+    parser.add_argument("--twin-only", metavar="JSON", help=argparse.SUPPRESS)  # step 3's own process
     args = parser.parse_args(argv)
     if args.profile_only:
         Path(args.profile_only).write_text(json.dumps(profile(args.dry_run), indent=1))
         return 0
+    if args.twin_only:
+        from jobs.twin.device_step import twin_step
+
+        twin_step(args.dry_run, lambda found: Path(args.twin_only).write_text(json.dumps(found, indent=1)))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     check = Check(out, args.dry_run)
-    # Limits that add up to under 8 minutes on a GPU machine; the dry run on a shared CPU gets more.
-    check.step("environment", 60, check.environment)
-    check.step("equivalence_tests", 150 if not args.dry_run else 600, check.tests)
-    check.step("bench_bfloat16", 210 if not args.dry_run else 900, check.bench)
-    check.step("profile_batch1", 60 if not args.dry_run else 600, check.profile)
+    steps = {
+        "environment": check.environment,
+        "equivalence_tests": check.tests,
+        "twin_7b": check.twin,
+        "bench_bfloat16": check.bench,
+        "profile_batch1": check.profile,
+    }
+    for name, limit_s, dry_run_limit_s in STEP_LIMITS_S:
+        check.step(name, dry_run_limit_s if args.dry_run else limit_s, steps[name])
     check.results["wall_s"] = round(time.perf_counter() - check.started, 1)
     check.save()
     print(f"device check: {json.dumps(check.results['status'])}; results in {out / 'device_check.json'}")
@@ -169,9 +193,21 @@ class Check:
         return rows
 
     def profile(self, limit_s: int) -> dict[str, Any]:
+        return self.own_process("--profile-only", "profile_batch1", limit_s)
+
+    def twin(self, limit_s: int) -> dict[str, Any]:
+        return self.own_process("--twin-only", "twin_7b", limit_s)
+
+    def own_process(self, flag: str, name: str, limit_s: int) -> dict[str, Any]:
+        """Step `name` as this module run with `flag`, which writes its results to a JSON file; what
+        it wrote is kept under `name` if the process fails or runs out of time."""
         result = Path(tempfile.mkstemp(suffix=".json")[1])
-        command = [sys.executable, "-m", "jobs.device_check", f"--profile-only={result}"]
-        self.run([*command, "--dry-run"] if self.dry_run else command, limit_s)
+        command = [sys.executable, "-m", "jobs.device_check", f"{flag}={result}"]
+        try:
+            self.run([*command, "--dry-run"] if self.dry_run else command, limit_s)
+        finally:
+            if result.read_text():
+                self.results[name] = json.loads(result.read_text())
         return json.loads(result.read_text())
 
 

@@ -39,7 +39,7 @@ from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key
 from workers.common.model_kinds import needed_by
-from workers.model_loading import load_models, resolve_dtype
+from workers.model_loading import LoadedModels, load_models, resolve_dtype
 from workers.rows import repetition_rate
 from workers.warm_up import timed_forwards
 
@@ -110,22 +110,23 @@ class Run:
 
 
 class Bench:
-    def __init__(self, config: BenchConfig, controllers_carry_over: bool = True) -> None:
+    def __init__(
+        self, config: BenchConfig, controllers_carry_over: bool = True, loaded: LoadedModels | None = None
+    ) -> None:
         """`controllers_carry_over`: a contender's controller lives on from pass to pass (`fresh`); False:
-        each pass starts with a new one, as a cold job's actor does (`accelgen bench job=true`)."""
+        each pass starts with a new one, as a cold job's actor does (`accelgen bench job=true`).
+        `loaded`: models already on their device (the device check's in-memory twin), instead of
+        `config.model` and the models its strategies need."""
         self.config = config
         self.controllers_carry_over = controllers_carry_over
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         linear.set_packing(config.pack_weights)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = resolve_dtype(config.dtype, self.device)
-        uses = set(config.strategies)
-        variants = [v for n in uses for v in self.variants(n).values()]
-        needs = set().union(*(needed_by(v) for v in variants))
-        if "assisted" in config.transformers:  # transformers' assisted generation drafts with the draft model
-            needs.add("draft")
-        loaded = load_models(config.model, dtype, self.device, {k: getattr(config, k) for k in needs})
+        if loaded is None:
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            loaded = self.load(resolve_dtype(config.dtype, self.device))
+        else:
+            self.device = loaded.target.device
         self.model, self.tokenizer, self.draft_model, self.models = (
             loaded.target,
             loaded.tokenizer,
@@ -143,6 +144,14 @@ class Bench:
         # `auto` with other candidates) learn apart, as two jobs' actors would.
         self.controllers: dict[tuple[str, int], AdaptiveController] = {}
         freeze_loaded()  # as a job's actor does once it has loaded its models
+
+    def load(self, dtype: torch.dtype) -> LoadedModels:
+        """`config.model` and the models the strategies (and transformers' assisted generation) need."""
+        variants = [v for n in set(self.config.strategies) for v in self.variants(n).values()]
+        needs = set().union(*(needed_by(v) for v in variants))
+        if "assisted" in self.config.transformers:  # transformers' assisted generation drafts with the draft model
+            needs.add("draft")
+        return load_models(self.config.model, dtype, self.device, {k: getattr(self.config, k) for k in needs})
 
     def batches(self, batch_size: int, fill: bool = True) -> list[list[list[int]]]:
         """The first `num_prompts` prompts (cycled) in batches of `batch_size`. `fill`: cycled on to fill

@@ -5,7 +5,8 @@ several times one token's and no drafter can pay much. A twin of a real model's 
 every weight from memory at each step, as a user's 0.5B-70B model does, while it computes exactly
 the shipped target's tokens, so every drafter of the shipped family drafts on it as it does on the
 shipped target: acceptance unchanged, costs a real model's. It is for measuring speed, not a better
-model. Twins are made on demand and never committed (the 0.5B twin is 1.5 GB in float32).
+model. Twins are made on demand and never committed (the 0.5B twin is 1.5 GB in float32); the device
+check makes the 7B twin in a GPU's memory instead of writing it (`in_memory.py`).
 
     DIR/target   an ordinary Llama folder (transformers loads it), weights in shards of `shard_gb`
     DIR/heads    the shipped Medusa/blockwise heads, widened (`model.heads`)
@@ -26,17 +27,17 @@ from pathlib import Path
 
 import torch
 from omegaconf import MISSING
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
-from transformers import AutoConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from jobs.args import config_or_usage
 from jobs.shipped import SHIPPED_TARGET, shipped
 from jobs.twin.drafters import twin_eagle, twin_heads
-from jobs.twin.target import layer_shape, twin_config, twin_tensors
+from jobs.twin.target import layer_shape, source_weights, twin_config, twin_tensors
 from jobs.twin.widen import LayerShape, layout_problem
 from pipeline.errors import JobError
-from strategies.artifacts.configs import read_eagle_config, read_heads_config, write_weights_config
+from strategies.artifacts.configs import write_weights_config
 from strategies.config_option import option
 from workers.common.model_files import weights_sha256
 
@@ -98,11 +99,19 @@ def resolve_shape(config: TwinConfig) -> tuple[LayerShape, int]:
     return shape, values["num_hidden_layers"]
 
 
-def build(config: TwinConfig) -> Path:
-    """Write the twin of `config` and return its folder."""
-    out = Path(config.output_dir)
-    if out.exists():
-        raise JobError(f"output_dir={out} exists: the twin is written to a new folder; remove it or name another")
+@dataclass(frozen=True)
+class TwinPlan:
+    """A twin that can compute its source's function: the source, the twin's shape and storage dtype."""
+
+    source_dir: Path
+    source: PretrainedConfig
+    shape: LayerShape
+    layers: int
+    dtype: torch.dtype
+
+
+def plan(config: TwinConfig) -> TwinPlan:
+    """The twin `config` asks for, checked against its source; a JobError naming the key that is wrong."""
     if config.dtype not in STORAGE_DTYPES:
         raise JobError(f"dtype={config.dtype!r}: use one of {', '.join(STORAGE_DTYPES)}")
     source_dir = Path(config.source)
@@ -112,46 +121,43 @@ def build(config: TwinConfig) -> Path:
     if problem or layers < source.num_hidden_layers:
         problem = problem or f"num_hidden_layers={layers} is below the source's {source.num_hidden_layers}"
         raise JobError(f"a twin of {source_dir} cannot have this shape: {problem}")
+    return TwinPlan(source_dir, source, shape, layers, STORAGE_DTYPES[config.dtype])
+
+
+def build(config: TwinConfig) -> Path:
+    """Write the twin of `config` and return its folder."""
+    out = Path(config.output_dir)
+    if out.exists():
+        raise JobError(f"output_dir={out} exists: the twin is written to a new folder; remove it or name another")
+    twin = plan(config)
     began = time.perf_counter()
     target_dir = out / "target"
-    parameters = write_target(source_dir, source, shape, layers, target_dir, config)
+    parameters = write_target(twin, target_dir, config)
     fits = {"target_path": str(target_dir), "target_weights_sha256": weights_sha256(target_dir)}
     if config.heads:
-        weights, wide = twin_heads(
-            load_file(str(Path(config.heads) / "heads.safetensors")),
-            read_heads_config(Path(config.heads)),
-            shape.hidden_size,
-            fits,
-        )
+        weights, wide = twin_heads(Path(config.heads), twin.shape.hidden_size, fits)
         write_artifact(Path(config.heads), out / "heads", "heads", weights, wide)
     if config.eagle:
-        weights, wide = twin_eagle(
-            load_file(str(Path(config.eagle) / "eagle.safetensors")), read_eagle_config(Path(config.eagle)), shape, fits
-        )
+        weights, wide = twin_eagle(Path(config.eagle), twin.shape, fits)
         write_artifact(Path(config.eagle), out / "eagle", "eagle", weights, wide)
-    write_card(out, config, source_dir, shape, layers, parameters)
-    print(f"twin of {source_dir} written to {out} in {time.perf_counter() - began:.1f} s")
+    write_card(out, config, twin, parameters)
+    print(f"twin of {twin.source_dir} written to {out} in {time.perf_counter() - began:.1f} s")
     return out
 
 
-def write_target(
-    source_dir: Path, source: object, shape: LayerShape, layers: int, target_dir: Path, config: TwinConfig
-) -> int:
+def write_target(twin: TwinPlan, target_dir: Path, config: TwinConfig) -> int:
     """The twin target's folder: the source's tokenizer files, the twin's config and its weights in shards;
     returns its parameter count."""
     target_dir.mkdir(parents=True)
-    for path in source_dir.iterdir():
+    for path in twin.source_dir.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name not in WEIGHT_LESS:
             shutil.copy2(path, target_dir / path.name)
-    dtype = STORAGE_DTYPES[config.dtype]
-    wide = twin_config(source, shape, layers)
+    wide = twin_config(twin.source, twin.shape, twin.layers)
     wide.dtype = config.dtype
     wide.save_pretrained(target_dir)
-    weights: dict[str, torch.Tensor] = {}
-    for path in sorted(source_dir.glob("*.safetensors")):
-        weights |= load_file(str(path))
-    count = 2 + 9 * layers + ("lm_head.weight" in weights)
-    tensors = twin_tensors(weights, source, shape, layers, dtype, config.seed)
+    weights = source_weights(twin.source_dir)
+    count = 2 + 9 * twin.layers + ("lm_head.weight" in weights)
+    tensors = twin_tensors(weights, twin.source, twin.shape, twin.layers, twin.dtype, config.seed)
     return write_shards(
         tqdm(tensors, total=count, desc="twin target", unit="tensor"), target_dir, config.shard_gb * 1e9
     )
@@ -205,11 +211,10 @@ def write_artifact(source_dir: Path, out: Path, kind: str, weights: dict[str, to
         shutil.copy2(path, out / path.name)
 
 
-def write_card(
-    out: Path, config: TwinConfig, source_dir: Path, shape: LayerShape, layers: int, parameters: int
-) -> None:
+def write_card(out: Path, config: TwinConfig, twin: TwinPlan, parameters: int) -> None:
     """DIR/README.md: what the twin is for, and what it is not."""
-    target, narrow = AutoConfig.from_pretrained(out / "target"), AutoConfig.from_pretrained(source_dir)
+    source_dir, shape, layers = twin.source_dir, twin.shape, twin.layers
+    target, narrow = AutoConfig.from_pretrained(out / "target"), twin.source
     made = f"accelgen twin output_dir={out} shape={config.shape} " + " ".join(
         f"{key}={getattr(config, key)}" for key in SHAPE_KEYS if getattr(config, key)
     )

@@ -10,6 +10,7 @@ draft vocabularies; their configs name the twin as the target they fit.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -23,17 +24,26 @@ from jobs.twin.widen import (
     place,
     twin_eps,
 )
-from strategies.artifacts.configs import EagleConfig, HeadsConfig
+from strategies.artifacts.configs import (
+    EAGLE_KIND,
+    EagleConfig,
+    HeadsConfig,
+    read_eagle_config,
+    read_heads_config,
+)
+from strategies.artifacts.weights_folder import load_weights
 
 
 def twin_heads(
-    weights: dict[str, torch.Tensor], config: HeadsConfig, hidden_size: int, fits: dict[str, str]
+    folder: Path, hidden_size: int, fits: dict[str, str], device: torch.device | str = "cpu"
 ) -> tuple[dict[str, torch.Tensor], HeadsConfig]:
-    """Medusa/blockwise heads' state and config for a twin of `hidden_size` (`fits`: target path and hash)."""
+    """The Medusa/blockwise heads of `folder`: their state (float64, on `device`) and config for a twin
+    of `hidden_size` (`fits`: the twin target's path and hash)."""
+    config = read_heads_config(folder)
     square = torch.arange(config.hidden_size)
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        wide = tensor.to(torch.float64)
+    for name, tensor in load_weights(folder, "heads").items():
+        wide = tensor.to(device=device, dtype=torch.float64)
         if name.startswith("projections."):
             out[name] = pad_columns(wide, hidden_size)
         elif name.endswith(".weight"):
@@ -44,9 +54,11 @@ def twin_heads(
 
 
 def twin_eagle(
-    weights: dict[str, torch.Tensor], config: EagleConfig, shape: LayerShape, fits: dict[str, str]
+    folder: Path, shape: LayerShape, fits: dict[str, str], device: torch.device | str = "cpu"
 ) -> tuple[dict[str, torch.Tensor], EagleConfig]:
-    """An EAGLE head's state and config for a twin whose layers have `shape`."""
+    """The EAGLE head of `folder`: its state (float64, on `device`) and config for a twin whose layers
+    have `shape`."""
+    config = read_eagle_config(folder)
     narrow = LayerShape(
         config.hidden_size,
         config.num_attention_heads,
@@ -54,7 +66,7 @@ def twin_eagle(
         config.head_dim,
         config.intermediate_size,
     )
-    wide = {name: tensor.to(torch.float64) for name, tensor in weights.items()}
+    wide = {name: t.to(device=device, dtype=torch.float64) for name, t in load_weights(folder, EAGLE_KIND).items()}
     hidden, twin_hidden = torch.arange(config.hidden_size), shape.hidden_size
     fc_columns = torch.cat([hidden, twin_hidden + hidden])  # the feature's, then the embedding's
     out = {

@@ -1,8 +1,8 @@
 """The twin target's config and weights, computed from the shipped target's.
 
 The weights come one tensor at a time under their transformers names (`twin_tensors`), so a twin of
-several GB is written shard by shard without ever holding all of it, or copied straight into a model
-on a GPU. The source's layers come first, then the filler layers (`widen.filler_layer`): a job's
+several GB is written shard by shard without ever holding all of it, or made on a GPU and handed to a
+model there (`in_memory`). The source's layers come first, then the filler layers (`widen.filler_layer`): a job's
 exits and self-speculation read the first layers, which are the source's own.
 """
 
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import PretrainedConfig
 
 from jobs.twin.widen import LayerShape, attention_weights, filler_layer, mlp_weights, norm_weight, pad_columns, twin_eps
@@ -45,6 +47,14 @@ def twin_config(source: PretrainedConfig, shape: LayerShape, num_layers: int) ->
     return config
 
 
+def source_weights(source_dir: Path) -> dict[str, torch.Tensor]:
+    """The source's state dict (transformers' names), from all its weights files."""
+    weights: dict[str, torch.Tensor] = {}
+    for path in sorted(source_dir.glob("*.safetensors")):
+        weights |= load_file(str(path))
+    return weights
+
+
 def twin_tensors(
     weights: dict[str, torch.Tensor],  # the source's state dict, transformers' names
     source: PretrainedConfig,
@@ -52,13 +62,15 @@ def twin_tensors(
     num_layers: int,
     dtype: torch.dtype,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every weight of the twin, widened in float64 and stored in `dtype`."""
+    """(name, tensor) of every weight of the twin on `device`, widened there in float64 and stored in
+    `dtype`; the filler layers drawn there from `seed` (`widen.filler_layer`)."""
     narrow = layer_shape(source)
     hidden = shape.hidden_size
 
     def widened(name: str) -> torch.Tensor:
-        return weights[name].to(torch.float64)
+        return weights[name].to(device=device, dtype=torch.float64)
 
     embed = widened("model.embed_tokens.weight")
     yield "model.embed_tokens.weight", pad_columns(embed, hidden).to(dtype)
@@ -70,11 +82,11 @@ def twin_tensors(
         for norm in ("input_layernorm", "post_attention_layernorm"):
             yield f"{prefix}{norm}.weight", norm_weight(widened(f"{prefix}{norm}.weight"), hidden).to(dtype)
         yield from _layer_items(prefix, layer, dtype)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     for i in range(source.num_hidden_layers, num_layers):
         prefix = f"model.layers.{i}."
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            yield f"{prefix}{norm}.weight", torch.ones(hidden, dtype=dtype)
+            yield f"{prefix}{norm}.weight", torch.ones(hidden, dtype=dtype, device=device)
         yield from _layer_items(prefix, filler_layer(shape, generator, dtype), dtype)
     yield "model.norm.weight", norm_weight(widened("model.norm.weight"), hidden).to(dtype)
     if "lm_head.weight" in weights and not getattr(source, "tie_word_embeddings", False):

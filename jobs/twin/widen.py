@@ -107,7 +107,7 @@ def _head_dims(source_dim: int, twin_dim: int) -> tuple[int, ...]:
 def place(weight: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """A zero matrix of `shape` holding `weight` [r, c] at rows `rows` [r] and columns `cols` [c]."""
     out = weight.new_zeros(shape)
-    out[rows[:, None], cols[None, :]] = weight
+    out[rows.to(out.device)[:, None], cols.to(out.device)[None, :]] = weight
     return out
 
 
@@ -150,6 +150,7 @@ def attention_weights(
     kv_twin = [t for t, s in enumerate(layout.kv_sources) if s >= 0]
     kv_rows = _head_rows(kv_twin, layout.dims, d_twin)
     kv_source_rows = torch.cat([torch.arange(s * d, (s + 1) * d) for s in layout.kv_sources if s >= 0])
+    kv_source_rows = kv_source_rows.to(weights["k_proj"].device)
     q_out, kv_out = twin.num_attention_heads * d_twin, twin.num_key_value_heads * d_twin
     return {
         "q_proj": place(weights["q_proj"] * q_scale, q_rows, hidden, (q_out, twin.hidden_size)),
@@ -171,18 +172,22 @@ def mlp_weights(weights: dict[str, torch.Tensor], source: LayerShape, twin: Laye
 
 
 def filler_layer(twin: LayerShape, generator: torch.Generator, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """A layer that costs a layer and adds nothing: random inputs-side weights (std 0.02), zero outputs."""
+    """A layer that costs a layer and adds nothing: random inputs-side weights (std 0.02), zero outputs,
+    made on the generator's device: a 7B twin's filler layers are most of its weights, drawn on the GPU
+    that decodes with them instead of on the CPU and copied over. Drawn in float32 whatever `dtype`, so
+    a seed gives the same layers in every dtype on one device (CPU and CUDA generators draw apart)."""
     q_out, kv_out = twin.num_attention_heads * twin.head_dim, twin.num_key_value_heads * twin.head_dim
+    device = generator.device
 
     def random(rows: int, cols: int) -> torch.Tensor:
-        return (torch.randn(rows, cols, generator=generator) * 0.02).to(dtype)
+        return (torch.randn(rows, cols, generator=generator, device=device) * 0.02).to(dtype)
 
     return {
         "q_proj": random(q_out, twin.hidden_size),
         "k_proj": random(kv_out, twin.hidden_size),
         "v_proj": random(kv_out, twin.hidden_size),
-        "o_proj": torch.zeros(twin.hidden_size, q_out, dtype=dtype),
+        "o_proj": torch.zeros(twin.hidden_size, q_out, dtype=dtype, device=device),
         "gate_proj": random(twin.intermediate_size, twin.hidden_size),
         "up_proj": random(twin.intermediate_size, twin.hidden_size),
-        "down_proj": torch.zeros(twin.hidden_size, twin.intermediate_size, dtype=dtype),
+        "down_proj": torch.zeros(twin.hidden_size, twin.intermediate_size, dtype=dtype, device=device),
     }
