@@ -27,7 +27,7 @@ from strategies.base import GenerationParams, RowRequest
 from strategies.constraints.drafts import kept_nodes, prune, slot_masks
 from strategies.constraints.formats import FormatError, canonical
 from strategies.constraints.grammars import GrammarCache
-from strategies.constraints.masks import allowed, new_bitmasks
+from strategies.constraints.masks import allowed, apply, new_bitmasks
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
@@ -277,3 +277,21 @@ def test_the_synthesis_bench_reports_its_aims_on_a_tiny_model(tmp_path, tiny_mod
     assert report["rows"] == 4 and report["auto_tokens_equal_autoregressive"]
     assert report["tokens"]["autoregressive constrained"] == report["tokens"]["autoregressive unconstrained"]
     assert report["valid_share_of_finished"] in (None, 1.0)
+
+
+def test_masks_unpack_every_bit_and_a_slot_allowing_nothing_allows_its_end_tokens():
+    """Bits of each word's every byte, the sign bit included, are the tokens they name; a slot whose
+    grammar allows nothing keeps its end tokens only (one at a sign bit), and a slot left out of
+    `slots` stays as it was."""
+    vocab = 70
+    bitmasks = torch.zeros(2, 3, dtype=torch.int32)
+    bitmasks[0, 0] = -(1 << 31) | 1 | (1 << 9)  # tokens 31, 0 and 9
+    bitmasks[0, 2] = 1 << 5  # token 69
+    assert torch.nonzero(allowed(bitmasks, vocab)[0]).flatten().tolist() == [0, 9, 31, 69]
+    logits = torch.zeros(3, vocab, dtype=torch.float64)
+    out = apply(logits, [0, 2], bitmasks, [frozenset({1}), frozenset({63, 2})])
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [0, 9, 31, 69]
+    assert torch.equal(out[1], logits[1])
+    assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [2, 63]
+    every = apply(logits[:2], [0, 1], bitmasks, [frozenset({1}), frozenset({63})])  # all rows: no gather
+    assert torch.isfinite(every[1]).nonzero().flatten().tolist() == [63]

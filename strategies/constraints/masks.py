@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -41,9 +42,10 @@ def new_bitmasks(slots: int, vocab_size: int) -> torch.Tensor:
 
 
 def allowed(bitmasks: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[N, V] bool: the tokens `bitmasks` [N, words] allow."""
-    bits = torch.arange(32, dtype=torch.int32)
-    return ((bitmasks[:, :, None] >> bits) & 1).bool().reshape(len(bitmasks), -1)[:, :vocab_size]
+    """[N, V] bool: the tokens `bitmasks` [N, words] allow. The matchers fill masks in host memory, and
+    numpy unpacks a byte's bits in one pass (bit j of a little-endian word's byte b: token 8b + j)."""
+    as_bytes = bitmasks.contiguous().numpy().view(np.uint8)  # [N, 4 * words]
+    return torch.from_numpy(np.unpackbits(as_bytes, axis=1, bitorder="little")[:, :vocab_size].view(np.bool_))
 
 
 def apply(
@@ -51,12 +53,19 @@ def apply(
 ) -> torch.Tensor:
     """`logits` [N, V] with rows `slots` kept to what `bitmasks` [len(slots), words] allow; `ends`: per
     masked slot, the tokens a slot that allows nothing allows instead."""
-    keep = allowed(bitmasks, logits.shape[-1])  # [S, V]
-    for s in torch.nonzero(~keep.any(dim=1)).flatten().tolist():
-        keep[s, sorted(ends[s])] = True
+    empty = (bitmasks == 0).all(dim=1)  # [S]: slots whose grammar allows nothing
+    if bool(empty.any()):
+        bitmasks = bitmasks.clone()  # the caller's masks stay what the grammars said
+        for s in torch.nonzero(empty).flatten().tolist():
+            for token in ends[s]:
+                bitmasks[s, token // 32] |= 1 << (token % 32) if token % 32 < 31 else -(1 << 31)
+    keep = allowed(bitmasks, logits.shape[-1]).to(logits.device)  # [S, V]
+    refused = torch.tensor(-math.inf, dtype=logits.dtype, device=logits.device)
+    if list(slots) == list(range(len(logits))):  # every row masked (a plain step's usual case): no gather
+        return torch.where(keep, logits, refused)
     index = torch.tensor(list(slots), dtype=torch.long, device=logits.device)
     out = logits.clone()
-    out[index] = out[index].masked_fill(~keep.to(logits.device), -math.inf)
+    out[index] = torch.where(keep, out[index], refused)
     return out
 
 
