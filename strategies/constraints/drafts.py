@@ -11,7 +11,7 @@ residual, as it would have; the node's own slot is never reached.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -19,23 +19,30 @@ from strategies.constraints.masks import Matcher, apply, new_bitmasks
 from strategies.verification.drafts import Draft
 
 
-def kept_nodes(matcher: Matcher, draft: Draft) -> list[int]:
-    """The nodes of `draft` whose path the grammar allows from where the row stands, in draft order
-    (with probabilities: also each refused node whose parent is kept). The matcher ends where it began."""
-    below, kept = children(draft), []
-    leaf = draft.probs is not None
+def walk(matcher: Matcher, draft: Draft, allowed: Callable[[int], None], refused: Callable[[int], None]) -> None:
+    """Visit the draft depth first from where the row stands: `allowed(node)` with the matcher advanced
+    through the node's path (the node included), `refused(node)` for a node the grammar refuses there
+    (its subtree is not visited). The matcher ends where it began."""
+    below = children(draft)
 
     def descend(parent: int) -> None:
         for node in below[parent]:
             if matcher.accepts(draft.tokens[node]):
-                kept.append(node)
                 matcher.advance(draft.tokens[node])
+                allowed(node)
                 descend(node)
                 matcher.back(1)
-            elif leaf:
-                kept.append(node)
+            else:
+                refused(node)
 
     descend(-1)
+
+
+def kept_nodes(matcher: Matcher, draft: Draft) -> list[int]:
+    """The nodes of `draft` whose path the grammar allows from where the row stands, in draft order
+    (with probabilities: also each refused node whose parent is kept). The matcher ends where it began."""
+    kept: list[int] = []
+    walk(matcher, draft, kept.append, kept.append if draft.probs is not None else lambda node: None)
     return sorted(kept)
 
 
@@ -71,18 +78,8 @@ def slot_masks(matcher: Matcher, draft: Draft, bitmasks: torch.Tensor) -> None:
     slot i + 1 what it allows after the draft's path to node i. A node the grammar refuses, and its
     subtree, keep every token: their slots are never reached (the slot above refuses the node). The
     matcher ends where it began."""
-    below = children(draft)
     matcher.fill(bitmasks[0])
-
-    def descend(parent: int) -> None:
-        for node in below[parent]:
-            if matcher.accepts(draft.tokens[node]):
-                matcher.advance(draft.tokens[node])
-                matcher.fill(bitmasks[node + 1])
-                descend(node)
-                matcher.back(1)
-
-    descend(-1)
+    walk(matcher, draft, lambda node: matcher.fill(bitmasks[node + 1]), lambda node: None)
 
 
 def draft_logits(logits: torch.Tensor, matchers: Sequence[Matcher | None], drafts: Sequence[Draft]) -> torch.Tensor:
