@@ -23,15 +23,17 @@ from pipeline.driver import worker_spec
 from pipeline.errors import JobError
 from pipeline.fingerprint import LATER_KEYS
 from strategies import registry
-from strategies.base import GenerationParams, RowRequest
+from strategies.base import GenerationParams, LogitControls, RowRequest
 from strategies.constraints.drafts import kept_nodes, prune, slot_masks
 from strategies.constraints.formats import FormatError, canonical
 from strategies.constraints.grammars import GrammarCache
-from strategies.constraints.masks import allowed, apply, new_bitmasks
+from strategies.constraints.masks import allowed, apply, constrain, new_bitmasks
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
-from strategies.runtime.sampling import SamplingParams
+from strategies.runtime.batch import ruled_logits
+from strategies.runtime.logit_controls import next_token_logits
+from strategies.runtime.sampling import SamplingParams, greedy_tokens
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.drafts import Draft
 from strategies.verification.rules import ExactMatch
@@ -114,6 +116,41 @@ def test_each_slot_is_masked_by_the_grammar_after_its_draft_path():
     assert [set(torch.nonzero(row).flatten().tolist()) for row in ok] == expected and matcher.path == []
 
 
+def test_at_temperature_0_a_slot_is_masked_only_where_its_argmax_is_refused():
+    matcher = TrieMatcher([[1, 2, 3], [1, 4], [5]])
+    tree = Draft([1, 2, 9, 4], [-1, 0, 1, 0])  # 1 -> 2 -> 9 (refused), 1 -> 4
+    bitmasks = new_bitmasks(1 + len(tree), 40)
+    best = [1, 4, 7, 0, 8]  # per slot: allowed, allowed, refused (3 only), never reached, refused (nothing)
+    assert slot_masks(matcher, tree, bitmasks, best) == [2, 4] and matcher.path == []
+    ok = [set(torch.nonzero(row).flatten().tolist()) for row in allowed(bitmasks, 40)]
+    assert ok == [set(range(40)), set(range(40)), {3}, set(range(40)), set()]
+
+
+def test_greedy_rows_choose_as_a_full_mask_before_the_controls_would():
+    """At temperature 0 the controls go first and a row is masked only where its argmax is refused
+    (`ruled_logits`); it chooses what the grammar's full mask, then the controls, choose: refused
+    argmaxes, biases pushing refused tokens up, min_tokens holding the end back, a grammar that allows
+    nothing but the end."""
+    generator = torch.Generator().manual_seed(3)
+    params = _params()
+    wanted = LogitControls(repetition_penalty=1.5, frequency_penalty=0.7, logit_bias=((9, 4.0), (3, 2.0)), min_tokens=3)
+    refused = 0
+    for trial in range(200):
+        matchers = [TrieMatcher([[1, 2, 3], [1, 4, EOS], [5, 9]]) for _ in range(6)]
+        for m, path in zip(matchers, ([], [1], [1, 2], [1, 4], [5], [1, 2, 3]), strict=True):
+            m.path = list(path)
+        matchers[trial % 6] = None  # one row unconstrained
+        requests = [RowRequest([7, 9, 1], key=b, controls=wanted if (trial + b) % 2 else None) for b in range(6)]
+        outputs = [[1, 9][: trial % 3] for _ in range(6)]
+        logits = torch.randn(6, 16, dtype=torch.float64, generator=generator) * 3
+        full = next_token_logits(constrain(logits, matchers), requests, outputs, params)
+        chosen = greedy_tokens(ruled_logits(logits, matchers, requests, outputs, params))
+        assert chosen.tolist() == greedy_tokens(full).tolist(), trial
+        best = logits.argmax(-1).tolist()
+        refused += sum(m is not None and not m.accepts(t) for m, t in zip(matchers, best, strict=True))
+    assert refused > 100  # the lazy path was tested where it masks, not only where it need not
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -128,24 +165,26 @@ def _params(**sampling) -> GenerationParams:
     return GenerationParams(NEW_TOKENS, SamplingParams(**sampling), frozenset({EOS}))
 
 
-def _requests(grammars, formats, prompts):
+def _requests(grammars, formats, prompts, controls=None):
+    """Rows of `prompts` under `formats`; `controls`: every other row's (from the second on)."""
     return [
-        RowRequest(list(p), key=i, grammar=None if f is None else grammars.get(canonical(f)))
+        RowRequest(list(p), i, controls=controls if i % 2 else None, grammar=f and grammars.get(canonical(f)))
         for i, (p, f) in enumerate(zip(prompts, formats, strict=True))
     ]
 
 
-def _plain(target, grammars, formats, prompts=PROMPTS, params=None) -> list[list[int]]:
-    out = AutoregressiveStrategy(target).generate(_requests(grammars, formats, prompts), params or _params())
-    return [r.tokens for r in out.rows]
+def _plain(target, grammars, formats, prompts=PROMPTS, params=None, controls=None) -> list[list[int]]:
+    requests = _requests(grammars, formats, prompts, controls)
+    return [r.tokens for r in AutoregressiveStrategy(target).generate(requests, params or _params()).rows]
 
 
-def _drafted(name, models, grammars, formats, prompts=PROMPTS, params=None) -> list[list[int]]:
+def _drafted(name, models, grammars, formats, prompts=PROMPTS, params=None, controls=None) -> list[list[int]]:
     options = StrategyOptions(name=name, num_speculative_tokens=4, adaptive=name == "auto")
     options.self_speculative.exit_layer = 1  # the tiny target has two layers
     controller = AdaptiveController() if name == "auto" else None
     strategy = registry.create(options, models, controller)
-    return [r.tokens for r in strategy.generate(_requests(grammars, formats, prompts), params or _params()).rows]
+    requests = _requests(grammars, formats, prompts, controls)
+    return [r.tokens for r in strategy.generate(requests, params or _params()).rows]
 
 
 def test_plain_decoding_chooses_the_best_token_the_grammar_allows(model, target, grammars, tokenizer):
@@ -176,6 +215,17 @@ def test_every_lossless_drafter_emits_constrained_plain_decodings_tokens(target,
         reference = _plain(target, grammars, formats, prompts)
         for name in LOSSLESS:
             assert _drafted(name, models, grammars, formats, prompts) == reference, (name, formats)
+
+
+def test_every_lossless_drafter_keeps_formats_and_controls_together(target, models, grammars):
+    """Greedy rows under a format and controls at once: the verify slots take plain steps' order (the
+    controls, then a mask where the argmax is refused) and every lossless drafter emits plain decoding's
+    tokens, which the controls change."""
+    wanted = LogitControls(repetition_penalty=1.4, frequency_penalty=0.5, logit_bias=((EOS, -2.0),), min_tokens=4)
+    reference = _plain(target, grammars, MIXED, controls=wanted)
+    assert reference != _plain(target, grammars, MIXED)
+    for name in LOSSLESS:
+        assert _drafted(name, models, grammars, MIXED, controls=wanted) == reference, name
 
 
 def test_drafts_of_the_constrained_continuation_are_accepted_whole(target, grammars):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from strategies.constraints.masks import Matcher, apply, new_bitmasks
+from strategies.constraints.masks import Matcher, apply, needs_mask, new_bitmasks
 from strategies.verification.drafts import Draft
 
 
@@ -73,26 +73,42 @@ def children(draft: Draft) -> list[list[int]]:
     return below
 
 
-def slot_masks(matcher: Matcher, draft: Draft, bitmasks: torch.Tensor) -> None:
+def slot_masks(matcher: Matcher, draft: Draft, bitmasks: torch.Tensor, best: Sequence[int] | None = None) -> list[int]:
     """Fill `bitmasks` [1 + len(draft), words]: slot 0 what the grammar allows after the row's output,
-    slot i + 1 what it allows after the draft's path to node i. A node the grammar refuses, and its
-    subtree, keep every token: their slots are never reached (the slot above refuses the node). The
-    matcher ends where it began."""
-    matcher.fill(bitmasks[0])
-    walk(matcher, draft, lambda node: matcher.fill(bitmasks[node + 1]), lambda node: None)
+    slot i + 1 what it allows after the draft's path to node i; the slots filled, in walk order. A node
+    the grammar refuses, and its subtree, keep every token: their slots are never reached (the slot
+    above refuses the node). `best`, at temperature 0: each slot's argmax; a slot whose grammar allows
+    it keeps every token too (`masks.needs_mask`). The matcher ends where it began."""
+    filled: list[int] = []
+
+    def fill(slot: int) -> None:
+        if needs_mask(matcher, best, slot):
+            matcher.fill(bitmasks[slot])
+            filled.append(slot)
+
+    fill(0)
+    walk(matcher, draft, lambda node: fill(node + 1), lambda node: None)
+    return filled
 
 
-def draft_logits(logits: torch.Tensor, matchers: Sequence[Matcher | None], drafts: Sequence[Draft]) -> torch.Tensor:
-    """[B, W, V] a verify forward's logits with each constrained row's slots inside its grammar."""
+def draft_logits(
+    logits: torch.Tensor, matchers: Sequence[Matcher | None], drafts: Sequence[Draft], greedy: bool = False
+) -> torch.Tensor:
+    """[B, W, V] a verify forward's logits with each constrained row's slots inside its grammar; `greedy`:
+    only the slots whose argmax the grammar refuses are masked (`masks.needs_mask`), which leaves every
+    slot's argmax the grammar's."""
     b, w, v = logits.shape
     rows = [r for r, m in enumerate(matchers) if m is not None]
     if not rows:
         return logits
+    best = logits[rows].max(dim=-1).indices.tolist() if greedy else [None] * len(rows)  # [R][W]: argmax, first max
     slots, ends, blocks = [], [], []
-    for r in rows:
+    for r, row_best in zip(rows, best, strict=True):
         block = new_bitmasks(1 + len(drafts[r]), v)
-        slot_masks(matchers[r], drafts[r], block)
-        slots += range(r * w, r * w + len(block))
-        ends += [matchers[r].ends] * len(block)
-        blocks.append(block)
+        filled = slot_masks(matchers[r], drafts[r], block, row_best)
+        slots += [r * w + s for s in filled]
+        ends += [matchers[r].ends] * len(filled)
+        blocks.append(block[filled])
+    if not slots:
+        return logits
     return apply(logits.reshape(b * w, v), slots, torch.cat(blocks), ends).view(b, w, v)

@@ -2,7 +2,8 @@
 grammar allows there, the others at -inf (so no later control can bring one back).
 
 A plain step's slot follows the row's output (`constrain`); a verify forward's slots follow the draft's
-paths too (`strategies.constraints.drafts`). A grammar that allows no token at all (it was left by a
+paths too (`strategies.constraints.drafts`). At temperature 0 only the choice matters, so a slot is
+masked only where the grammar refuses its argmax (`needs_mask`). A grammar that allows no token at all (it was left by a
 token it refused) allows the row's end tokens, so the row finishes rather than choosing at random.
 This module knows nothing of drafts: the runtime's plain steps use it.
 """
@@ -29,6 +30,13 @@ class Matcher(Protocol):
     def back(self, count: int) -> None: ...
 
     def fill(self, bitmask: torch.Tensor) -> None: ...
+
+
+def needs_mask(matcher: Matcher, best: Sequence[int] | None, slot: int) -> bool:
+    """Whether a slot must be masked: always when sampling (`best` None); at temperature 0 only where
+    the grammar refuses the slot's argmax `best[slot]`. A refused argmax is rare inside a format a model
+    follows, and checking a token costs about a microsecond where filling a mask costs some thirty."""
+    return best is None or not matcher.accepts(best[slot])
 
 
 def words(vocab_size: int) -> int:
@@ -69,9 +77,13 @@ def apply(
     return out
 
 
-def constrain(logits: torch.Tensor, matchers: Sequence[Matcher | None]) -> torch.Tensor:
-    """[B, V] logits of each row's next token kept inside its grammar (rows without one as they are)."""
-    rows = [b for b, m in enumerate(matchers) if m is not None]
+def constrain(
+    logits: torch.Tensor, matchers: Sequence[Matcher | None], best: Sequence[int] | None = None
+) -> torch.Tensor:
+    """[B, V] logits of each row's next token kept inside its grammar (rows without one as they are).
+    `best`, at temperature 0: each row's argmax of `logits`; a row whose grammar allows it is left as
+    it is, since the argmax of its allowed tokens is that token already (`needs_mask`)."""
+    rows = [b for b, m in enumerate(matchers) if m is not None and needs_mask(m, best, b)]
     if not rows:
         return logits
     bitmasks = new_bitmasks(len(rows), logits.shape[-1])

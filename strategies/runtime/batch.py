@@ -12,6 +12,7 @@ every step would pay for that in host work, which is what bounds a small model's
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ from strategies.runtime.kv_cache import RaggedKV
 from strategies.runtime.logit_controls import next_token_logits
 from strategies.runtime.logprobs import TokenLogprob, score_tokens
 from strategies.runtime.runner import ModelRunner
-from strategies.runtime.sampling import choose_tokens
+from strategies.runtime.sampling import choose_tokens, greedy_tokens
 from strategies.runtime.target_states import TargetStates
 
 # Plain steps one `Decoding.step` takes at most: rows waiting to join a batch with room wait no longer.
@@ -159,10 +160,8 @@ def start_batch(
         row_type(r, number, scores=[] if scored else None, matcher=None if r.grammar is None else r.grammar.matcher())
         for number, r in enumerate(requests)
     ]
-    # The grammar's mask first: the controls then act on allowed tokens only (min_p's top one among them).
-    allowed = constrain(last, [row.matcher for row in rows])
-    controlled = next_token_logits(allowed, requests, [[] for _ in requests], params)
-    first = choose_tokens(controlled, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
+    ruled = ruled_logits(last, [row.matcher for row in rows], requests, [[] for _ in requests], params)
+    first = choose_tokens(ruled, params.sampling, keys, torch.zeros(len(requests), dtype=torch.long))
     batch = Batch(params, kv, rows, keys, runner.max_context, unreported=list(rows), count=len(rows))
     if want_hidden:
         width = hidden.shape[1]  # prompts are left-padded: row b's prompt fills its last slots
@@ -171,6 +170,26 @@ def start_batch(
     tokens = first.tolist()
     batch.keep([b for b, row in enumerate(rows) if not batch.emit(row, tokens[b], scores[b])])
     return batch
+
+
+def ruled_logits(
+    logits: torch.Tensor,
+    matchers: Sequence[RowMatcher | None],
+    requests: Sequence[RowRequest],
+    outputs: Sequence[Sequence[int]],
+    params: GenerationParams,
+) -> torch.Tensor:
+    """[B, V] each row's next-token logits inside its grammar and under its controls (row b's output so
+    far: `outputs[b]`; a batch with neither pays nothing). Sampling: the grammar's mask first, so the
+    controls act on allowed tokens only (min_p's top one among them). Greedy: the controls first (at
+    temperature 0 each is pointwise and leaves -inf at -inf, so the order changes no allowed token's
+    logit), then a row is masked only where its grammar refuses its argmax (`masks.needs_mask`)."""
+    if not params.sampling.greedy:
+        return next_token_logits(constrain(logits, matchers), requests, outputs, params)
+    controlled = next_token_logits(logits, requests, outputs, params)
+    if all(m is None for m in matchers):
+        return controlled
+    return constrain(controlled, matchers, greedy_tokens(controlled).tolist())
 
 
 @dataclass
@@ -200,7 +219,6 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
     # Each row's controls read its output so far: its token list, which `emit` extends in place.
     requests, outputs = [row.request for row in active], [row.tokens for row in active]
     matchers = [row.matcher for row in active]
-    constrained = any(m is not None for m in matchers)  # a batch without formats pays nothing per step
     while max_steps is None or run.steps < max_steps:
         began = time.perf_counter()
         ids = pending[:, None]  # [B, 1]
@@ -211,9 +229,8 @@ def decode_plainly(runner: ModelRunner, batch: Batch, max_steps: int | None = No
             hidden.append(out.hidden[:, -1])
         # Generation index of each row's next token: keys a sampled draw (greedy needs none).
         positions = None if params.sampling.greedy else torch.tensor([len(row.tokens) for row in active])
-        last = constrain(out.logits[:, -1], matchers) if constrained else out.logits[:, -1]
-        controlled = next_token_logits(last, requests, outputs, params)
-        pending = choose_tokens(controlled, params.sampling, batch.keys, positions)  # [B]
+        ruled = ruled_logits(out.logits[:, -1], matchers, requests, outputs, params)
+        pending = choose_tokens(ruled, params.sampling, batch.keys, positions)  # [B]
         scores = batch.score(out.logits[:, -1], pending)
         finished = False
         for b, (row, token) in enumerate(zip(active, pending.tolist(), strict=True)):

@@ -1,7 +1,7 @@
 """A verify forward's logits under its rows' grammars and sampling controls: slot j of a row's draft
 follows the row's output and the draft's path down to slot j, so each slot's logits are masked and
 controlled as plain decoding's would be had it emitted that path (`strategies.constraints.masks`,
-`strategies.runtime.logit_controls`), the grammar's mask first, as in plain steps."""
+`strategies.runtime.logit_controls`), in the order plain steps take."""
 
 from __future__ import annotations
 
@@ -51,15 +51,19 @@ class DraftControls:
 
     def apply(self, logits: torch.Tensor, drafts: Sequence[Draft]) -> torch.Tensor:
         """[B, W, V] a verify forward's logits under each row's grammar and controls, slot by slot (padding
-        as it is). `drafts` are cut to what the grammars allow (`strategies.constraints.drafts.prune`)."""
-        logits = draft_logits(logits, self.matchers, drafts)
-        if all(r.controls is None for r in self.requests):
-            return logits
-        b, w, v = logits.shape
-        rows = [
-            RowSlots(request.controls, request.prompt, output, r * w, slot_paths(draft))
-            for r, (request, output, draft) in enumerate(zip(self.requests, self.outputs, drafts, strict=True))
-            if request.controls is not None
-        ]
-        ends, temperature = min_tokens_ends(self.params), self.params.sampling.temperature
-        return control_logits(logits.reshape(b * w, v), rows, ends, temperature).view(b, w, v)
+        as it is), in plain steps' order (`strategies.runtime.batch.ruled_logits`): sampling, the grammar's
+        mask first; greedy, the controls first and a slot masked only where its argmax is refused. `drafts`
+        are cut to what the grammars allow (`strategies.constraints.drafts.prune`)."""
+        greedy = self.params.sampling.greedy
+        if not greedy:
+            logits = draft_logits(logits, self.matchers, drafts)
+        if any(r.controls is not None for r in self.requests):
+            b, w, v = logits.shape
+            rows = [
+                RowSlots(request.controls, request.prompt, output, r * w, slot_paths(draft))
+                for r, (request, output, draft) in enumerate(zip(self.requests, self.outputs, drafts, strict=True))
+                if request.controls is not None
+            ]
+            ends, temperature = min_tokens_ends(self.params), self.params.sampling.temperature
+            logits = control_logits(logits.reshape(b * w, v), rows, ends, temperature).view(b, w, v)
+        return draft_logits(logits, self.matchers, drafts, greedy=True) if greedy else logits
