@@ -97,7 +97,8 @@ def measure(bench: Bench) -> dict[str, Any]:
             outputs[label(name, constrained)] = _decode(bench, name, requests(constrained), params)
             seconds[label(name, constrained)].append(time.perf_counter() - began)
         order.reverse()
-    return _report(tokenizer, rows, {k: statistics.median(v) for k, v in seconds.items()}, outputs)
+    report = _report(tokenizer, rows, {k: statistics.median(v) for k, v in seconds.items()}, outputs)
+    return {**report, "seconds_by_round": seconds}  # the spread behind each median
 
 
 def _valid(tokenizer: Any, row: RowOutput, schema: dict[str, Any]) -> bool:
