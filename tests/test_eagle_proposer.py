@@ -106,3 +106,37 @@ def test_a_head_loaded_for_inference_alone_is_fused_and_drafts(target, tiny_mode
     proposer = EagleProposer(head, top_k=1)
     proposer.start([list(CONTEXTS[0])], _params(), _prefill_states(target, CONTEXTS[:1]))
     assert len(proposer.propose(_context([2]))[0].tokens) == 2
+
+
+def test_a_proposal_leaves_the_heads_cache_as_it_found_it_but_for_the_true_features(target, tiny_model_dir):
+    """Kills `_grow` truncating the head's cache to anything but its slot count before the tree (the tree's
+    nodes stay in its layer, or `next_pos` moves past them), and `new_row_state` starting a row's features
+    in another shape, dtype or device than the head's: a joining row's features are that empty start
+    joined to the target's."""
+    head = tiny_eagle(target, tiny_model_dir)
+    proposer = EagleProposer(head, top_k=2)
+    proposer.start([list(c) for c in CONTEXTS[:2]], _params(), _prefill_states(target, CONTEXTS[:2]))
+    fed = [len(c) - 1 for c in CONTEXTS[:2]]  # the true features each row feeds its head
+    proposer.propose(_context([3, 3]))
+    kv = proposer.kv
+    assert kv.num_slots == max(fed) and kv.next_pos.tolist() == fed
+    assert kv.valid.sum(dim=1).tolist() == fed and kv.layers[0].keys.shape[2] == kv.num_slots
+    empty = proposer.new_row_state([1, 2]).features
+    assert empty.shape == (0, head.config.hidden_size) and empty.dtype == head.fc.weight.dtype == torch.float64
+    assert empty.device == head.fc.weight.device
+
+
+def test_rows_and_their_emitted_tokens_must_pair_up(target, tiny_model_dir):
+    """Kills `emitted` zipping the rows with their tokens, or the judged nodes with them, without
+    `strict`: a caller that hands another number of rows than the proposer holds is told, rather than
+    the rows past the shorter list silently keeping stale contexts and verdicts."""
+    proposer = EagleProposer(tiny_eagle(target, tiny_model_dir), top_k=2)
+    proposer.start([list(c) for c in CONTEXTS[:2]], _params(), _prefill_states(target, CONTEXTS[:2]))
+    one_state = TargetStates(torch.zeros(1, 1, proposer.head.config.hidden_size, dtype=torch.float64), [[0]])
+    with pytest.raises(ValueError, match="zip"):
+        proposer.emitted([[3]], one_state)
+    proposer.propose(_context([3, 3]))  # a dynamic tree at temperature 0: its nodes wait for their verdicts
+    assert proposer._offered is not None and len(proposer._offered) == 2
+    proposer.rows = proposer.rows[:1]  # the rows paired, the judged nodes not
+    with pytest.raises(ValueError, match="zip"):
+        proposer.emitted([[3]], one_state)
