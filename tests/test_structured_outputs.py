@@ -24,7 +24,7 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import LATER_KEYS
 from strategies import registry
 from strategies.base import GenerationParams, LogitControls, RowRequest
-from strategies.constraints.drafts import kept_nodes, prune, slot_masks
+from strategies.constraints.drafts import kept_nodes, prune, reached_masks, slot_masks
 from strategies.constraints.formats import FormatError, canonical
 from strategies.constraints.grammars import GrammarCache
 from strategies.constraints.masks import allowed, apply, constrain, new_bitmasks
@@ -116,14 +116,29 @@ def test_each_slot_is_masked_by_the_grammar_after_its_draft_path():
     assert [set(torch.nonzero(row).flatten().tolist()) for row in ok] == expected and matcher.path == []
 
 
-def test_at_temperature_0_a_slot_is_masked_only_where_its_argmax_is_refused():
+def test_at_temperature_0_only_the_slots_acceptance_reaches_are_masked_where_their_argmax_is_refused():
+    """From slot 0 down the children of each slot's choice: an allowed argmax is the choice unmasked, a
+    refused one is masked and the best allowed token chosen; a slot off that path is never masked."""
     matcher = TrieMatcher([[1, 2, 3], [1, 4], [5]])
-    tree = Draft([1, 2, 9, 4], [-1, 0, 1, 0])  # 1 -> 2 -> 9 (refused), 1 -> 4
-    bitmasks = new_bitmasks(1 + len(tree), 40)
-    best = [1, 4, 7, 0, 8]  # per slot: allowed, allowed, refused (3 only), never reached, refused (nothing)
-    assert slot_masks(matcher, tree, bitmasks, best) == [2, 4] and matcher.path == []
-    ok = [set(torch.nonzero(row).flatten().tolist()) for row in allowed(bitmasks, 40)]
-    assert ok == [set(range(40)), set(range(40)), {3}, set(range(40)), set()]
+    tree = Draft([1, 2, 9, 4], [-1, 0, 1, 0])  # slot 1: 1; slot 2: 1 -> 2; slot 3: 1 -> 2 -> 9; slot 4: 1 -> 4
+
+    def masked(best: list[int], second: dict[int, int] | None = None) -> tuple[list[int], list[set[int]]]:
+        logits = torch.zeros(1 + len(tree), 40, dtype=torch.float64)
+        for slot, token in enumerate(best):
+            logits[slot, token] = 5.0
+        for slot, token in (second or {}).items():
+            logits[slot, token] = 3.0
+        bitmasks = new_bitmasks(1 + len(tree), 40)
+        filled = reached_masks(matcher, tree, logits, best, bitmasks)
+        assert matcher.path == []
+        return filled, [set(torch.nonzero(row).flatten().tolist()) for row in allowed(bitmasks, 40)]
+
+    every = set(range(40))
+    # 1 allowed -> slot 1; 4 allowed -> slot 4, where nothing is allowed: masked (the end token is chosen).
+    assert masked([1, 4, 7, 0, 8]) == ([4], [every, every, every, every, set()])
+    # At slot 1, 9 is refused: masked, and the best allowed token, 2, leads to slot 2, whose argmax 3 is
+    # allowed and drafted nowhere: the walk ends there; slot 4 is never reached.
+    assert masked([1, 9, 3, 0, 8], {1: 2}) == ([1], [every, {2, 4}, every, every, every])
 
 
 def test_greedy_rows_choose_as_a_full_mask_before_the_controls_would():

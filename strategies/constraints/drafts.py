@@ -4,6 +4,10 @@ rolls it back). Drafts are cut to what the grammar allows before the verify forw
 grammar refuses can never be accepted (its slot's logit is -inf), and no slot below it can be masked
 (the matcher cannot follow a path it refuses), so it and its subtree leave the draft.
 
+At temperature 0 acceptance reads only the slots down the path of each slot's choice, and only the
+choice: `reached_masks` follows that path and masks a slot only where the grammar refuses its argmax,
+a check of one token instead of a mask over the vocabulary at every slot.
+
 One exception keeps rejection sampling exact: a draft drawn with probabilities (`Draft.probs`) keeps
 its first refused node, as a leaf, so the rule rejects it and draws the correction from the target's
 residual, as it would have; the node's own slot is never reached.
@@ -16,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from strategies.constraints.masks import Matcher, apply, needs_mask, new_bitmasks
-from strategies.verification.drafts import Draft
+from strategies.verification.drafts import Draft, children_by_slot
 
 
 def walk(matcher: Matcher, draft: Draft, allowed: Callable[[int], None], refused: Callable[[int], None]) -> None:
@@ -73,21 +77,45 @@ def children(draft: Draft) -> list[list[int]]:
     return below
 
 
-def slot_masks(matcher: Matcher, draft: Draft, bitmasks: torch.Tensor, best: Sequence[int] | None = None) -> list[int]:
+def slot_masks(matcher: Matcher, draft: Draft, bitmasks: torch.Tensor) -> list[int]:
     """Fill `bitmasks` [1 + len(draft), words]: slot 0 what the grammar allows after the row's output,
     slot i + 1 what it allows after the draft's path to node i; the slots filled, in walk order. A node
     the grammar refuses, and its subtree, keep every token: their slots are never reached (the slot
-    above refuses the node). `best`, at temperature 0: each slot's argmax; a slot whose grammar allows
-    it keeps every token too (`masks.needs_mask`). The matcher ends where it began."""
-    filled: list[int] = []
+    above refuses the node). The matcher ends where it began."""
+    filled = [0]
+    matcher.fill(bitmasks[0])
 
-    def fill(slot: int) -> None:
+    def fill(node: int) -> None:
+        matcher.fill(bitmasks[node + 1])
+        filled.append(node + 1)
+
+    walk(matcher, draft, fill, lambda node: None)
+    return filled
+
+
+def reached_masks(
+    matcher: Matcher, draft: Draft, logits: torch.Tensor, best: Sequence[int], bitmasks: torch.Tensor
+) -> list[int]:
+    """At temperature 0: fill the masks of the slots greedy acceptance reaches where the grammar refuses
+    their argmax; the slots filled. From slot 0, each slot's choice (its argmax `best[slot]` of `logits`
+    [1 + len(draft), V], or the best token the grammar allows) leads to the child drafted with it (the
+    first on a repeated token, as acceptance walks: `children_by_slot`), until there is none. Acceptance
+    reads no other slot, so no other needs a mask. The matcher ends where it began."""
+    below = children_by_slot(draft)
+    slot, depth, filled = 0, 0, []
+    while True:
+        choice = best[slot]
         if needs_mask(matcher, best, slot):
             matcher.fill(bitmasks[slot])
             filled.append(slot)
-
-    fill(0)
-    walk(matcher, draft, lambda node: fill(node + 1), lambda node: None)
+            kept = apply(logits[slot : slot + 1], [0], bitmasks[slot : slot + 1], [matcher.ends])  # [1, V]
+            choice = int(kept.max(dim=-1).indices)
+        child = below[slot].get(choice)
+        if child is None or not matcher.accepts(choice):  # a node kept for rejection sampling only
+            break
+        matcher.advance(choice)
+        slot, depth = child, depth + 1
+    matcher.back(depth)
     return filled
 
 
@@ -95,17 +123,20 @@ def draft_logits(
     logits: torch.Tensor, matchers: Sequence[Matcher | None], drafts: Sequence[Draft], greedy: bool = False
 ) -> torch.Tensor:
     """[B, W, V] a verify forward's logits with each constrained row's slots inside its grammar; `greedy`:
-    only the slots whose argmax the grammar refuses are masked (`masks.needs_mask`), which leaves every
-    slot's argmax the grammar's."""
+    only the slots greedy acceptance reaches, and of those only where the grammar refuses the argmax
+    (`reached_masks`): every slot acceptance reads then chooses what the grammar allows."""
     b, w, v = logits.shape
     rows = [r for r, m in enumerate(matchers) if m is not None]
     if not rows:
         return logits
-    best = logits[rows].max(dim=-1).indices.tolist() if greedy else [None] * len(rows)  # [R][W]: argmax, first max
+    best = logits[rows].max(dim=-1).indices.tolist() if greedy else None  # [R][W]: argmax, the first max
     slots, ends, blocks = [], [], []
-    for r, row_best in zip(rows, best, strict=True):
+    for i, r in enumerate(rows):
         block = new_bitmasks(1 + len(drafts[r]), v)
-        filled = slot_masks(matchers[r], drafts[r], block, row_best)
+        if best is None:
+            filled = slot_masks(matchers[r], drafts[r], block)
+        else:
+            filled = reached_masks(matchers[r], drafts[r], logits[r], best[i], block)
         slots += [r * w + s for s in filled]
         ends += [matchers[r].ends] * len(filled)
         blocks.append(block[filled])

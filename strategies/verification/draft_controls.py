@@ -52,8 +52,9 @@ class DraftControls:
     def apply(self, logits: torch.Tensor, drafts: Sequence[Draft]) -> torch.Tensor:
         """[B, W, V] a verify forward's logits under each row's grammar and controls, slot by slot (padding
         as it is), in plain steps' order (`strategies.runtime.batch.ruled_logits`): sampling, the grammar's
-        mask first; greedy, the controls first and a slot masked only where its argmax is refused. `drafts`
-        are cut to what the grammars allow (`strategies.constraints.drafts.prune`)."""
+        mask first; greedy, the controls first, then the slots acceptance reaches masked where their argmax
+        is refused (`strategies.constraints.drafts.reached_masks`). `drafts` are cut to what the grammars
+        allow (`strategies.constraints.drafts.prune`)."""
         greedy = self.params.sampling.greedy
         if not greedy:
             logits = draft_logits(logits, self.matchers, drafts)
