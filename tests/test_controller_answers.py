@@ -1,6 +1,6 @@
-"""What the controller answers a strategy besides its plans (`strategies/control/controller.py`): whether a
-learning drafter is fed a batch, and the event of a drafter that failed; each test names the mutants it
-kills."""
+"""What the controller answers a strategy besides its plans (`strategies/control/controller.py`): the sizes a
+batch starts from, whether a learning drafter is fed a batch, and the event of a drafter that failed; each
+test names the mutants it kills."""
 
 from __future__ import annotations
 
@@ -37,3 +37,12 @@ def test_a_failed_drafters_event_is_a_batch_event_at_its_step():
     c.step = 7
     c.drafter_failed(A, "a raised")
     assert c.drain_events() == [{"scope": "batch", "from": A, "to": AUTOREGRESSIVE, "reason": "a raised", "step": 7}]
+
+
+def test_a_batch_keeps_the_sizes_learned_below_its_drafters_limits():
+    """Kills `start_batch` taking a drafter's start depth or a tree's node budget over what it learned
+    below them (looked up under another name), or a chain's nodes other than its learned depth."""
+    c = AdaptiveController(ControllerSettings())
+    c.depth, c.nodes = {A: 3, "t": 2}, {"t": 4}
+    c.start_batch({A: DraftLimits(6, 6, start_depth=5), "t": DraftLimits(4, 16, trees=True)}, 1)
+    assert (c.depth, c.nodes) == ({A: 3, "t": 2}, {A: 3, "t": 4})

@@ -141,3 +141,26 @@ def test_a_drafter_without_an_estimate_here_counts_as_plain_steps_beside_a_bette
     c._choose(OPTIONS, 4)
     assert c.current == B
     assert c.drain_events() == [_switch(A, B, "b estimated 1.50 vs 1.00", {AUTOREGRESSIVE: 1.0, A: None, B: 1.5})]
+
+
+def test_a_drafter_at_break_even_keeps_running_beside_an_old_better_estimate():
+    """Kills `_choose`'s fresh-evidence rule turning a drafter within the hysteresis of break-even (at
+    1 - hysteresis exactly, `>=` as `>`; below 1 + hysteresis) over to plain steps where a better drafter's
+    estimate is old."""
+    c = LiteralSpeedups({A: 0.95, B: 1.5})
+    c.measured[A] = c.measured[B] = (100, 6400)
+    for estimate in (0.95, 1.0):
+        c.current, c.speedups[A] = A, estimate
+        c._choose(OPTIONS, 4)
+        assert (c.current, c.drain_events()) == (A, []), estimate
+
+
+def test_a_drafter_gives_way_only_to_a_weighed_estimate_above_the_bar_not_at_it():
+    """Kills `_choose` switching over where the weighed estimate equals the current one times 1 + hysteresis
+    (`>` as `>=`)."""
+    c = LiteralSpeedups({A: 1.0, B: 1.1})
+    c.measured[A] = (100, 6400)
+    c.measured[B] = (1, 64)  # weighed 1 + 0.1 x 64 / 128 = 1.05 = 1.0 x 1.05
+    c.current, c.last_used[B] = A, 10
+    c._choose(OPTIONS, 4)
+    assert (c.current, c.drain_events()) == (A, [])

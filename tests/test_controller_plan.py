@@ -5,46 +5,65 @@ estimates; each test names the mutants it kills."""
 from __future__ import annotations
 
 from strategies.control.controller import AdaptiveController, ControllerSettings
+from strategies.control.state import bucket
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, Plan
 
 A, B = "a", "b"
 
 
 class ScriptedParts(AdaptiveController):
-    """A controller whose exploration, probes and estimates answer from literal tables: its decision rule
-    is tested apart from them."""
+    """A controller whose exploration, probes and estimates answer from literal tables, asked at the batch's
+    bucket and size only: its decision rule is tested apart from them."""
 
     def __init__(self, drafters: dict[str, DraftLimits], batch_size: int = 1) -> None:
         super().__init__(ControllerSettings())
         self.start_batch(drafters, batch_size)
         self.step = 10
+        self.size = batch_size
         self.speedups: dict[str, float] = {}
         self.hopeless: set[str] = set()
         self.unexplored: set[str] = set()
         self.explore_waits: dict[str, int] = {}
-        self.probe_waits: dict[str, int] = {}
+        self.probe_waits = dict.fromkeys((AUTOREGRESSIVE, *drafters), 100)
         self.cheapest: dict[str, float] = {}
 
+    def _asked(self, b: int) -> None:
+        if b != bucket(self.size):
+            raise AssertionError(f"asked at bucket {b} for a batch of {self.size}")
+
     def speedup(self, drafter: str, b: int) -> float | None:
+        self._asked(b)
         return 1.0 if drafter == AUTOREGRESSIVE else self.speedups.get(drafter)
 
+    def draft_size(self, drafter: str, b: int | None = None) -> tuple[int, int]:
+        self._asked(b)
+        return super().draft_size(drafter, b)
+
     def _may_pay(self, drafter: str, b: int) -> bool:
+        self._asked(b)
         return drafter not in self.hopeless
 
     def _unexplored(self, option: str, b: int) -> bool:
+        self._asked(b)
         return option in self.unexplored
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
+        self._asked(b)
+        if batch_size != self.size:
+            raise AssertionError(f"asked for a batch of {batch_size}, not {self.size}")
         return self.explore_waits.get(drafter, 0)
 
     def probe_wait(self, option: str, b: int) -> int:
-        return self.probe_waits.get(option, 100)
+        self._asked(b)
+        return self.probe_waits[option]
 
     def _step_cost(self, drafter: str, b: int) -> float:
+        self._asked(b)
         return self.cheapest.get(drafter, 0.0)
 
     def _step_costs(self, drafter: str, b: int) -> list[float] | None:
-        return [1.5, 2.0]
+        self._asked(b)
+        return [1.5, 2.0] if self.limits[drafter].sizes_own else None
 
 
 def _ran_all(c: ScriptedParts) -> None:
@@ -71,21 +90,21 @@ def test_plain_steps_are_explored_first_then_the_measured_and_cheapest_drafter()
 
 def test_plain_steps_run_unasked_until_the_next_probe_or_exploration_at_least_one():
     """Kills `plan`'s plain steps other than the fewest of each explored drafter's probe wait less the steps
-    since it ran (counting the next) and the first unexplored drafter's exploring wait, at least 1; other
-    than None where no drafter is offered."""
+    since it ran (counting the next) and the first unexplored drafter's exploring wait (not the second's),
+    at least 1; other than None where no drafter is offered; waits asked at another bucket or batch size."""
     c = ScriptedParts({A: DraftLimits(4, 4), B: DraftLimits(4, 4)})
     c.last_used = {AUTOREGRESSIVE: 10, A: 4}
-    c.probe_waits = {A: 100}
     c.unexplored = {B}
     c.explore_waits = {B: 120}
     assert c.plan(1).steps == 93  # 100 - (10 + 1 - 4)
     c.explore_waits = {B: 50}
     assert c.plan(1).steps == 50
+    c.unexplored, c.cheapest, c.explore_waits = {A, B}, {A: 1.0, B: 2.0}, {A: 120, B: 50}
+    assert c.plan(1).steps == 120  # the first to explore only
     c.unexplored = set()
-    c.probe_waits = {A: 100, B: 100}
     c.last_used[B] = 9
     assert c.plan(1).steps == 93
-    c.probe_waits = {A: 7, B: 100}
+    c.probe_waits[A] = 7
     assert c.plan(1) == Plan(A, 4, 4)  # due: its probe
     c.last_used[A] = 5
     assert c.plan(1).steps == 1  # 7 - 6
@@ -100,7 +119,7 @@ def test_of_the_options_due_a_probe_the_one_that_ran_longest_ago_runs():
     not due, the current one, or one still unexplored."""
     c = ScriptedParts({A: DraftLimits(4, 4), B: DraftLimits(3, 3)})
     c.last_used = {AUTOREGRESSIVE: 10, A: 1}
-    c.probe_waits = {A: 5, B: 5}
+    c.probe_waits[A] = c.probe_waits[B] = 5
     assert c.plan(1) == Plan(B, 3, 3)
     c.last_used[B] = 2
     assert c.plan(1) == Plan(A, 4, 4)
@@ -128,7 +147,7 @@ def test_a_chosen_drafters_plan_stands_for_replan_rows_at_its_batch_size():
     assert c.standing is None
     c.speedups, c.last_used[A] = {A: 1.5}, 12
     assert c.plan(3) == Plan(A, 4, 4, rows_off={1})
-    c.step, c.speedups = 13, {A: 0.5}
+    c.step, c.speedups, c.size = 13, {A: 0.5}, 2
     assert c.plan(2).drafter == AUTOREGRESSIVE  # another batch size: weighed again
 
 
