@@ -127,3 +127,27 @@ def test_a_learning_drafter_that_never_ran_rests_on_no_row_steps():
     c.row_steps = 512
     assert c._evidence(A) == 0.0
     assert c._weighed(A, 3.0) == 1.0
+
+
+def test_a_measured_cost_ratio_is_kept_until_the_next_measurement():
+    """Kills `cost_ratio` looking for its kept value under another key, so computing it again on every call."""
+    c = PlannedBudgets({1: 4})
+    c.row_time[(AUTOREGRESSIVE, 1)] = _times(0.02)
+    c.row_time[(A, 1)] = _times(1.8)
+    assert c.cost_ratio(A, 1) == 1.8
+    c.row_time[(A, 1)] = _times(2.2)
+    assert c.cost_ratio(A, 1) == 1.8
+    c.memo.clear()
+    assert c.cost_ratio(A, 1) == 2.2
+
+
+def test_no_cost_ratio_is_modelled_over_a_plain_forward_timed_at_nothing():
+    """Kills `cost_ratio` dividing by a modelled plain forward of 0 seconds (its guard `plain and step is not
+    None` dropped, or `and` as `or`) instead of leaving the ratio unknown."""
+    c = PlannedBudgets({4: 4})
+    for _ in range(FORWARD_SAMPLES):
+        c.forward.observe(4, 1, 0.0)
+    c.row_time[(AUTOREGRESSIVE, 4)] = _times(0.01)
+    c.row_time[(AUTOREGRESSIVE, 1)] = _times(0.02)
+    c.host_time[(A, 1, 5)] = _times(0.2)
+    assert c.cost_ratio(A, 4) is None
