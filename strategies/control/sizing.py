@@ -52,8 +52,7 @@ class DraftSizing(StepCosts):
             # The configured budget is a bound, not a setting: it and its halvings are weighed beside the
             # learned budget and its halvings, so a tree grows back where the verify forward is flat.
             budgets = sorted(
-                {n >> h for n in (nodes, limits.max_nodes) for h in range(n.bit_length()) if n >> h >= smallest},
-                reverse=True,
+                {n >> h for n in (nodes, limits.max_nodes) for h in range(n.bit_length()) if n >> h >= smallest}
             )
             if not tried or not budgets:
                 return depth, nodes
