@@ -1,0 +1,57 @@
+"""A drafter's modelled step costs (`strategies/control/step_costs.py`) on literal times; each test names
+the mutants it kills."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from strategies.control.controller import AdaptiveController, ControllerSettings
+from strategies.control.cost_model import FORWARD_SAMPLES, RecentTime
+from strategies.verification.control import AUTOREGRESSIVE, DraftLimits
+
+A, B = "a", "b"
+
+
+def _controller(**limits: DraftLimits) -> AdaptiveController:
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch(limits, 1)
+    return c
+
+
+def _times(*values: float) -> RecentTime:
+    return RecentTime(9, recent=deque(values), count=len(values))
+
+
+def _linear_forwards(c: AdaptiveController, b: int, widths: range, plain: float = 0.01, slope: float = 0.5) -> None:
+    """Forwards at bucket `b` costing plain (1 + slope (w - 1)) seconds per row, each timed enough to count,
+    and plain steps run there."""
+    c.row_time[(AUTOREGRESSIVE, b)] = _times(plain)
+    for w in widths:
+        for _ in range(FORWARD_SAMPLES):
+            c.forward.observe(b, w, plain * (1 + slope * (w - 1)))
+
+
+def test_each_drafters_step_costs_carry_its_own_host_time_and_are_kept_per_drafter():
+    """Kills `_step_costs` keeping its costs under another key than the drafter's (a second drafter gets
+    the first one's), and `_modelled_step_costs` pricing a step without the drafter's host time. Forwards
+    0.01, 0.015, 0.02 s per row at widths 1..3; A's host time half a plain step at width 2, flat."""
+    c = _controller(a=DraftLimits(3, 3), b=DraftLimits(3, 3))
+    _linear_forwards(c, 1, range(1, 4))
+    c.host_time[(A, 1, 2)] = _times(0.5)
+    assert c._step_costs(A, 1) == pytest.approx([2.0, 2.5, 2.5])
+    assert c._step_costs(B, 1) == pytest.approx([1.5, 2.0, 2.0])
+
+
+def test_step_costs_at_a_bucket_with_only_the_plain_forward_are_the_two_token_forward_at_every_depth():
+    """Kills `_modelled_step_costs` pricing depths at width 3 where only width 1 was timed (the nearest
+    bucket's slope would make the deeper drafts dearer than the first), and dividing by a plain step
+    that has not run at the bucket (a forward timed there alone is no plain step: no costs)."""
+    c = _controller(a=DraftLimits(3, 3))
+    _linear_forwards(c, 1, range(1, 4))  # slope 0.005 s per row per width at bucket 1
+    _linear_forwards(c, 2, range(1, 2), plain=0.02)
+    assert c._modelled_step_costs(A, 2) == pytest.approx([1.25, 1.25, 1.25])  # 0.025 / 0.02
+    unplanned = _controller(a=DraftLimits(3, 3))
+    unplanned.forward.observe(1, 1, 0.01)
+    assert unplanned._modelled_step_costs(A, 1) is None
