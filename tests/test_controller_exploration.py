@@ -83,3 +83,71 @@ def test_an_exploring_step_beyond_a_lone_plain_forward_is_priced_as_plain_forwar
     _linear_forwards(c, 1, range(1, 2))
     c.host_time[(A, 1, 5)] = _times(0.5)
     assert c._explore_wait(A, 1, 1) == 145
+
+
+def test_a_learning_drafter_that_drafted_nothing_is_explored_at_a_plain_steps_width():
+    """Kills `_explore_width` pricing a learning drafter whose steps drafted nothing (width 1) wider than 1."""
+    c = _started(AdaptiveController(ControllerSettings()), trie=DraftLimits(6, 16, trees=True, learns=True))
+    c.drafted_width["trie"] = _times(1, 1, 1)
+    assert c._explore_width("trie", 1) == 1
+
+
+def test_a_drafter_never_run_is_not_explored_enough_even_where_one_row_step_would_do():
+    """Kills `_measured_enough` counting a drafter never measured as one row step."""
+    c = _started(AdaptiveController(ControllerSettings(explore_steps=1, explore_rows=1)), a=DraftLimits(4, 4))
+    assert not c._measured_enough(A)
+    c.measured[A] = (1, 1)
+    assert c._measured_enough(A)
+
+
+def test_a_drafter_whose_best_case_only_reaches_the_hysteresis_is_hopeless_and_said_so_once():
+    """Kills `_may_pay` planning a drafter whose best case equals 1 + hysteresis (`>` as `>=`), its event's
+    scope, options, reason or bucket other than these, or told twice, and its probe due at other than
+    more than `max_probe_wait` steps since it ran (or since another option ran)."""
+    c = _started(AdaptiveController(ControllerSettings()), a=DraftLimits(4, 4))
+    c.best_cases[(A, 1)] = (0, ((), True), 1.05)  # kept: no forward timed, no host time
+    assert not c._may_pay(A, 1)
+    assert not c._may_pay(A, 1)
+    assert c.drain_events() == [
+        {
+            "scope": "explore",
+            "from": A,
+            "to": AUTOREGRESSIVE,
+            "reason": "best case 1.05 <= 1.05: rarely probed at this batch size",
+            "step": 0,
+            "batch_bucket": 1,
+        }
+    ]
+    c.last_used[A], c.step = 1, 2048  # 2048 steps since it ran, counting the next: not more than max_probe_wait
+    c.best_cases[(A, 1)] = (2048, ((), True), 1.05)
+    assert not c._may_pay(A, 1)
+    c.step = 2049
+    assert c._may_pay(A, 1)
+
+
+def test_an_unconfirmed_best_is_weighed_against_plain_steps_where_the_current_drafter_has_no_estimate():
+    """Kills `_unconfirmed_best` taking a current drafter without an estimate as 2.0 rather than plain
+    steps' 1.0, or probing an estimate that only equals 1 + hysteresis over the current choice."""
+    c = _started(LiteralEstimates({A: 1.5, B: None}), a=DraftLimits(4, 4), b=DraftLimits(4, 4))
+    c.current = B
+    assert c._unconfirmed_best([AUTOREGRESSIVE, A, B], 1) == A
+    c.current = AUTOREGRESSIVE
+    c.speedups[A] = 1.05
+    assert c._unconfirmed_best([AUTOREGRESSIVE, A, B], 1) is None
+
+
+def test_a_drafter_that_loses_only_by_its_host_time_is_explored_in_full_first():
+    """Kills `_may_pay` asking whether another drafter is explored enough, or letting a forward-only best
+    case that only equals 1 + hysteresis through (`>` as `>=`). Plain forwards 0.5 s per row, hysteresis
+    0.25: forwards 0.5 (1 + 0.75 (w - 1)) give a best case of 5 / 4 = 1.25 (four tokens), host time 0.25 s
+    1.11; forwards 0.5 (1 + 0.5 (w - 1)) give 5 / 3, host time 0.5 s 1.25."""
+    even = _started(AdaptiveController(ControllerSettings(hysteresis=0.25)), a=DraftLimits(4, 4))
+    _linear_forwards(even, 1, range(1, 6), plain=0.5, slope=0.75)
+    even.host_time[(A, 1, 2)] = _times(0.5)
+    assert not even._may_pay(A, 1)
+    host_bound = _started(AdaptiveController(ControllerSettings(hysteresis=0.25)), a=DraftLimits(4, 4))
+    _linear_forwards(host_bound, 1, range(1, 6), plain=0.5, slope=0.5)
+    host_bound.host_time[(A, 1, 2)] = _times(1.0)
+    assert host_bound._may_pay(A, 1)  # not explored yet
+    host_bound.measured[A] = (2, 8)
+    assert not host_bound._may_pay(A, 1)

@@ -55,3 +55,13 @@ def test_step_costs_at_a_bucket_with_only_the_plain_forward_are_the_two_token_fo
     unplanned = _controller(a=DraftLimits(3, 3))
     unplanned.forward.observe(1, 1, 0.01)
     assert unplanned._modelled_step_costs(A, 1) is None
+
+
+def test_a_priced_step_carries_the_drafters_host_time_and_an_unmodelled_step_costs_nothing():
+    """Kills `_priced_row_s` pricing the step without the drafter's host time, and `_step_cost` other than
+    0 where the model does not cover the bucket. Forward 0.015 s per row at width 2, host 0.005 s."""
+    c = _controller(a=DraftLimits(3, 3))
+    assert c._step_cost(A, 1) == 0.0
+    _linear_forwards(c, 1, range(1, 4))
+    c.host_time[(A, 1, 2)] = _times(0.5)
+    assert c._priced_row_s(A, 1, 2) == pytest.approx(0.02)

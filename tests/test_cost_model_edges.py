@@ -8,8 +8,10 @@ import pytest
 from strategies.control.cost_model import (
     FORWARD_SAMPLES,
     ForwardCosts,
+    best_chain_depth,
     best_tree_budget,
     host_cost,
+    interpolate,
     monotone_fit,
     segment_ends,
     tree_tau_by_budget,
@@ -65,3 +67,16 @@ def test_segment_ends_hold_every_measured_depth_within_the_drafts_reach_and_none
     beyond `max_depth` (a depth no draft reaches)."""
     assert segment_ends([1, 4], 4) == [1, 3, 4]
     assert segment_ends([1, 6], 4) == [1, 4]
+
+
+def test_a_width_between_the_first_two_measured_is_interpolated_on_their_segment():
+    """Kills `interpolate` skipping the first segment (widths 1 to 3) for the next one."""
+    assert interpolate([1, 3, 5], [1.0, 3.0, 3.0], 2, None) == 2.0
+
+
+def test_a_chains_second_token_counts_alpha_squared():
+    """Kills `best_chain_depth` counting the tokens of k drafted as 1 + 1 + α + … + α^(k-1). At α 0.5 two
+    tokens yield 1.75 against one token's 1.5: worth a step 1.1 times as dear, not 1.2 times (where the
+    mutant's 2.5 against 2 would be)."""
+    assert best_chain_depth(0.5, [1.0, 1.1]) == 2
+    assert best_chain_depth(0.5, [1.0, 1.2]) == 1
