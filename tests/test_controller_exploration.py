@@ -151,3 +151,23 @@ def test_a_drafter_that_loses_only_by_its_host_time_is_explored_in_full_first():
     assert host_bound._may_pay(A, 1)  # not explored yet
     host_bound.measured[A] = (2, 8)
     assert not host_bound._may_pay(A, 1)
+
+
+def test_a_probe_of_an_option_never_timed_waits_probe_every_steps():
+    """Kills `probe_wait` going on to weigh an option whose cost ratio is unknown (`or` as `and`)."""
+    c = _started(LiteralEstimates({A: 0.5}), a=DraftLimits(4, 4))
+    assert c.probe_wait(A, 1) == 24
+
+
+def test_a_trial_needs_a_raised_estimate_above_the_bar_and_a_weighed_one_at_most_at_it():
+    """Kills `_on_trial` trying a drafter whose raised estimate only equals the bar (`>` as `>=`), or not
+    one whose weighed estimate equals it (`>=` as `>`). Spread 1.0 over 4 row steps raises 1.25 to
+    1.875, the bar of 1.5 x 1.25; over 64 row steps with 64 of evidence, 3.0 weighs 2.0, the bar of 1.0 x 2."""
+    c = _started(LiteralEstimates({}, probe_spread=1.0, hysteresis=0.25), a=DraftLimits(4, 4), b=DraftLimits(4, 4))
+    c.current = B
+    c.measured[A] = (2, 4)
+    assert not c._on_trial(A, 1.25, 1.5)
+    even = _started(LiteralEstimates({}, hysteresis=1.0), a=DraftLimits(4, 4), b=DraftLimits(4, 4))
+    even.current = B
+    even.measured[A] = (8, 64)
+    assert even._on_trial(A, 3.0, 1.0)

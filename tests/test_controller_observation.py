@@ -3,8 +3,11 @@ test names the mutants it kills."""
 
 from __future__ import annotations
 
+import pytest
+
 from strategies.control.controller import AdaptiveController, ControllerSettings
 from strategies.control.settings import Learned
+from strategies.control.state import Ema
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, StepRecord
 
 A, B = "a", "b"
@@ -38,3 +41,46 @@ def test_loaded_tree_budgets_count_as_measured_at_their_drafters_loaded_row_step
     c = AdaptiveController(ControllerSettings())
     c.warm_start(Learned(measured={A: (3, 100)}, tree_tau={(A, 8): (2.0, 1.5), (B, 4): (1.5, 0.5)}))
     assert c.tree_tau_at == {(A, 8): 100, (B, 4): 0}
+
+
+def test_a_learning_drafters_tau_counts_for_what_its_idle_time_left_of_it():
+    """Kills `_observe_gain` not ageing a learning drafter's overall τ, or setting what its τ rests on to
+    the ageing factor instead of multiplying by it. Idle for one half-life: 2.0 measurements count as 1.0,
+    then the step adds its 1 / 64."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({B: DraftLimits(4, 4, learns=True)}, 1)
+    c.tau[B], c.tau_at[B] = Ema(2.0, 2.0), {(1, 4): Ema(2.0, 2.0)}
+    c.evidence[B], c.row_steps = (10.0, 0), 512
+    c.observe(StepRecord(B, 1, 0.01, [4], [1]))
+    assert c.tau[B].seen == pytest.approx(1 + 1 / 64)
+    assert c.tau_at[B][(1, 4)].seen == pytest.approx(1 + 1 / 64)
+
+
+def test_tau_by_bucket_and_size_moves_by_the_steps_weight_and_share():
+    """Kills `_observe_gain` counting a step of more than `smoothing_rows` rows as more than one full
+    share, or updating τ by bucket and size with its share as the weight, or with a full share for a step
+    of fewer rows. Two steps of 64 rows: the second, gain 4 after 2, weighs max(0.3, 1 / 2); one of 128
+    rows counts once."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({A: DraftLimits(4, 4)}, 128)
+    c.observe(StepRecord(A, 128, 0.5, [2] * 128, [1] * 128))
+    assert (c.tau[A].seen, c.tau_at[A][(128, 4)].seen) == (1.0, 1.0)
+    steps = AdaptiveController(ControllerSettings())
+    steps.start_batch({A: DraftLimits(4, 4)}, 64)
+    steps.observe(StepRecord(A, 64, 0.5, [2] * 64, [1] * 64))
+    steps.observe(StepRecord(A, 64, 0.5, [4] * 64, [3] * 64))
+    assert steps.tau_at[A][(64, 4)].value == pytest.approx(3.0)
+    one_row = AdaptiveController(ControllerSettings())
+    one_row.start_batch({A: DraftLimits(4, 4)}, 1)
+    one_row.observe(StepRecord(A, 1, 0.01, [4], [1]))
+    assert one_row.tau_at[A][(1, 4)].seen == pytest.approx(1 / 64)
+
+
+def test_a_step_of_a_drafter_outside_the_batchs_limits_keeps_tau_at_its_widest_draft():
+    """Kills `_observe_gain` failing on a drafter neither planned nor sized in this batch (no node budget
+    to key its τ by but its widest draft, no limits to say whether it drafts trees)."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({}, 2)
+    c.observe(StepRecord(A, 2, 0.02, [3, 5], [1, 1]))
+    assert list(c.tau_at[A]) == [(2, 5)]
+    assert c.tree_tau == {}

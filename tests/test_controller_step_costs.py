@@ -65,3 +65,29 @@ def test_a_priced_step_carries_the_drafters_host_time_and_an_unmodelled_step_cos
     _linear_forwards(c, 1, range(1, 4))
     c.host_time[(A, 1, 2)] = _times(0.5)
     assert c._priced_row_s(A, 1, 2) == pytest.approx(0.02)
+
+
+def test_a_best_case_peaks_where_the_host_time_turns_dear_and_is_kept_per_drafter():
+    """Kills `_best_case` leaving the host time's measured widths out of the depths it weighs (or taking
+    another drafter's, their costs for widths, or only the widths both have), pricing the forward alone
+    one token wider, and `best_case` keeping its value under another key than the drafter's. Forwards
+    0.5 (1 + 0.25 (w - 1)) s per row, widths 1 and 2 timed; A's host time is none up to width 4, then 1 s
+    per width more: four tokens for 0.875 s, 2.29 plain steps' worth, where its forward widths alone
+    weigh one token (1.6) and six (3.5 / 4.25). Without host time six tokens cost 1.25 s: 2.8."""
+    c = _controller(a=DraftLimits(6, 6), b=DraftLimits(6, 6))
+    _linear_forwards(c, 1, range(1, 3), plain=0.5, slope=0.25)
+    for width, plain_steps in ((2, 0.0), (4, 0.0), (6, 4.0)):
+        c.host_time[(A, 1, width)] = _times(plain_steps)
+    assert c.best_case(A, 1) == pytest.approx(4 / 1.75)
+    assert c.best_case(B, 1) == pytest.approx(2.8)
+    assert c._best_case(A, 1, with_host=False) == pytest.approx(2.8)
+
+
+def test_a_host_time_is_borrowed_from_the_nearest_bucket_where_the_drafter_ran_the_larger_of_two():
+    """Kills `_host_curve` taking the smallest bucket measured, or the smaller of two as near. A's host time
+    is a tenth of a plain step at bucket 2 (0.02 s), and at bucket 8 (0.04 s)."""
+    c = _controller(a=DraftLimits(3, 3))
+    for b, plain in ((2, 0.2), (8, 0.4)):
+        c.row_time[(AUTOREGRESSIVE, b)] = _times(plain)
+        c.host_time[(A, b, 2)] = _times(0.1)
+    assert [c._host_curve(A, b)[1][0] for b in (1, 2, 4, 8, 16)] == pytest.approx([0.02, 0.02, 0.04, 0.04, 0.04])

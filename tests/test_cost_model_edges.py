@@ -80,3 +80,8 @@ def test_a_chains_second_token_counts_alpha_squared():
     mutant's 2.5 against 2 would be)."""
     assert best_chain_depth(0.5, [1.0, 1.1]) == 2
     assert best_chain_depth(0.5, [1.0, 1.2]) == 1
+
+
+def test_the_two_narrowest_widths_out_of_order_pool_too():
+    """Kills `monotone_fit` pooling only from a third width on."""
+    assert monotone_fit({1: (2.0, 1), 2: (1.0, 1)}) == ([1, 2], [1.5, 1.5])
