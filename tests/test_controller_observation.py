@@ -84,3 +84,43 @@ def test_a_step_of_a_drafter_outside_the_batchs_limits_keeps_tau_at_its_widest_d
     c.observe(StepRecord(A, 2, 0.02, [3, 5], [1, 1]))
     assert list(c.tau_at[A]) == [(2, 5)]
     assert c.tree_tau == {}
+
+
+def test_a_tree_budgets_tau_is_kept_at_the_budget_planned_and_aged_from_when_it_last_moved():
+    """Kills `_observe_gain` keeping a tree's τ at its widest draft rather than the planned budget, or
+    ageing a budget's τ from the job's start rather than from when that budget last moved (here: no row
+    steps since, so 4.0 measurements stay 4.0, then the step adds its 1 / 64)."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({A: DraftLimits(4, 8, trees=True)}, 1)
+    c.planned_nodes[A], c.measured[A] = 8, (10, 1023)
+    c.tree_tau[A] = {8: Ema(2.0, 4.0)}
+    c.tree_tau_at[(A, 8)] = 1024
+    c.observe(StepRecord(A, 1, 0.01, [5], [1]))
+    assert list(c.tree_tau[A]) == [8]
+    assert c.tree_tau[A][8].seen == pytest.approx(4 + 1 / 64)
+
+
+def test_a_row_that_cools_down_is_told_in_an_event():
+    """Kills `_observe_rows`' event naming another drafter or option than the step's drafter and plain
+    steps, or without its reason."""
+    c = AdaptiveController(ControllerSettings(row_patience=1))
+    c.start_batch({A: DraftLimits(4, 4)}, 2)
+    c.observe(StepRecord(A, 2, 0.02, [4, 4], [0, 2]))
+    assert c.drain_events() == [
+        {"scope": "row", "from": A, "to": AUTOREGRESSIVE, "reason": "1 drafts rejected", "step": 1, "row": 0}
+    ]
+
+
+def test_a_drafters_starts_are_kept_over_the_time_window_and_an_exploring_step_before_plain_ones_lost_it_all():
+    """Kills `_observe_times` keeping every start of a resumed drafter rather than the last `time_window`,
+    and an exploring step before any plain step at its bucket losing other than its whole time (or
+    failing)."""
+    c = AdaptiveController(ControllerSettings())
+    c.start_batch({A: DraftLimits(4, 4)}, 1)
+    c.exploring = A
+    c.observe(StepRecord(A, 1, 0.05, [2], [0], setup_s=0.01))
+    assert c.exploring_lost_s == pytest.approx(0.06)
+    for i in range(10):
+        c.observe(StepRecord(AUTOREGRESSIVE, 1, 0.01, [0], [0]))
+        c.observe(StepRecord(A, 1, 0.02, [2], [1], setup_s=0.001 * i))
+    assert list(c.resume_setup[(A, 1)]) == pytest.approx([0.1 * i for i in range(1, 10)])

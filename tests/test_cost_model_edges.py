@@ -12,6 +12,7 @@ from strategies.control.cost_model import (
     best_tree_budget,
     host_cost,
     interpolate,
+    median_of_sorted,
     monotone_fit,
     segment_ends,
     tree_tau_by_budget,
@@ -85,3 +86,10 @@ def test_a_chains_second_token_counts_alpha_squared():
 def test_the_two_narrowest_widths_out_of_order_pool_too():
     """Kills `monotone_fit` pooling only from a third width on."""
     assert monotone_fit({1: (2.0, 1), 2: (1.0, 1)}) == ([1, 2], [1.5, 1.5])
+
+
+def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two():
+    """Kills `median_of_sorted` taking the upper middle of an even count (or testing evenness other than
+    by `% 2`)."""
+    assert median_of_sorted([1.0, 2.0, 4.0, 8.0]) == 3.0
+    assert median_of_sorted([1.0, 2.0, 4.0]) == 2.0
