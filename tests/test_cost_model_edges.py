@@ -8,6 +8,7 @@ import pytest
 from strategies.control.cost_model import (
     FORWARD_SAMPLES,
     ForwardCosts,
+    RecentTime,
     best_chain_depth,
     best_tree_budget,
     host_cost,
@@ -93,3 +94,11 @@ def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two():
     by `% 2`)."""
     assert median_of_sorted([1.0, 2.0, 4.0, 8.0]) == 3.0
     assert median_of_sorted([1.0, 2.0, 4.0]) == 2.0
+
+
+def test_recent_times_count_every_measurement_and_keep_the_last_window():
+    """Kills `RecentTime.update` counting a measurement other than once."""
+    times = RecentTime(2)
+    for x in (1.0, 2.0, 4.0):
+        times.update(x)
+    assert (list(times.recent), times.count) == ([2.0, 4.0], 3)
