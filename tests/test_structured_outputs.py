@@ -341,6 +341,7 @@ def test_the_synthesis_bench_reports_its_aims_on_a_tiny_model(tmp_path, tiny_mod
     report = structured.measure(structured.Bench(dataclasses.replace(config, strategies=["autoregressive", "auto"])))
     assert report["rows"] == 4 and report["auto_tokens_equal_autoregressive"]
     assert report["tokens"]["autoregressive constrained"] == report["tokens"]["autoregressive unconstrained"]
+    assert report["any_text_tokens_equal_unconstrained"] and report["grammar_cost_same_tokens"] > 0
     assert report["valid_share_of_finished"] in (None, 1.0)
 
 

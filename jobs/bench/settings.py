@@ -85,7 +85,8 @@ class _BenchSettings:
     structured: bool = option(
         False,
         "Measure structured outputs instead (jobs/bench/structured.py): the JSON-schema synthesis set of num_prompts "
-        "rows, autoregressive and auto, constrained and not, at the first of batch_sizes.",
+        "rows, autoregressive and auto, constrained, unconstrained and under a format allowing any text (the "
+        "grammar's own cost on the same tokens), at the first of batch_sizes.",
     )
     # Whole jobs (jobs/bench/job.py): each contender runs as `accelgen generate` processes.
     job: bool = option(False, "Time whole `accelgen generate` jobs, cold and warm, instead of in-process decoding.")

@@ -7,7 +7,11 @@
   unconstrained row stopped after as many tokens as its constrained output has (a stop callback), so
   both decode the same number of tokens in batches that shrink alike;
 - `auto`'s speed-up over autoregressive decoding, constrained and unconstrained, and the share of the
-  unconstrained speed-up it keeps under constraints.
+  unconstrained speed-up it keeps under constraints;
+- the grammar's own cost, apart from what the format does to the text: the unconstrained rows decoded
+  again under a format that allows any text (the same tokens, which the report checks), autoregressive
+  and `auto`. A schema's JSON is another text than the model's free continuation, and drafters predict
+  the two differently; this pair holds the text fixed and leaves only the grammar's work.
 
 Each contender decodes every row `repeats` times, rounds in alternating order; times are medians. Grammars
 are compiled before timing, as an actor compiles each distinct format once.
@@ -32,11 +36,14 @@ from strategies.constraints.formats import canonical
 from strategies.constraints.grammars import GrammarCache
 from strategies.runtime.sampling import SamplingParams, row_key
 
-CONTENDERS = [("autoregressive", True), ("autoregressive", False), (registry.AUTO, True), (registry.AUTO, False)]
+CONSTRAINED, UNCONSTRAINED, ANY_TEXT = "constrained", "unconstrained", "any text"
+KINDS = (CONSTRAINED, UNCONSTRAINED, ANY_TEXT)
+CONTENDERS = [(name, kind) for name in ("autoregressive", registry.AUTO) for kind in KINDS]
+EVERY_TEXT = {"type": "regex", "pattern": "(.|\\n)*"}  # a format that refuses no text
 
 
-def label(name: str, constrained: bool) -> str:
-    return f"{name} {'constrained' if constrained else 'unconstrained'}"
+def label(name: str, kind: str) -> str:
+    return f"{name} {kind}"
 
 
 def main(config: BenchConfig) -> int:
@@ -77,25 +84,28 @@ def measure(bench: Bench) -> dict[str, Any]:
     ends = frozenset({tokenizer.eos_token_id})
     grammars = GrammarCache(tokenizer, bench.models.target.vocab_size, ends)
     compiled = [grammars.get(canonical(response_format(name))) for _, name in rows]
+    anything = grammars.get(canonical(EVERY_TEXT))
     params = GenerationParams(config.max_new_tokens, SamplingParams(), ends)
 
     lengths = [len(r.tokens) for r in _decode(bench, "autoregressive", _requests(prompts, compiled), params)]
 
-    def requests(constrained: bool) -> list[RowRequest]:
-        return _requests(prompts, compiled) if constrained else _requests(prompts, [None] * len(prompts), lengths)
+    def requests(kind: str) -> list[RowRequest]:
+        if kind == CONSTRAINED:
+            return _requests(prompts, compiled)
+        return _requests(prompts, [anything if kind == ANY_TEXT else None] * len(prompts), lengths)
 
     bench.models.target.warm_up(config.batch_sizes[0])
-    for name, constrained in CONTENDERS:  # warm-up: first calls allocate and pick kernels
-        _decode(bench, name, requests(constrained)[: config.batch_sizes[0]], params)
+    for name, kind in CONTENDERS:  # warm-up: first calls allocate and pick kernels
+        _decode(bench, name, requests(kind)[: config.batch_sizes[0]], params)
     seconds: dict[str, list[float]] = {label(*c): [] for c in CONTENDERS}
     outputs: dict[str, list[RowOutput]] = {}
     order = list(CONTENDERS)
     for _ in range(config.repeats):
-        for name, constrained in order:
+        for name, kind in order:
             gc.collect()
             began = time.perf_counter()
-            outputs[label(name, constrained)] = _decode(bench, name, requests(constrained), params)
-            seconds[label(name, constrained)].append(time.perf_counter() - began)
+            outputs[label(name, kind)] = _decode(bench, name, requests(kind), params)
+            seconds[label(name, kind)].append(time.perf_counter() - began)
         order.reverse()
     report = _report(tokenizer, rows, {k: statistics.median(v) for k, v in seconds.items()}, outputs)
     return {**report, "seconds_by_round": seconds}  # the spread behind each median
@@ -114,12 +124,14 @@ def _valid(tokenizer: Any, row: RowOutput, schema: dict[str, Any]) -> bool:
 def _report(
     tokenizer: Any, rows: list[tuple[str, str]], seconds: dict[str, float], outputs: dict[str, list[RowOutput]]
 ) -> dict[str, Any]:
-    ar_c, ar_u = label("autoregressive", True), label("autoregressive", False)
-    auto_c, auto_u = label(registry.AUTO, True), label(registry.AUTO, False)
+    ar_c, ar_u, ar_a = (label("autoregressive", kind) for kind in KINDS)
+    auto_c, auto_u, auto_a = (label(registry.AUTO, kind) for kind in KINDS)
     finished = [(row, name) for row, (_, name) in zip(outputs[ar_c], rows, strict=True) if row.finish_reason == "stop"]
     valid = sum(_valid(tokenizer, row, SCHEMAS[name]) for row, name in finished)
     tokens = {k: sum(len(r.tokens) for r in v) for k, v in outputs.items()}
     speedup_c, speedup_u = seconds[ar_c] / seconds[auto_c], seconds[ar_u] / seconds[auto_u]
+    speedup_a = seconds[ar_a] / seconds[auto_a]
+    tokens_of = {k: [r.tokens for r in v] for k, v in outputs.items()}
     return {
         "rows": len(rows),
         "finished": len(finished),
@@ -130,5 +142,8 @@ def _report(
         "auto_speedup_constrained": speedup_c,
         "auto_speedup_unconstrained": speedup_u,
         "auto_speedup_kept": speedup_c / speedup_u,
-        "auto_tokens_equal_autoregressive": [r.tokens for r in outputs[auto_c]] == [r.tokens for r in outputs[ar_c]],
+        "auto_tokens_equal_autoregressive": tokens_of[auto_c] == tokens_of[ar_c],
+        "grammar_cost_same_tokens": seconds[ar_a] / seconds[ar_u],
+        "auto_speedup_kept_same_tokens": speedup_a / speedup_u,
+        "any_text_tokens_equal_unconstrained": tokens_of[ar_a] == tokens_of[ar_u] == tokens_of[auto_a],
     }
