@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from literal_times import linear_forwards, times
+
 from strategies.control.controller import AdaptiveController, ControllerSettings
-from strategies.control.cost_model import FORWARD_SAMPLES, RecentTime
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits
 
 A, B = "a", "b"
@@ -26,19 +27,6 @@ class LiteralEstimates(AdaptiveController):
 def _started(controller: AdaptiveController, batch_size: int = 1, **limits: DraftLimits) -> AdaptiveController:
     controller.start_batch(limits, batch_size)
     return controller
-
-
-def _times(*values: float) -> RecentTime:
-    return RecentTime(9, recent=deque(values), count=len(values))
-
-
-def _linear_forwards(c: AdaptiveController, b: int, widths: range, plain: float = 0.01, slope: float = 0.5) -> None:
-    """Forwards at bucket `b` costing plain (1 + slope (w - 1)) seconds per row, each timed enough to count,
-    and plain steps run there."""
-    c.row_time[(AUTOREGRESSIVE, b)] = _times(plain)
-    for w in widths:
-        for _ in range(FORWARD_SAMPLES):
-            c.forward.observe(b, w, plain * (1 + slope * (w - 1)))
 
 
 def test_a_drafter_is_written_off_only_below_the_current_choice_and_before_any_step_never():
@@ -65,9 +53,9 @@ def test_an_exploring_step_waits_until_what_it_may_lose_fits_the_explore_budget(
     start of half a plain step: it may lose 0.04 + 0.01 s, 1.667 s of decoding at 3%, less its own
     0.06 s: 80.3, 81 plain steps of 0.02 s."""
     c = _started(AdaptiveController(ControllerSettings()), 2, a=DraftLimits(4, 4))
-    _linear_forwards(c, 2, range(1, 6))
+    linear_forwards(c, 2, range(1, 6))
     c.alpha[(A, 2)] = 0.8
-    c.host_time[(A, 2, 3)] = _times(0.5)
+    c.host_time[(A, 2, 3)] = times(0.5)
     c.resume_setup[(A, 2)] = deque([0.5])
     assert c.draft_size(A, 2) == (3, 3)
     assert c._explore_wait(A, 2, 2) == 81
@@ -80,15 +68,15 @@ def test_an_exploring_step_beyond_a_lone_plain_forward_is_priced_as_plain_forwar
     A plain forward of 0.01 s alone: the 5-wide step is five of them, 0.05 s, and its host time 0.005 s:
     it may lose 0.045 s, 1.5 s of decoding at 3%, less its own 0.055 s: 145 plain steps."""
     c = _started(AdaptiveController(ControllerSettings()), a=DraftLimits(4, 4))
-    _linear_forwards(c, 1, range(1, 2))
-    c.host_time[(A, 1, 5)] = _times(0.5)
+    linear_forwards(c, 1, range(1, 2))
+    c.host_time[(A, 1, 5)] = times(0.5)
     assert c._explore_wait(A, 1, 1) == 145
 
 
 def test_a_learning_drafter_that_drafted_nothing_is_explored_at_a_plain_steps_width():
     """Kills `_explore_width` pricing a learning drafter whose steps drafted nothing (width 1) wider than 1."""
     c = _started(AdaptiveController(ControllerSettings()), trie=DraftLimits(6, 16, trees=True, learns=True))
-    c.drafted_width["trie"] = _times(1, 1, 1)
+    c.drafted_width["trie"] = times(1, 1, 1)
     assert c._explore_width("trie", 1) == 1
 
 
@@ -142,12 +130,12 @@ def test_a_drafter_that_loses_only_by_its_host_time_is_explored_in_full_first():
     0.25: forwards 0.5 (1 + 0.75 (w - 1)) give a best case of 5 / 4 = 1.25 (four tokens), host time 0.25 s
     1.11; forwards 0.5 (1 + 0.5 (w - 1)) give 5 / 3, host time 0.5 s 1.25."""
     even = _started(AdaptiveController(ControllerSettings(hysteresis=0.25)), a=DraftLimits(4, 4))
-    _linear_forwards(even, 1, range(1, 6), plain=0.5, slope=0.75)
-    even.host_time[(A, 1, 2)] = _times(0.5)
+    linear_forwards(even, 1, range(1, 6), plain=0.5, slope=0.75)
+    even.host_time[(A, 1, 2)] = times(0.5)
     assert not even._may_pay(A, 1)
     host_bound = _started(AdaptiveController(ControllerSettings(hysteresis=0.25)), a=DraftLimits(4, 4))
-    _linear_forwards(host_bound, 1, range(1, 6), plain=0.5, slope=0.5)
-    host_bound.host_time[(A, 1, 2)] = _times(1.0)
+    linear_forwards(host_bound, 1, range(1, 6), plain=0.5, slope=0.5)
+    host_bound.host_time[(A, 1, 2)] = times(1.0)
     assert host_bound._may_pay(A, 1)  # not explored yet
     host_bound.measured[A] = (2, 8)
     assert not host_bound._may_pay(A, 1)

@@ -4,32 +4,21 @@ it kills."""
 
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
+from literal_times import one_drafter, times
 
-from strategies.control.controller import AdaptiveController, ControllerSettings
-from strategies.control.cost_model import FORWARD_SAMPLES, RecentTime
+from strategies.control.controller import AdaptiveController
+from strategies.control.cost_model import FORWARD_SAMPLES
 from strategies.control.state import Ema
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits, StepRecord
 
 A = "a"
 
 
-def _controller(limits: DraftLimits, **settings) -> AdaptiveController:
-    c = AdaptiveController(ControllerSettings(**settings))
-    c.start_batch({A: limits}, 1)
-    return c
-
-
-def _times(*values: float) -> RecentTime:
-    return RecentTime(9, recent=deque(values), count=len(values))
-
-
 def _forwards(c: AdaptiveController, b: int, seconds_by_width: dict[int, float]) -> None:
     """Forwards at bucket `b` costing `seconds_by_width` per row, each timed enough to count, and plain steps
     run there at the width-1 forward's time."""
-    c.row_time[(AUTOREGRESSIVE, b)] = _times(seconds_by_width[1])
+    c.row_time[(AUTOREGRESSIVE, b)] = times(seconds_by_width[1])
     for width, seconds in seconds_by_width.items():
         for _ in range(FORWARD_SAMPLES):
             c.forward.observe(b, width, seconds)
@@ -39,7 +28,7 @@ def test_a_modelled_size_is_kept_for_the_step_until_the_memo_is_cleared():
     """Kills `draft_size` asking its memo under another key than the one it keeps the size under ("size"
     as "XXsizeXX" or "SIZE"): the size would be modelled again on every call. Costs 1.5, 2, 2.5, 3 plain
     steps for k = 1..4: at α 0.8 k = 2, at α 0.95 (tokens 1.95, 2.85, 3.71, 4.52) k = 4."""
-    c = _controller(DraftLimits(4, 4))
+    c = one_drafter(DraftLimits(4, 4))
     _forwards(c, 1, {w: 0.01 * (1 + 0.5 * (w - 1)) for w in range(1, 6)})
     c.alpha[(A, 1)] = 0.8
     assert c.draft_size(A, 1) == (2, 2)
@@ -58,7 +47,7 @@ def test_a_tree_budgets_row_steps_are_its_evidence_times_smoothing_rows_decayed_
     1.28 plain steps and one 8 wide 1: 2.81 against 2.93 tokens a plain step, so 8. Row steps of 4 / 64 and
     0.25 / 64, or decayed by 1024 / 512 half-lives to 64 and 4, leave 8's word on 16 uncapped: τ(16) 3.88,
     3.03 a plain step, so 16."""
-    c = _controller(DraftLimits(4, 16, trees=True), min_tree_nodes=8)
+    c = one_drafter(DraftLimits(4, 16, trees=True), min_tree_nodes=8)
     c.tree_tau[A] = {16: Ema(2.0, 0.25), 8: Ema(3.0, 4.0)}
     c.measured[A] = (30, 1024)
     c.tree_tau_at.update({(A, 16): 1024, (A, 8): 1024})
@@ -73,36 +62,36 @@ def test_a_tree_budget_n_is_costed_at_the_forward_1_plus_n_wide_and_the_drafters
     a flat forward and the drafter's host time a plain step more at width 17 than at 9: 8 again; without
     it, 16."""
     tau = {16: Ema(3.0, 100.0), 8: Ema(2.5, 100.0)}
-    stepped = _controller(DraftLimits(4, 16, trees=True), min_tree_nodes=8)
+    stepped = one_drafter(DraftLimits(4, 16, trees=True), min_tree_nodes=8)
     stepped.tree_tau[A] = dict(tau)
     _forwards(stepped, 1, {1: 0.01, 9: 0.01, 10: 0.02, 17: 0.02, 18: 0.02})
     assert stepped.draft_size(A, 1) == (4, 8)
-    hosted = _controller(DraftLimits(4, 16, trees=True), min_tree_nodes=8)
+    hosted = one_drafter(DraftLimits(4, 16, trees=True), min_tree_nodes=8)
     hosted.tree_tau[A] = dict(tau)
     _forwards(hosted, 1, {1: 0.01, 17: 0.01})
-    hosted.host_time[(A, 1, 9)] = _times(0.0)
-    hosted.host_time[(A, 1, 17)] = _times(1.0)
+    hosted.host_time[(A, 1, 9)] = times(0.0)
+    hosted.host_time[(A, 1, 17)] = times(1.0)
     assert hosted.draft_size(A, 1) == (4, 8)
 
 
 def test_a_tree_budgets_evidence_is_whole_before_the_drafter_was_measured():
     """Kills `_tree_evidence` without a default for a drafter not yet measured (None, or none given: a
     TypeError), or one of row step 1 (`(0, 1)`): nothing ran since, so all it has seen counts."""
-    c = _controller(DraftLimits(4, 16, trees=True))
+    c = one_drafter(DraftLimits(4, 16, trees=True))
     assert c._tree_evidence(A, 8, Ema(1.5, 4.0)) == 4.0
 
 
 def test_a_step_whose_rows_drafted_and_accepted_disagree_in_length_is_refused():
     """Kills `_tally_drafts` zipping a step's drafted and accepted counts without `strict` (False, None or
     left out): a row's counts would be dropped unseen."""
-    c = _controller(DraftLimits(4, 4))
+    c = one_drafter(DraftLimits(4, 4))
     with pytest.raises(ValueError):
         c._tally_drafts(StepRecord(A, 2, 0.01, [2, 1], [1]), 1)
 
 
 def test_a_halved_tree_budget_of_odd_nodes_is_a_whole_number_of_nodes():
     """Kills `_resize` halving a tree's budget as a float (`//` as `/`): 9 nodes halve to 4, not 4.5."""
-    c = _controller(DraftLimits(4, 9, trees=True), min_tree_nodes=2)
+    c = one_drafter(DraftLimits(4, 9, trees=True), min_tree_nodes=2)
     c._resize(A, 1, (10, 100, 0, 10), 1.8)  # nothing accepted: below a node's cost
     assert c.nodes[A] == 4
 
@@ -115,13 +104,13 @@ def test_a_chains_resize_costs_depth_k_by_the_model_at_width_1_plus_k_with_its_o
     alike, k = 4 (up). With a flat forward and a host time a plain step more a token from width 2, k = 1
     (down); without it, up."""
     tally = (10, 30, 10, 10)
-    stepped = _controller(DraftLimits(4, 4, start_depth=2))
+    stepped = one_drafter(DraftLimits(4, 4, start_depth=2))
     _forwards(stepped, 1, {1: 0.01, 2: 0.01, 3: 0.01, 4: 0.02, 5: 0.03})
     stepped._resize(A, 1, tally, None)
     assert (stepped.alpha[(A, 1)], stepped.depth[A]) == (0.5, 2)
-    hosted = _controller(DraftLimits(4, 4, start_depth=2))
+    hosted = one_drafter(DraftLimits(4, 4, start_depth=2))
     _forwards(hosted, 1, {1: 0.01, 5: 0.01})
-    hosted.host_time[(A, 1, 2)] = _times(0.0)
-    hosted.host_time[(A, 1, 5)] = _times(3.0)
+    hosted.host_time[(A, 1, 2)] = times(0.0)
+    hosted.host_time[(A, 1, 5)] = times(3.0)
     hosted._resize(A, 1, tally, None)
     assert hosted.depth[A] == 1

@@ -3,12 +3,10 @@ the mutants it kills."""
 
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
+from literal_times import linear_forwards, times
 
 from strategies.control.controller import AdaptiveController, ControllerSettings
-from strategies.control.cost_model import FORWARD_SAMPLES, RecentTime
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits
 
 A, B = "a", "b"
@@ -20,26 +18,13 @@ def _controller(**limits: DraftLimits) -> AdaptiveController:
     return c
 
 
-def _times(*values: float) -> RecentTime:
-    return RecentTime(9, recent=deque(values), count=len(values))
-
-
-def _linear_forwards(c: AdaptiveController, b: int, widths: range, plain: float = 0.01, slope: float = 0.5) -> None:
-    """Forwards at bucket `b` costing plain (1 + slope (w - 1)) seconds per row, each timed enough to count,
-    and plain steps run there."""
-    c.row_time[(AUTOREGRESSIVE, b)] = _times(plain)
-    for w in widths:
-        for _ in range(FORWARD_SAMPLES):
-            c.forward.observe(b, w, plain * (1 + slope * (w - 1)))
-
-
 def test_each_drafters_step_costs_carry_its_own_host_time_and_are_kept_per_drafter():
     """Kills `_step_costs` keeping its costs under another key than the drafter's (a second drafter gets
     the first one's), and `_modelled_step_costs` pricing a step without the drafter's host time. Forwards
     0.01, 0.015, 0.02 s per row at widths 1..3; A's host time half a plain step at width 2, flat."""
     c = _controller(a=DraftLimits(3, 3), b=DraftLimits(3, 3))
-    _linear_forwards(c, 1, range(1, 4))
-    c.host_time[(A, 1, 2)] = _times(0.5)
+    linear_forwards(c, 1, range(1, 4))
+    c.host_time[(A, 1, 2)] = times(0.5)
     assert c._step_costs(A, 1) == pytest.approx([2.0, 2.5, 2.5])
     assert c._step_costs(B, 1) == pytest.approx([1.5, 2.0, 2.0])
 
@@ -49,8 +34,8 @@ def test_step_costs_at_a_bucket_with_only_the_plain_forward_are_the_two_token_fo
     bucket's slope would make the deeper drafts dearer than the first), and dividing by a plain step
     that has not run at the bucket (a forward timed there alone is no plain step: no costs)."""
     c = _controller(a=DraftLimits(3, 3))
-    _linear_forwards(c, 1, range(1, 4))  # slope 0.005 s per row per width at bucket 1
-    _linear_forwards(c, 2, range(1, 2), plain=0.02)
+    linear_forwards(c, 1, range(1, 4))  # slope 0.005 s per row per width at bucket 1
+    linear_forwards(c, 2, range(1, 2), plain=0.02)
     assert c._modelled_step_costs(A, 2) == pytest.approx([1.25, 1.25, 1.25])  # 0.025 / 0.02
     unplanned = _controller(a=DraftLimits(3, 3))
     unplanned.forward.observe(1, 1, 0.01)
@@ -62,8 +47,8 @@ def test_a_priced_step_carries_the_drafters_host_time_and_an_unmodelled_step_cos
     0 where the model does not cover the bucket. Forward 0.015 s per row at width 2, host 0.005 s."""
     c = _controller(a=DraftLimits(3, 3))
     assert c._step_cost(A, 1) == 0.0
-    _linear_forwards(c, 1, range(1, 4))
-    c.host_time[(A, 1, 2)] = _times(0.5)
+    linear_forwards(c, 1, range(1, 4))
+    c.host_time[(A, 1, 2)] = times(0.5)
     assert c._priced_row_s(A, 1, 2) == pytest.approx(0.02)
 
 
@@ -75,9 +60,9 @@ def test_a_best_case_peaks_where_the_host_time_turns_dear_and_is_kept_per_drafte
     per width more: four tokens for 0.875 s, 2.29 plain steps' worth, where its forward widths alone
     weigh one token (1.6) and six (3.5 / 4.25). Without host time six tokens cost 1.25 s: 2.8."""
     c = _controller(a=DraftLimits(6, 6), b=DraftLimits(6, 6))
-    _linear_forwards(c, 1, range(1, 3), plain=0.5, slope=0.25)
+    linear_forwards(c, 1, range(1, 3), plain=0.5, slope=0.25)
     for width, plain_steps in ((2, 0.0), (4, 0.0), (6, 4.0)):
-        c.host_time[(A, 1, width)] = _times(plain_steps)
+        c.host_time[(A, 1, width)] = times(plain_steps)
     assert c.best_case(A, 1) == pytest.approx(4 / 1.75)
     assert c.best_case(B, 1) == pytest.approx(2.8)
     assert c._best_case(A, 1, with_host=False) == pytest.approx(2.8)
@@ -88,6 +73,6 @@ def test_a_host_time_is_borrowed_from_the_nearest_bucket_where_the_drafter_ran_t
     is a tenth of a plain step at bucket 2 (0.02 s), and at bucket 8 (0.04 s)."""
     c = _controller(a=DraftLimits(3, 3))
     for b, plain in ((2, 0.2), (8, 0.4)):
-        c.row_time[(AUTOREGRESSIVE, b)] = _times(plain)
-        c.host_time[(A, b, 2)] = _times(0.1)
+        c.row_time[(AUTOREGRESSIVE, b)] = times(plain)
+        c.host_time[(A, b, 2)] = times(0.1)
     assert [c._host_curve(A, b)[1][0] for b in (1, 2, 4, 8, 16)] == pytest.approx([0.02, 0.02, 0.04, 0.04, 0.04])
