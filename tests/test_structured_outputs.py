@@ -122,23 +122,25 @@ def test_at_temperature_0_only_the_slots_acceptance_reaches_are_masked_where_the
     matcher = TrieMatcher([[1, 2, 3], [1, 4], [5]])
     tree = Draft([1, 2, 9, 4], [-1, 0, 1, 0])  # slot 1: 1; slot 2: 1 -> 2; slot 3: 1 -> 2 -> 9; slot 4: 1 -> 4
 
-    def masked(best: list[int], second: dict[int, int] | None = None) -> tuple[list[int], list[set[int]]]:
+    def masked(best: list[int], second: dict[int, int] | None = None) -> dict[int, set[int]]:
+        """Per masked slot, the tokens its masked logits keep (finite)."""
         logits = torch.zeros(1 + len(tree), 40, dtype=torch.float64)
         for slot, token in enumerate(best):
             logits[slot, token] = 5.0
         for slot, token in (second or {}).items():
             logits[slot, token] = 3.0
-        bitmasks = new_bitmasks(1 + len(tree), 40)
-        filled = reached_masks(matcher, tree, logits, best, bitmasks)
+        rows = reached_masks(matcher, tree, logits, best)
         assert matcher.path == []
-        return filled, [set(torch.nonzero(row).flatten().tolist()) for row in allowed(bitmasks, 40)]
+        for slot, row in rows.items():  # what is kept keeps its logit
+            kept = torch.isfinite(row)
+            assert torch.equal(row[kept], logits[slot][kept])
+        return {slot: set(torch.nonzero(torch.isfinite(row)).flatten().tolist()) for slot, row in rows.items()}
 
-    every = set(range(40))
-    # 1 allowed -> slot 1; 4 allowed -> slot 4, where nothing is allowed: masked (the end token is chosen).
-    assert masked([1, 4, 7, 0, 8]) == ([4], [every, every, every, every, set()])
+    # 1 allowed -> slot 1; 4 allowed -> slot 4, where nothing is allowed: masked to the end token (EOS).
+    assert masked([1, 4, 7, 0, 8]) == {4: {EOS}}
     # At slot 1, 9 is refused: masked, and the best allowed token, 2, leads to slot 2, whose argmax 3 is
     # allowed and drafted nowhere: the walk ends there; slot 4 is never reached.
-    assert masked([1, 9, 3, 0, 8], {1: 2}) == ([1], [every, {2, 4}, every, every, every])
+    assert masked([1, 9, 3, 0, 8], {1: 2}) == {1: {2, 4}}
 
 
 def test_greedy_rows_choose_as_a_full_mask_before_the_controls_would():

@@ -93,30 +93,28 @@ def slot_masks(matcher: Matcher, draft: Draft, bitmasks: torch.Tensor) -> list[i
     return filled
 
 
-def reached_masks(
-    matcher: Matcher, draft: Draft, logits: torch.Tensor, best: Sequence[int], bitmasks: torch.Tensor
-) -> list[int]:
-    """At temperature 0: fill the masks of the slots greedy acceptance reaches where the grammar refuses
-    their argmax; the slots filled. From slot 0, each slot's choice (its argmax `best[slot]` of `logits`
+def reached_masks(matcher: Matcher, draft: Draft, logits: torch.Tensor, best: Sequence[int]) -> dict[int, torch.Tensor]:
+    """At temperature 0: the slots greedy acceptance reaches where the grammar refuses their argmax, each
+    with its logits [V] masked. From slot 0, each slot's choice (its argmax `best[slot]` of `logits`
     [1 + len(draft), V], or the best token the grammar allows) leads to the child drafted with it (the
     first on a repeated token, as acceptance walks: `children_by_slot`), until there is none. Acceptance
     reads no other slot, so no other needs a mask. The matcher ends where it began."""
     below = children_by_slot(draft)
-    slot, depth, filled = 0, 0, []
+    slot, depth, masked = 0, 0, {}
     while True:
         choice = best[slot]
         if needs_mask(matcher, best, slot):
-            matcher.fill(bitmasks[slot])
-            filled.append(slot)
-            kept = apply(logits[slot : slot + 1], [0], bitmasks[slot : slot + 1], [matcher.ends])  # [1, V]
-            choice = int(kept.max(dim=-1).indices)
+            bitmask = new_bitmasks(1, logits.shape[-1])
+            matcher.fill(bitmask[0])
+            masked[slot] = apply(logits[slot : slot + 1], [0], bitmask, [matcher.ends])[0]
+            choice = int(masked[slot].max(dim=-1).indices)
         child = below[slot].get(choice)
         if child is None or not matcher.accepts(choice):  # a node kept for rejection sampling only
             break
         matcher.advance(choice)
         slot, depth = child, depth + 1
     matcher.back(depth)
-    return filled
+    return masked
 
 
 def draft_logits(
@@ -129,17 +127,23 @@ def draft_logits(
     rows = [r for r, m in enumerate(matchers) if m is not None]
     if not rows:
         return logits
-    best = logits[rows].max(dim=-1).indices.tolist() if greedy else None  # [R][W]: argmax, the first max
+    if greedy:
+        best = logits[rows].max(dim=-1).indices.tolist()  # [R][W]: argmax, the first max
+        masked = {
+            (r, slot): row
+            for r, row_best in zip(rows, best, strict=True)
+            for slot, row in reached_masks(matchers[r], drafts[r], logits[r], row_best).items()
+        }
+        if not masked:
+            return logits
+        out = logits.clone()
+        out[[r for r, _ in masked], [slot for _, slot in masked]] = torch.stack(list(masked.values()))
+        return out
     slots, ends, blocks = [], [], []
-    for i, r in enumerate(rows):
+    for r in rows:
         block = new_bitmasks(1 + len(drafts[r]), v)
-        if best is None:
-            filled = slot_masks(matchers[r], drafts[r], block)
-        else:
-            filled = reached_masks(matchers[r], drafts[r], logits[r], best[i], block)
+        filled = slot_masks(matchers[r], drafts[r], block)
         slots += [r * w + s for s in filled]
         ends += [matchers[r].ends] * len(filled)
         blocks.append(block[filled])
-    if not slots:
-        return logits
     return apply(logits.reshape(b * w, v), slots, torch.cat(blocks), ends).view(b, w, v)

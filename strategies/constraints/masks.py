@@ -34,8 +34,8 @@ class Matcher(Protocol):
 
 def needs_mask(matcher: Matcher, best: Sequence[int] | None, slot: int) -> bool:
     """Whether a slot must be masked: always when sampling (`best` None); at temperature 0 only where
-    the grammar refuses the slot's argmax `best[slot]`. A refused argmax is rare inside a format a model
-    follows, and checking a token costs about a microsecond where filling a mask costs some thirty."""
+    the grammar refuses the slot's argmax `best[slot]`. Checking a token costs about a microsecond where
+    filling a mask costs some thirty, and a model that follows the format rarely has its argmax refused."""
     return best is None or not matcher.accepts(best[slot])
 
 
