@@ -154,8 +154,8 @@ def test_bench_keeps_one_controller_per_contender_so_variants_of_a_strategy_lear
     assert first.controller is again.controller  # one contender's passes share what it learned
     assert bench.fresh(narrow, 1).controller is not first.controller
     assert bench.fresh(wide, 8).controller is not first.controller
-    # `bench job=true`: every in-process pass starts as a cold job's actor does, with a new controller
-    cold = Bench(OmegaConf.to_object(config), controllers_carry_over=False)
+    # `new_controllers=true` (and `bench job=true`): every pass starts as a cold job's actor does
+    cold = Bench(dataclasses.replace(OmegaConf.to_object(config), new_controllers=True))
     first, again = cold.fresh(wide, 1), cold.fresh(wide, 1)
     assert first.controller is not again.controller
     assert again.controller.step == 0 and again.controller.forward.widths(1)  # told forward costs, as an actor's

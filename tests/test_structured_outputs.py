@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import jsonschema
 import pyarrow as pa
@@ -24,10 +25,10 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import LATER_KEYS
 from strategies import registry
 from strategies.base import GenerationParams, LogitControls, RowRequest
-from strategies.constraints.drafts import kept_nodes, prune, reached_masks, slot_masks
+from strategies.constraints.drafts import kept_nodes, prune, reached_masks, slot_masks, with_forced
 from strategies.constraints.formats import FormatError, canonical
 from strategies.constraints.grammars import GrammarCache
-from strategies.constraints.masks import allowed, apply, constrain, new_bitmasks
+from strategies.constraints.masks import apply, biases, constrain, new_bitmasks
 from strategies.control.controller import AdaptiveController
 from strategies.decoders.autoregressive import AutoregressiveStrategy
 from strategies.options import StrategyOptions
@@ -63,6 +64,13 @@ MIXED = [FORMATS["regex"], FORMATS["choice"], None, FORMATS["json_schema"], FORM
 MIXED += [FORMATS["json_object"], {"type": "regex", "pattern": "(def|import) [a-z]+"}]
 
 
+def unpacked(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V] bool: the tokens one slot's bitmask [words] allows, bit by bit (bit j of word w: token 32w + j),
+    a reference apart from the masks' own byte table."""
+    words = bitmask.tolist()
+    return torch.tensor([bool((words[t // 32] >> (t % 32)) & 1) for t in range(vocab_size)])
+
+
 class TrieMatcher:
     """A grammar of literal token sequences, for tests on literal inputs: a path is allowed while it is a
     prefix of one of `sequences`."""
@@ -85,6 +93,19 @@ class TrieMatcher:
     def back(self, count: int) -> None:
         del self.path[len(self.path) - count :]
 
+    def forced(self) -> list[int]:
+        """The tokens that follow while exactly one may."""
+        tokens = []
+        while len(following := self._next_after(tokens)) == 1:
+            tokens.append(following.pop())
+        return tokens
+
+    def _next_after(self, tokens: list[int]) -> set[int]:
+        self.path += tokens
+        following = self._next()
+        self.back(len(tokens))
+        return following
+
     def fill(self, bitmask: torch.Tensor) -> None:
         bitmask.zero_()
         for token in self._next():
@@ -106,12 +127,26 @@ def test_a_draft_keeps_the_nodes_the_grammar_allows():
     assert kept.tokens == [1, 2, 7] and kept.probs.argmax(dim=1).tolist() == [1, 2, 7]
 
 
+def test_a_row_whose_grammar_forces_its_next_tokens_drafts_them():
+    """Forced tokens replace a draft that does not hold them from its root, cut to the row's limit; a
+    draft holding them whole stays (it may guess beyond), as do rows with no format, no forced token,
+    or a limit of 0."""
+    forcing = TrieMatcher([[1, 2, 3, 4], [1, 2, 3, 5]])  # 1, 2, 3 forced; then 4 or 5
+    free = TrieMatcher([[1, 2], [5]])  # nothing forced
+    guess, holding = Draft.chain([1, 2]), Draft([1, 2, 3, 5, 4], [-1, 0, 1, 2, 2])
+    out = with_forced([forcing, forcing, forcing, forcing, free, None], [guess] * 4 + [guess] * 2, [8, 2, 0, 8, 8, 8])
+    assert [d.tokens for d in out] == [[1, 2, 3], [1, 2], [1, 2], [1, 2, 3], [1, 2], [1, 2]]
+    assert out[0].parents == [-1, 0, 1] and out[1] is guess and out[2] is guess and out[4] is guess
+    assert with_forced([forcing], [holding], [8])[0] is holding
+    assert with_forced([None, None], [guess, guess], [8, 8]) == [guess, guess] and forcing.path == []
+
+
 def test_each_slot_is_masked_by_the_grammar_after_its_draft_path():
     matcher = TrieMatcher([[1, 2, 3], [1, 4], [5]])
     tree = Draft([1, 2, 9, 4], [-1, 0, 1, 0])  # 1 -> 2 -> 9 (refused), 1 -> 4
     bitmasks = new_bitmasks(1 + len(tree), 40)
     slot_masks(matcher, tree, bitmasks)
-    ok = allowed(bitmasks, 40)
+    ok = torch.isfinite(biases(bitmasks, 40, torch.float64, torch.device("cpu")))
     expected = [{1, 5}, {2, 4}, {3}, set(range(40)), set()]  # the refused node's slot: never reached
     assert [set(torch.nonzero(row).flatten().tolist()) for row in ok] == expected and matcher.path == []
 
@@ -216,7 +251,7 @@ def test_plain_decoding_chooses_the_best_token_the_grammar_allows(model, target,
             if matcher is not None:
                 bitmask = new_bitmasks(1, len(logits))
                 matcher.fill(bitmask[0])
-                logits = logits.masked_fill(~allowed(bitmask, len(logits))[0], -torch.inf)
+                logits = logits.masked_fill(~unpacked(bitmask[0], len(logits)), -torch.inf)
                 matcher.advance(token)
             assert token == int(logits.argmax())
             output.append(token)
@@ -255,6 +290,18 @@ def test_drafts_of_the_constrained_continuation_are_accepted_whole(target, gramm
         assert [r.tokens for r in out.rows] == reference
         if right:
             assert out.stats["accepted_tokens"] == out.stats["draft_tokens"] > 0
+
+
+def test_a_drafter_that_guesses_nothing_right_still_drafts_a_formats_forced_tokens(target, grammars):
+    """Under a JSON schema, a drafter whose every guess the grammar refuses still has tokens accepted:
+    the keys and punctuation the grammar forces, drafted in its place; the tokens stay plain decoding's."""
+    formats = [FORMATS["json_schema"]] * len(PROMPTS)
+    reference = _plain(target, grammars, formats)
+    proposer = ScriptedProposer(reference, target.vocab_size, right=False)
+    strategy = SpeculativeStrategy("scripted", target, [DraftingMethod("scripted", proposer, 4, 4, ExactMatch())])
+    out = strategy.generate(_requests(grammars, formats, PROMPTS), _params())
+    assert [r.tokens for r in out.rows] == reference
+    assert out.stats["accepted_tokens"] > 0
 
 
 def test_sampled_rows_keep_their_keyed_samples_under_formats(target, models, grammars):
@@ -355,7 +402,10 @@ def test_masks_unpack_every_bit_and_a_slot_allowing_nothing_allows_its_end_token
     bitmasks = torch.zeros(2, 3, dtype=torch.int32)
     bitmasks[0, 0] = -(1 << 31) | 1 | (1 << 9)  # tokens 31, 0 and 9
     bitmasks[0, 2] = 1 << 5  # token 69
-    assert torch.nonzero(allowed(bitmasks, vocab)[0]).flatten().tolist() == [0, 9, 31, 69]
+    assert torch.nonzero(unpacked(bitmasks[0], vocab)).flatten().tolist() == [0, 9, 31, 69]
+    bias = biases(bitmasks, vocab, torch.float32, torch.device("cpu"))
+    assert torch.equal(torch.isfinite(bias), torch.stack([unpacked(row, vocab) for row in bitmasks]))
+    assert set(bias.unique().tolist()) == {0.0, -math.inf}
     logits = torch.zeros(3, vocab, dtype=torch.float64)
     out = apply(logits, [0, 2], bitmasks, [frozenset({1}), frozenset({63, 2})])
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [0, 9, 31, 69]

@@ -110,15 +110,12 @@ class Run:
 
 
 class Bench:
-    def __init__(
-        self, config: BenchConfig, controllers_carry_over: bool = True, loaded: LoadedModels | None = None
-    ) -> None:
-        """`controllers_carry_over`: a contender's controller lives on from pass to pass (`fresh`); False:
-        each pass starts with a new one, as a cold job's actor does (`accelgen bench job=true`).
+    def __init__(self, config: BenchConfig, loaded: LoadedModels | None = None) -> None:
+        """`config.new_controllers`: each pass starts with a new controller, as a cold job's actor does
+        (`accelgen bench job=true`); otherwise a contender's controller lives on from pass to pass (`fresh`).
         `loaded`: models already on their device (the device check's in-memory twin), instead of
         `config.model` and the models its strategies need."""
         self.config = config
-        self.controllers_carry_over = controllers_carry_over
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         linear.set_packing(config.pack_weights)
@@ -194,11 +191,11 @@ class Bench:
         """A new strategy instance per timed pass: a Lookahead trie warmed by an earlier pass over the
         same prompts would have seen the answers. The controller, which learns step costs and not
         answers, lives on across passes as it lives on across batches in an actor, unless the bench was
-        made without `controllers_carry_over`."""
+        made with `new_controllers`."""
         controller = None
         if options.name == registry.AUTO or options.adaptive:
             key = (repr(options), batch_size, linear.packing())  # F.linear's steps cost otherwise
-            controller = self.controllers.get(key) if self.controllers_carry_over else None
+            controller = self.controllers.get(key) if not self.config.new_controllers else None
             if controller is None:  # told what forwards cost at its batch size, as a job's actor tells its own
                 controller = self.controllers[key] = AdaptiveController()
                 controller.time_forwards(batch_size, timed_forwards(self.models.target, batch_size))

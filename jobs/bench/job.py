@@ -231,7 +231,7 @@ def main(config: Any) -> int:
     # With one carried over from the passes before, the in-process auto would have its choices settled
     # while the cold job still explores, and x bench would compare the two unlike for like.
     bench = Bench(
-        dataclasses.replace(config, max_prompt_tokens=sys.maxsize, torch_threads=threads), controllers_carry_over=False
+        dataclasses.replace(config, max_prompt_tokens=sys.maxsize, torch_threads=threads, new_controllers=True)
     )
     rows = run(config, texts, in_process_contenders(bench))
     print(LEGEND)

@@ -72,6 +72,11 @@ class _BenchSettings:
     )
     # Fixed strategies are measured as themselves (adaptive=false); `auto` always runs its controller.
     strategy: StrategyOptions = field(default_factory=lambda: StrategyOptions(adaptive=False))
+    new_controllers: bool = option(
+        False,
+        "`auto` and adaptive contenders start each pass with a new controller, as a cold job's actor does; "
+        "false: a contender's controller lives on from pass to pass, as it does across an actor's batches.",
+    )
     report: str = option("", "Also write the table as JSON to this path.")
     lookup_tokens: int = option(
         0, "transformers' prompt_lookup_num_tokens; 0: strategy.num_speculative_tokens (the draft length of ours)."

@@ -69,6 +69,33 @@ def prune(matchers: Sequence[Matcher | None], drafts: list[Draft]) -> list[Draft
     ]
 
 
+def with_forced(matchers: Sequence[Matcher | None], drafts: list[Draft], limits: Sequence[int]) -> list[Draft]:
+    """At temperature 0: each constrained row whose grammar forces its next tokens (`Matcher.forced`)
+    drafts them, as a chain of at most `limits[row]` tokens, unless its draft already holds that chain
+    from its root. A forced token is the only text the grammar allows there, so the target's choice
+    is almost always that token: a draft that costs a few microseconds and is accepted whole, where a
+    drafter that never saw the format guesses a format's keys and punctuation poorly. A row with a
+    limit of 0 (the controller keeps it off) drafts nothing."""
+    if all(m is None for m in matchers):
+        return drafts
+    out = []
+    for matcher, draft, limit in zip(matchers, drafts, limits, strict=True):
+        forced = matcher.forced()[:limit] if matcher is not None and limit > 0 else []
+        out.append(Draft.chain(forced) if forced and _depth_along(draft, forced) < len(forced) else draft)
+    return out
+
+
+def _depth_along(draft: Draft, path: list[int]) -> int:
+    """How many tokens of `path` the draft holds, from its root down."""
+    below, depth, parent = children(draft), 0, -1
+    for token in path:
+        node = next((n for n in below[parent] if draft.tokens[n] == token), None)
+        if node is None:
+            break
+        depth, parent = depth + 1, node
+    return depth
+
+
 def children(draft: Draft) -> list[list[int]]:
     """Per node, then last the pending token's: the nodes hanging below it."""
     below: list[list[int]] = [[] for _ in range(len(draft) + 1)]

@@ -47,6 +47,12 @@ class RowMatcher:
         """Undo the last `count` tokens advanced through."""
         self._matcher.rollback(count)
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next, from where the row stands (JSON's keys and punctuation
+        after a value, say): its forced bytes as the tokenizer would write them. Another tokenization of
+        the same bytes may be allowed too, so they are a draft to verify, not tokens to emit."""
+        return self._matcher.compute_ff_tokens()
+
     def fill(self, bitmask: torch.Tensor) -> None:
         """Write the tokens allowed next into `bitmask` [words] int32 (bit t of word t // 32: token t)."""
         self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * bitmask.element_size())

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from strategies.base import BatchOutput, GenerationParams, RowOutput, RowRequest, Segment, decode_to_end
-from strategies.constraints.drafts import prune
+from strategies.constraints.drafts import prune, with_forced
 from strategies.runtime.batch import PLAIN_RUN_STEPS, Batch, Row, decode_plainly, start_batch
 from strategies.runtime.runner import ModelRunner
 from strategies.runtime.target_states import TargetStates
@@ -166,7 +166,10 @@ class SpeculativeStrategy:
         if not any(context.budgets):  # every row is off or at its end: nothing to ask the drafter
             self._plain(run, 1)
             return
-        drafts = prune([row.matcher for row in batch.active], self._drafts(run, drafter, context))
+        matchers = [row.matcher for row in batch.active]
+        drafts = prune(matchers, self._drafts(run, drafter, context))
+        if batch.params.sampling.greedy:  # a forced chain has no draft probabilities to sample against
+            drafts = with_forced(matchers, drafts, [min(budget, context.max_nodes) for budget in context.budgets])
         began += drafter.proposer.setup_s  # once per row, as a start is
         setup_s += drafter.proposer.setup_s
         if not any(len(d) for d in drafts):  # nothing to verify: a plain step, at the drafter's cost
