@@ -371,6 +371,23 @@ def test_kernels_timed_take_turns_with_one_kernels_copies_at_a_time(monkeypatch)
     assert packed.choice() == before
 
 
+@needs_onednn
+def test_kernels_are_timed_for_one_round_only_once_the_timing_has_taken_its_budget(monkeypatch):
+    """A model whose first round of forwards takes longer than `PACKING_BUDGET_S` is timed once per
+    width and kernel; one within it, every round asked for."""
+    from test_llama_forward import SMALL
+
+    from strategies.runtime import kernel_timing
+
+    runner = ModelRunner(LlamaForCausalLM(LlamaConfig(**SMALL)).eval())
+    kernels = (packed.F_LINEAR, packed.ONEDNN)
+    rounds = runner.kernel_seconds([[1, 2, 3]], [1, 2], kernels, rounds=3)
+    assert all(len(times) == 3 for times in rounds.values())
+    monkeypatch.setattr(kernel_timing, "PACKING_BUDGET_S", 0.0)
+    once = runner.kernel_seconds([[1, 2, 3]], [1, 2], kernels, rounds=3)
+    assert sorted(once) == sorted(rounds) and all(len(times) == 1 for times in once.values())
+
+
 @pytest.fixture(scope="module")
 def cmlm_dir(tiny_model_dir, tmp_path_factory):
     """An untrained CMLM of the tiny target, saved as `train cmlm` saves one."""

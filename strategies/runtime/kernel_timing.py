@@ -33,6 +33,11 @@ PACKING_MAX_ROWS = 256  # wider forwards over the batch are not timed: their row
 PACKING_PREFILL_WIDTH = 64
 PACKING_CONTEXT = 16
 PACKING_ROUNDS = 3
+# A round after the first only while the timing so far took less than this: a round of a 0.5B model's
+# forwards takes some 15 s on one core in float32 (each kernel's copies made, each width run twice),
+# where its forwards are long enough that one round's noise is small beside what parts the kernels,
+# and a job's actor pays for every round as it starts.
+PACKING_BUDGET_S = 5.0
 
 
 def decode_row_counts(batch_size: int) -> list[int]:
@@ -118,8 +123,9 @@ class KernelTiming:
     def kernel_seconds(
         self, contexts: list[list[int]], widths: Sequence[int], kernels: Sequence[str], rounds: int
     ) -> dict[tuple[int, str], list[float]]:
-        """Per width n and kernel of `kernels`, the seconds of `rounds` forwards of n new tokens per row
-        (as `forward_seconds`) with that kernel at every row count, over one cache. The kernels take
+        """Per width n and kernel of `kernels`, the seconds of up to `rounds` forwards of n new tokens per
+        row (as `forward_seconds`) with that kernel at every row count, over one cache: a round after the
+        first only while the rounds so far took less than `PACKING_BUDGET_S`. The kernels take
         turns, a forward of each width at a turn, so that the machine's drift falls on each alike. A
         kernel's copies are made as its turn begins and dropped as it ends (one copy of the weights in
         memory besides them, as in decoding: a model of some GB has no room for four), and at its first
@@ -130,8 +136,11 @@ class KernelTiming:
         self.prefill(kv, contexts)
         chains = {width: self._chain(kv, width) for width in widths}
         seconds: dict[tuple[int, str], list[float]] = {}
+        started = time.perf_counter()
         try:
             for turn in range(rounds):
+                if turn and time.perf_counter() - started >= PACKING_BUDGET_S:
+                    break
                 for kernel in kernels:
                     linear.pack_by_rows({1: kernel})  # this kernel alone, at every row count
                     self.prepack()
