@@ -71,22 +71,34 @@ def test_the_first_actor_measures_each_dtype_and_decodes_in_the_jobs_choice(
 ):
     """Asked to measure, an actor times a step in float32 and bfloat16 (here: the timing replaced by
     `faster`) and reports it with its CPU's flags; named the job's choice, it decodes in it: bfloat16
-    through the load it measured, float32 through its own models, with float32's kernels again."""
+    through the load it measured, float32 through its own models. Each dtype is readied for a plain
+    step alone until the choice, and only the one chosen then for every row count, once."""
+    import workers.generator
+
     monkeypatch.setattr("workers.generator.bf16_matrix_flags", lambda: ["avx512_bf16"])
     monkeypatch.setattr("workers.generator.decode_step_seconds", lambda runner, _: faster[str(runner.dtype)[6:]])
+    readied = []
+    prepare = workers.generator.prepare_target
+
+    def spy(runner, spec, plain_steps_only=False):
+        readied.append((str(runner.dtype)[6:], plain_steps_only))
+        prepare(runner, spec, plain_steps_only)
+
+    monkeypatch.setattr("workers.generator.prepare_target", spy)
     spec = driver.worker_spec(job_config(tmp_path, tiny_model_dir, "model.dtype=auto"), "job")
     generator = Generator(spec)
     float32_runner = generator.runner
     info = generator.ready(None, None, measure_dtypes=True)
     assert info["dtype_seconds"] == faster and info["bf16_flags"] == ["avx512_bf16"]
     assert info["dtype"] == "float32"  # nothing changes before the driver chooses
-    measured = generator._candidate[0].models.target
+    measured = generator._candidate.models.target
     assert (
         generator.ready("job", choose_auto_dtype(False, info["bf16_flags"], info["dtype_seconds"]))["dtype"] == choice
     )
     assert generator.runner is (measured if choice == "bfloat16" else float32_runner)
     assert generator.stats_key.dtype == choice
     assert generator.ready("job", choice)["dtype"] == choice and "dtype_seconds" not in generator.ready("job", choice)
+    assert readied == [("float32", True), ("bfloat16", True), (choice, False)]
 
 
 def _input(tmp_path: Path) -> None:

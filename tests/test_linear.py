@@ -337,6 +337,10 @@ def test_a_runner_gives_each_row_count_the_kernel_whose_whole_forwards_ran_faste
     assert {kernel for _, _, kernels, _ in calls for kernel in kernels} == {f, dnn, packed.TRANSPOSED}
     assert [(rows, widths) for rows, widths, _, _ in calls] == [(1, (*PACKING_WIDTHS, 64)), (PACKING_MAX_ROWS, (1,))]
     assert PACKING_MAX_ROWS in wide and 4 * PACKING_MAX_ROWS not in wide and mkl not in wide.values()
+    calls.clear()  # a plain step's kernel alone (`model.dtype=auto` timing a step in each dtype)
+    monkeypatch.setattr(packed, "_mkl_ok", True)
+    assert runner.pack_where_faster(4, plain_steps_only=True) == {4: fastest(4)}
+    assert [(rows, widths) for rows, widths, _, _ in calls] == [(4, (1,))]
 
 
 @needs_onednn

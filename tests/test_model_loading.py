@@ -82,7 +82,9 @@ def test_an_actor_reports_the_weights_it_packs_for_onednn(tmp_path, tiny_model_d
     try:
         for everywhere in (True, False):
             kernel = linear.ONEDNN if everywhere else linear.F_LINEAR
-            monkeypatch.setattr(ModelRunner, "pack_where_faster", lambda self, batch_size, k=kernel: {1: k})
+            monkeypatch.setattr(
+                ModelRunner, "pack_where_faster", lambda self, batch_size, plain_steps_only=False, k=kernel: {1: k}
+            )
             generator = Generator(worker_spec(job_config(tmp_path, tiny_model_dir, *keys), "job"))
             weights = sum(p.numel() * p.element_size() for p in generator.runner.model.parameters())
             assert generator.ready()["packed_bytes"] == (weights if packs and before and everywhere else 0)

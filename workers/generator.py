@@ -27,7 +27,6 @@ from strategies.base import Decoding, GenerationParams, RowOutput, RowRequest, S
 from strategies.constraints.formats import FormatError
 from strategies.constraints.grammars import Grammar, GrammarCache
 from strategies.control.controller import Learned
-from strategies.runtime import linear
 from strategies.runtime.heap import freeze_loaded
 from strategies.runtime.sampling import SamplingParams, row_key, seeded_key
 from workers import unit_rows
@@ -69,10 +68,14 @@ class Generator:
         # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
         torch.set_num_threads(spec.workers.torch_threads if spec.workers.torch_threads > 0 else os.cpu_count() or 1)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        # `model.dtype=auto` on CPU: a bfloat16 load measured for the driver's choice, with the float32 kernel choice.
-        self._candidate: tuple[LoadedModels, dict[int, str]] | None = None
+        # `model.dtype=auto` on CPU: a bfloat16 load measured for the driver's choice.
+        self._candidate: LoadedModels | None = None
         loaded = self._load_models(resolve_dtype(spec.model.dtype, self.device, spec.auto_dtype))
-        prepare_target(loaded.models.target, spec)
+        # Where the job's dtype is still to be chosen by timing a step in each, only a plain step's kernels
+        # are readied until then: readying every row count of both dtypes would cost the actor's start
+        # twice what the dtype chosen needs (some 20 s for a 0.5B model on one core).
+        self._choosing = self._auto_on_cpu() and not spec.auto_dtype and bool(bf16_matrix_flags())
+        prepare_target(loaded.models.target, spec, plain_steps_only=self._choosing)
         self._start(loaded)
         load_output_modules()
         g = spec.generation
@@ -102,6 +105,7 @@ class Generator:
 
     def _start(self, loaded: LoadedModels) -> None:
         """Decode with `loaded`, its target prepared (`prepare_target`): its controller, its strategies."""
+        self._loaded = loaded
         self.tokenizer, self.models, self.target_load_s = loaded.tokenizer, loaded.models, loaded.target_load_s
         self.runner = self.models.target
         self.dtype = self.runner.dtype
@@ -176,36 +180,36 @@ class Generator:
 
     def _measure_dtypes(self) -> dict[str, float] | None:
         """A decode step timed in float32 (the models loaded) and in bfloat16 (a second load, kept until
-        the driver chooses), where `auto` may choose bfloat16: on CPU with bfloat16 matrix hardware."""
-        if not self._auto_on_cpu() or self.dtype != torch.float32 or not bf16_matrix_flags():
+        the driver chooses), each with its fastest kernel for a plain step, where `auto` may choose
+        bfloat16: on CPU with bfloat16 matrix hardware."""
+        if not self._choosing or self.dtype != torch.float32:
             return None
         batch_size = self.spec.workers.batch_size
         seconds = {"float32": decode_step_seconds(self.runner, batch_size)}
-        float32_kernels = linear.choice()
         candidate = self._load_models(torch.bfloat16)
-        prepare_target(candidate.models.target, self.spec)
+        prepare_target(candidate.models.target, self.spec, plain_steps_only=True)
         seconds["bfloat16"] = decode_step_seconds(candidate.models.target, batch_size)
-        self._candidate = (candidate, float32_kernels)
+        self._candidate = candidate
         return seconds
 
     def _use_auto_dtype(self, name: str) -> None:
         """Decode in `name` from now on where `model.dtype=auto` on CPU leaves it to the job: the measured
-        bfloat16 load where that is the choice, a new load where the actor holds another dtype."""
+        bfloat16 load where that is the choice, the actor's own models where they are in it, a new load
+        otherwise; readied whole (`prepare_target`) where only a plain step's kernels were."""
         if not self._auto_on_cpu():
             return
         candidate, self._candidate = self._candidate, None
         dtype = DTYPE_NAMES[name]
         if dtype == self.dtype:
-            if candidate is not None:  # the bfloat16 warm-up chose kernels for itself: float32's again
-                linear.pack_by_rows(candidate[1])
-                self.runner.prepack()
-            return
-        if candidate is not None and candidate[0].models.target.dtype == dtype:
-            loaded = candidate[0]
+            loaded, readied = self._loaded, not self._choosing
+        elif candidate is not None and candidate.models.target.dtype == dtype:
+            loaded, readied = candidate, False  # its plain step's kernels only
         else:
-            loaded = self._load_models(dtype)
+            loaded, readied = self._load_models(dtype), False
+        self._choosing = False
+        if not readied:
             prepare_target(loaded.models.target, self.spec)
-        self._start(loaded)
+            self._start(loaded)
 
     def controller_statistics(self) -> tuple[StatsKey, Learned] | None:
         """What the controller learned, under the key the next job's actors look it up by (None: no

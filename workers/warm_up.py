@@ -37,14 +37,15 @@ def device_identity(device: torch.device) -> str:
     return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
-def prepare_target(runner: ModelRunner, spec: WorkerSpec) -> None:
+def prepare_target(runner: ModelRunner, spec: WorkerSpec, plain_steps_only: bool = False) -> None:
     """The target's weights packed as `model.pack_weights` says, then compiled (`model.compile`) or its
-    kernels built for the row counts a batch of `workers.batch_size` meets."""
+    kernels built for the row counts a batch of `workers.batch_size` meets (`plain_steps_only`: for a
+    plain step's alone, what `decode_step_seconds` times, where `model.dtype=auto` has yet to choose)."""
     linear.set_packing(spec.model.pack_weights)
     if spec.model.compile:
         runner.compile()
     else:
-        runner.warm_up(spec.workers.batch_size)
+        runner.warm_up(spec.workers.batch_size, plain_steps_only)
 
 
 def start_controller(spec: WorkerSpec, runner: ModelRunner, stats_key: StatsKey) -> AdaptiveController | None:

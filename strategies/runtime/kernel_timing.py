@@ -70,15 +70,17 @@ class KernelTiming:
             return 0
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def warm_up(self, batch_size: int) -> None:
+    def warm_up(self, batch_size: int, plain_steps_only: bool = False) -> None:
         """Build oneDNN's kernels for the row counts decoding at `batch_size` meets most (`linear.warm_up`):
         a step of one row and of the whole batch, each `WARM_WIDTHS` tokens wide or less. Nothing for a
-        model whose forward does not pack."""
+        model whose forward does not pack. `plain_steps_only`: the kernel of a plain step over the batch
+        alone, all a step's timing needs (`model.dtype=auto` times one in each dtype, then readies the
+        one chosen whole)."""
         if not self._forward_packs:
             return
         weights = self._lean_weights()
-        linear.warm_up(weights, decode_row_counts(batch_size))
-        linear.pack_by_rows(self.pack_where_faster(batch_size))
+        linear.warm_up(weights, [batch_size] if plain_steps_only else decode_row_counts(batch_size))
+        linear.pack_by_rows(self.pack_where_faster(batch_size, plain_steps_only))
         self.prepack()
 
     def prepack(self) -> None:
@@ -96,12 +98,13 @@ class KernelTiming:
             weights += [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down]
         return weights
 
-    def pack_where_faster(self, batch_size: int) -> dict[int, str]:
+    def pack_where_faster(self, batch_size: int, plain_steps_only: bool = False) -> dict[int, str]:
         """Per row count of `PACKING_WIDTHS`-wide forwards over `batch_size` rows and over one, and of a
-        prefill-like one-row forward: the kernel of `linear.kernels()` (F.linear, oneDNN's packed weights,
-        MKL's, F.linear's arithmetic over a transposed copy) whose whole forwards ran fastest
-        (`kernel_seconds`; `linear.pack_by_rows` takes it). Timed, not assumed: which wins depends on
-        the CPU and the row count (`strategies/runtime/linear.py`)."""
+        prefill-like one-row forward (`plain_steps_only`: of a one-token forward over the batch alone):
+        the kernel of `linear.kernels()` (F.linear, oneDNN's packed weights, MKL's, F.linear's arithmetic
+        over a transposed copy) whose whole forwards ran fastest (`kernel_seconds`; `linear.pack_by_rows`
+        takes it). Timed, not assumed: which wins depends on the CPU and the row count
+        (`strategies/runtime/linear.py`)."""
         one_row = (*PACKING_WIDTHS, PACKING_PREFILL_WIDTH)
         if self.max_context < PACKING_CONTEXT + PACKING_PREFILL_WIDTH:
             one_row = PACKING_WIDTHS  # a model of few positions: no prefill-like forward
@@ -109,7 +112,9 @@ class KernelTiming:
         if context < 1:
             return {}
         shapes = {1: one_row}  # rows -> widths
-        if batch_size > 1:
+        if plain_steps_only:
+            shapes = {batch_size: (1,)}
+        elif batch_size > 1:
             shapes[batch_size] = tuple(w for w in PACKING_WIDTHS if w == 1 or batch_size * w <= PACKING_MAX_ROWS)
         choice: dict[int, str] = {}
         for rows, widths in shapes.items():
