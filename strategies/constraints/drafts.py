@@ -86,14 +86,13 @@ def with_forced(matchers: Sequence[Matcher | None], drafts: list[Draft], limits:
 
 
 def _depth_along(draft: Draft, path: list[int]) -> int:
-    """How many tokens of `path` the draft holds, from its root down."""
-    below, depth, parent = children(draft), 0, -1
-    for token in path:
-        node = next((n for n in below[parent] if draft.tokens[n] == token), None)
-        if node is None:
-            break
-        depth, parent = depth + 1, node
-    return depth
+    """How many tokens of `path` the draft holds, from its root down (as acceptance walks it)."""
+    below, slot = children_by_slot(draft), 0
+    for depth, token in enumerate(path):
+        slot = below[slot].get(token)
+        if slot is None:
+            return depth
+    return len(path)
 
 
 def children(draft: Draft) -> list[list[int]]:
