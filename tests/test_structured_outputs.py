@@ -320,6 +320,20 @@ def test_a_finished_json_schema_row_validates(target, grammars, tokenizer):
         jsonschema.validate(json.loads(tokenizer.decode(row, skip_special_tokens=True)), SCHEMA)
 
 
+def test_json_is_written_in_the_schemas_key_order_as_json_dumps_writes_it(target, grammars, tokenizer):
+    """Properties come in the order the schema declares them (not sorted by the canonical form), with
+    Python's `json.dumps` separators: the spelling of JSON a model has read most."""
+    declared = {**SCHEMA, "properties": dict(reversed(SCHEMA["properties"].items())), "required": ["s", "n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "pair", "schema": declared}}
+    assert list(json.loads(canonical(fmt))["json_schema"]["schema"]["properties"]) == ["s", "n"]
+    params = GenerationParams(48, SamplingParams(), frozenset({EOS}))
+    rows = _plain(target, grammars, [fmt] * len(PROMPTS), params=params)
+    texts = [tokenizer.decode(row, skip_special_tokens=True) for row in rows if row[-1] == EOS]
+    assert texts
+    for text in texts:
+        assert list(json.loads(text)) == ["s", "n"] and text == json.dumps(json.loads(text))
+
+
 def test_formats_are_canonical_and_bad_ones_say_why(grammars):
     schema = FORMATS["json_schema"]
     assert canonical(schema) == canonical(json.dumps({**schema, "json_schema": {"schema": SCHEMA, "strict": True}}))

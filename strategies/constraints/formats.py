@@ -9,9 +9,11 @@ format with this module alone; `strategies.constraints.grammars` compiles it in 
     {"type": "choice", "choices": ["...", ...]}                    exactly one of the strings
     {"type": "grammar", "ebnf": "..."}                             text of the grammar (llguidance's Lark dialect)
 
-The canonical form (`canonical`) is compact JSON with sorted keys and only what shapes the grammar (a
-schema's `name` and `strict` do not), so equal formats share one compiled grammar per actor; it is a
-format itself (`canonical` of it is itself).
+The canonical form (`canonical`) is compact JSON with only what shapes the grammar (a schema's `name`
+and `strict` do not), so equal formats share one compiled grammar per actor; it is a format itself
+(`canonical` of it is itself). A schema keeps its keys' order: an object's properties are written in
+the order its schema declares them, as OpenAI's structured outputs write them, and a prompt that lists
+the fields in that order is answered in it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def canonical(value: object) -> str | None:
         raise FormatError(f"type {kind!r} is not one of {', '.join(TYPES)}: {SHAPE}")
     if kind == "text":
         return None
-    return json.dumps({"type": kind, **_fields(kind, value)}, sort_keys=True, separators=(",", ":"))
+    return json.dumps({"type": kind, **_fields(kind, value)}, separators=(",", ":"))
 
 
 def _fields(kind: str, value: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,10 @@ compiled once per actor, on the decoding thread) and it has no dependencies (xgr
 and apache-tvm-ffi). Both roll a matcher back by any number of tokens, which the walk of a verify
 forward's draft tree needs; xgrammar's masks are cheaper per token, both small beside a decode step.
 
-JSON is constrained compactly (no whitespace between tokens of the JSON text): a model cannot spend
-its `max_new_tokens` on blank space inside an object.
+JSON is constrained to the spelling Python's `json.dumps` writes by default: `", "` between items, `": "`
+after keys and no other whitespace. A model cannot spend its `max_new_tokens` on blank space inside an
+object, and it writes what it has read most: on the structured bench's synthesis set the shipped
+target's best token was refused at nearly a quarter fewer slots than under compact `","` and `":"`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from strategies.constraints.formats import FormatError
 
-_JSON_OPTIONS = {"whitespace_flexible": False}
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHE_SIZE = 64  # distinct formats an actor keeps compiled
 
 
