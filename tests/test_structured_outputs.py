@@ -304,6 +304,23 @@ def test_a_drafter_that_guesses_nothing_right_still_drafts_a_formats_forced_toke
     assert out.stats["accepted_tokens"] > 0
 
 
+def test_a_closed_format_drafts_its_end(grammars, tokenizer):
+    """Where the grammar allows nothing but its end after its forced tokens (a closed JSON object, a
+    choice written whole), the forced tokens end with the end token; elsewhere they hold none. The
+    matcher stays where it stood."""
+    record = grammars.get(canonical(FORMATS["json_schema"])).matcher()
+    assert EOS not in record.forced()
+    for token in tokenizer('{"n": 5, "s": "ab"', add_special_tokens=False)["input_ids"]:
+        record.advance(token)
+    forced = record.forced()
+    assert tokenizer.decode(forced[:-1]) == "}" and forced[-1] == EOS
+    assert record.forced() == forced and not record.accepts(EOS)
+    choice = grammars.get(canonical(FORMATS["choice"])).matcher()
+    for token in tokenizer("maybe", add_special_tokens=False)["input_ids"]:
+        choice.advance(token)
+    assert choice.forced() == [EOS]
+
+
 def test_sampled_rows_keep_their_keyed_samples_under_formats(target, models, grammars):
     params = _params(temperature=0.8, seed=5)
     reference = _plain(target, grammars, MIXED, params=params)

@@ -51,9 +51,24 @@ class RowMatcher:
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next, from where the row stands (JSON's keys and punctuation
-        after a value, say): its forced bytes as the tokenizer would write them. Another tokenization of
-        the same bytes may be allowed too, so they are a draft to verify, not tokens to emit."""
-        return self._matcher.compute_ff_tokens()
+        after a value, say): its forced bytes as the tokenizer would write them, then an end token where
+        the grammar allows nothing but its end after them (a closed JSON object). Another tokenization
+        of the same bytes may be allowed too, and a model with several end tokens chooses among them,
+        so they are a draft to verify, not tokens to emit. Drafting the end saves the step that would
+        otherwise emit it alone, one of the few steps a short record takes."""
+        tokens = self._matcher.compute_ff_tokens()
+        if self.ends and self._ends_after(tokens):
+            tokens.append(min(self.ends))
+        return tokens
+
+    def _ends_after(self, tokens: list[int]) -> bool:
+        """Whether the grammar allows only its end after `tokens` (the matcher ends where it began)."""
+        if not tokens:
+            return self._matcher.is_stopped() and not self._matcher.is_error()
+        consumed = self._matcher.try_consume_tokens(tokens)
+        stopped = consumed == len(tokens) and self._matcher.is_stopped() and not self._matcher.is_error()
+        self._matcher.rollback(consumed)
+        return stopped
 
     def fill(self, bitmask: torch.Tensor) -> None:
         """Write the tokens allowed next into `bitmask` [words] int32 (bit t of word t // 32: token t)."""
