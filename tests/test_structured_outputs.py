@@ -141,6 +141,17 @@ def test_a_row_whose_grammar_forces_its_next_tokens_drafts_them():
     assert with_forced([None, None], [guess, guess], [8, 8]) == [guess, guess] and forcing.path == []
 
 
+def test_a_drafts_main_path_goes_on_with_what_the_grammar_forces_after_it():
+    """Below the leaf of the draft's main path (each node's first child from the root), the tokens the
+    grammar forces after that path, cut to the row's limit; other branches and full-depth drafts stay."""
+    matcher = TrieMatcher([[1, 2, 3, 4, 5], [6, 7]])  # nothing forced at the root; 3, 4, 5 after 1, 2
+    tree = Draft([1, 6, 2], [-1, -1, 0])  # main path: 1 -> 2; a branch: 6
+    (out,) = with_forced([matcher], [tree], [4])
+    assert out.tokens == [1, 6, 2, 3, 4] and out.parents == [-1, -1, 0, 2, 3] and matcher.path == []
+    assert with_forced([matcher], [tree], [2])[0] is tree
+    assert with_forced([matcher], [Draft.chain([6, 7])], [4])[0].tokens == [6, 7]  # nothing forced after
+
+
 def test_each_slot_is_masked_by_the_grammar_after_its_draft_path():
     matcher = TrieMatcher([[1, 2, 3], [1, 4], [5]])
     tree = Draft([1, 2, 9, 4], [-1, 0, 1, 0])  # 1 -> 2 -> 9 (refused), 1 -> 4

@@ -72,17 +72,45 @@ def prune(matchers: Sequence[Matcher | None], drafts: list[Draft]) -> list[Draft
 def with_forced(matchers: Sequence[Matcher | None], drafts: list[Draft], limits: Sequence[int]) -> list[Draft]:
     """At temperature 0: each constrained row whose grammar forces its next tokens (`Matcher.forced`)
     drafts them, as a chain of at most `limits[row]` tokens, unless its draft already holds that chain
-    from its root. A forced token is the only text the grammar allows there, so the target's choice
-    is almost always that token: a draft that costs a few microseconds and is accepted whole, where a
-    drafter that never saw the format guesses a format's keys and punctuation poorly. A row with a
-    limit of 0 (the controller keeps it off) drafts nothing."""
+    from its root; and a draft's main path (from the root, each node's first child: its drafter's best
+    guess) goes on with what the grammar forces after it, within the row's limit. A forced token is
+    the only text the grammar allows there, so the target's choice is almost always that token: a draft
+    that costs a few microseconds and is accepted whole, where a drafter that never saw the format
+    guesses a format's keys and punctuation poorly, and one that guessed a record's last value right
+    would leave its closing brace and end to steps of their own. A row with a limit of 0 (the controller
+    keeps it off) drafts nothing."""
     if all(m is None for m in matchers):
         return drafts
     out = []
     for matcher, draft, limit in zip(matchers, drafts, limits, strict=True):
-        forced = matcher.forced()[:limit] if matcher is not None and limit > 0 else []
-        out.append(Draft.chain(forced) if forced and _depth_along(draft, forced) < len(forced) else draft)
+        if matcher is None or limit <= 0:
+            out.append(draft)
+            continue
+        forced = matcher.forced()[:limit]
+        if forced and _depth_along(draft, forced) < len(forced):
+            out.append(Draft.chain(forced))  # what the grammar forces after it, `forced` holds already
+        else:
+            out.append(_main_path_extended(matcher, draft, limit))
     return out
+
+
+def _main_path_extended(matcher: Matcher, draft: Draft, limit: int) -> Draft:
+    """`draft` with the tokens the grammar forces after its main path hung below that path's leaf, the
+    path and them at most `limit` deep. The matcher ends where it began."""
+    below, path = children(draft), []
+    while below[path[-1] if path else -1]:
+        path.append(below[path[-1] if path else -1][0])
+    if not path or len(path) >= limit or draft.tokens[path[-1]] in matcher.ends:
+        return draft
+    for node in path:
+        matcher.advance(draft.tokens[node])
+    forced = matcher.forced()[: limit - len(path)]
+    matcher.back(len(path))
+    if not forced:
+        return draft
+    first = len(draft)
+    parents = [path[-1], *range(first, first + len(forced) - 1)]
+    return Draft(draft.tokens + forced, draft.parents + parents)
 
 
 def _depth_along(draft: Draft, path: list[int]) -> int:
