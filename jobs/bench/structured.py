@@ -13,8 +13,10 @@
   and `auto`. A schema's JSON is another text than the model's free continuation, and drafters predict
   the two differently; this pair holds the text fixed and leaves only the grammar's work.
 
-Each contender decodes every row `repeats` times, rounds in alternating order; times are medians. Grammars
-are compiled before timing, as an actor compiles each distinct format once.
+Each contender decodes every row `repeats` times, a new strategy each round; within a round the contenders
+take turns batch by batch, in alternating order, so that a drift of the machine's speed over a pass
+weighs on all of them alike. Times are medians over rounds. Grammars are compiled before timing, as an
+actor compiles each distinct format once.
 """
 
 from __future__ import annotations
@@ -99,14 +101,25 @@ def measure(bench: Bench) -> dict[str, Any]:
         _decode(bench, name, requests(kind)[: config.batch_sizes[0]], params)
     seconds: dict[str, list[float]] = {label(*c): [] for c in CONTENDERS}
     outputs: dict[str, list[RowOutput]] = {}
-    order = list(CONTENDERS)
+    batch_size, order = config.batch_sizes[0], list(CONTENDERS)
     for _ in range(config.repeats):
-        for name, kind in order:
-            gc.collect()
-            began = time.perf_counter()
-            outputs[label(name, kind)] = _decode(bench, name, requests(kind), params)
-            seconds[label(name, kind)].append(time.perf_counter() - began)
-        order.reverse()
+        # A new strategy per contender each round, as `_decode` makes one per pass; the
+        # contenders take turns batch by batch, so a machine's drift over a pass weighs on all alike.
+        strategies = {c: bench.fresh(dataclasses.replace(config.strategy, name=c[0]), batch_size) for c in CONTENDERS}
+        pending = {c: requests(c[1]) for c in CONTENDERS}
+        spent = dict.fromkeys(CONTENDERS, 0.0)
+        decoded: dict[tuple[str, str], list[RowOutput]] = {c: [] for c in CONTENDERS}
+        gc.collect()
+        for first in range(0, len(prompts), batch_size):
+            for contender in order:
+                batch = pending[contender][first : first + batch_size]
+                began = time.perf_counter()
+                decoded[contender] += strategies[contender].generate(batch, params).rows
+                spent[contender] += time.perf_counter() - began
+            order.reverse()
+        for contender in CONTENDERS:
+            seconds[label(*contender)].append(spent[contender])
+            outputs[label(*contender)] = decoded[contender]
     report = _report(tokenizer, rows, {k: statistics.median(v) for k, v in seconds.items()}, outputs)
     return {**report, "seconds_by_round": seconds}  # the spread behind each median
 
