@@ -187,14 +187,15 @@ class Bench:
             stats.append(out.stats)
         return Run(time.perf_counter() - started, tokens, stats)
 
-    def fresh(self, options: StrategyOptions, batch_size: int):
+    def fresh(self, options: StrategyOptions, batch_size: int, owner: str = ""):
         """A new strategy instance per timed pass: a Lookahead trie warmed by an earlier pass over the
         same prompts would have seen the answers. The controller, which learns step costs and not
         answers, lives on across passes as it lives on across batches in an actor, unless the bench was
-        made with `new_controllers`."""
+        made with `new_controllers`; contenders of one options with different `owner`s (the structured
+        bench's constrained and unconstrained rows, two jobs) have one each."""
         controller = None
         if options.name == registry.AUTO or options.adaptive:
-            key = (repr(options), batch_size, linear.packing())  # F.linear's steps cost otherwise
+            key = (repr(options), batch_size, linear.packing(), owner)  # F.linear's steps cost otherwise
             controller = self.controllers.get(key) if not self.config.new_controllers else None
             if controller is None:  # told what forwards cost at its batch size, as a job's actor tells its own
                 controller = self.controllers[key] = AdaptiveController()

@@ -103,9 +103,12 @@ def measure(bench: Bench) -> dict[str, Any]:
     outputs: dict[str, list[RowOutput]] = {}
     batch_size, order = config.batch_sizes[0], list(CONTENDERS)
     for _ in range(config.repeats):
-        # A new strategy per contender each round, as `_decode` makes one per pass; the
-        # contenders take turns batch by batch, so a machine's drift over a pass weighs on all alike.
-        strategies = {c: bench.fresh(dataclasses.replace(config.strategy, name=c[0]), batch_size) for c in CONTENDERS}
+        # A new strategy per contender each round, as `_decode` makes one per pass, and a controller per
+        # contender (one would otherwise rank and size drafters for one text on what it saw of another);
+        # the contenders take turns batch by batch, so a machine's drift over a pass weighs on all alike.
+        strategies = {
+            c: bench.fresh(dataclasses.replace(config.strategy, name=c[0]), batch_size, owner=c[1]) for c in CONTENDERS
+        }
         pending = {c: requests(c[1]) for c in CONTENDERS}
         spent = dict.fromkeys(CONTENDERS, 0.0)
         decoded: dict[tuple[str, str], list[RowOutput]] = {c: [] for c in CONTENDERS}
