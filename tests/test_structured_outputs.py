@@ -429,8 +429,11 @@ def test_the_synthesis_bench_reports_its_aims_on_a_tiny_model(tmp_path, tiny_mod
     assert [name for _, name in synthesis_rows(8)] == list(SCHEMAS) * 2
     keys = [f"model={tiny_model_dir}", "num_prompts=4", "batch_sizes=[2]", "repeats=1", "max_new_tokens=8"]
     config = load_config(BenchConfig(), None, [*keys, "strategy.candidates=[prompt_lookup]", "structured=true"])
-    report = structured.measure(structured.Bench(dataclasses.replace(config, strategies=["autoregressive", "auto"])))
+    bench = structured.Bench(dataclasses.replace(config, strategies=["autoregressive", "auto"]))
+    report = structured.measure(bench)
     assert report["rows"] == 4 and report["auto_tokens_equal_autoregressive"]
+    # Constrained and unconstrained rows are two jobs: each `auto` contender has its own controller.
+    assert set(structured.KINDS) <= {key[-1] for key in bench.controllers}
     assert report["tokens"]["autoregressive constrained"] == report["tokens"]["autoregressive unconstrained"]
     assert report["any_text_tokens_equal_unconstrained"] and report["grammar_cost_same_tokens"] > 0
     assert report["valid_share_of_finished"] in (None, 1.0)
