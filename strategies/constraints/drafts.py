@@ -97,9 +97,10 @@ def with_forced(matchers: Sequence[Matcher | None], drafts: list[Draft], limits:
 def _main_path_extended(matcher: Matcher, draft: Draft, limit: int) -> Draft:
     """`draft` with the tokens the grammar forces after its main path hung below that path's leaf, the
     path and them at most `limit` deep. The matcher ends where it began."""
-    below, path = children(draft), []
-    while below[path[-1] if path else -1]:
-        path.append(below[path[-1] if path else -1][0])
+    below, path, node = children(draft), [], -1
+    while below[node]:
+        node = below[node][0]
+        path.append(node)
     if not path or len(path) >= limit or draft.tokens[path[-1]] in matcher.ends:
         return draft
     for node in path:

@@ -10,7 +10,8 @@ forward's draft tree needs; xgrammar's masks are cheaper per token, both small b
 JSON is constrained to the spelling Python's `json.dumps` writes by default: `", "` between items, `": "`
 after keys and no other whitespace. A model cannot spend its `max_new_tokens` on blank space inside an
 object, and it writes what it has read most: on the structured bench's synthesis set the shipped
-target's best token was refused at nearly a quarter fewer slots than under compact `","` and `":"`.
+target's best token was refused at 63% of constrained plain decoding's slots, against 76% under
+compact `","` and `":"`.
 """
 
 from __future__ import annotations
@@ -63,8 +64,6 @@ class RowMatcher:
 
     def _ends_after(self, tokens: list[int]) -> bool:
         """Whether the grammar allows only its end after `tokens` (the matcher ends where it began)."""
-        if not tokens:
-            return self._matcher.is_stopped() and not self._matcher.is_error()
         consumed = self._matcher.try_consume_tokens(tokens)
         stopped = consumed == len(tokens) and self._matcher.is_stopped() and not self._matcher.is_error()
         self._matcher.rollback(consumed)
