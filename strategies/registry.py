@@ -125,7 +125,15 @@ def problems(
     if formats and name in available():
         found.extend([refused] if (refused := format_refusal(options)) else [])
     k = options.num_speculative_tokens
-    found.extend(out_of_bounds([("strategy.num_speculative_tokens", k, k >= 0, ">= 0")]))
+    growth = options.adaptive_growth
+    found.extend(
+        out_of_bounds(
+            [
+                ("strategy.num_speculative_tokens", k, k >= 0, ">= 0"),
+                ("strategy.adaptive_growth", growth, growth >= 1, ">= 1 (1: the configured sizes are the bounds)"),
+            ]
+        )
+    )
     for spec in SPECS:
         found.extend(spec.check(options))
     return found

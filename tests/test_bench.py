@@ -106,15 +106,18 @@ def test_bench_times_eagle_with_each_tree_in_one_run(tmp_path, tiny_model_dir, c
 
 
 @pytest.mark.parametrize(
-    ("strategy", "sweep", "values"),
+    ("strategy", "sweep", "values", "extra"),
     [
-        ("prompt_lookup", "lookup_sizings", ["sizing=acceptance", "sizing=fixed"]),
-        ("lookahead", "lookahead_nodes", ["nodes=1", "nodes=4"]),
+        ("prompt_lookup", "lookup_sizings", ["sizing=acceptance", "sizing=fixed"], []),
+        ("lookahead", "lookahead_nodes", ["nodes=1", "nodes=4"], []),
+        ("auto", "adaptive_growths", ["growth=1.0", "growth=2.0"], ["strategy.candidates=[prompt_lookup,lookahead]"]),
     ],
 )
-def test_bench_times_a_swept_option_as_one_contender_per_value(tmp_path, tiny_model_dir, strategy, sweep, values):
-    """A sweep key (prompt lookup's draft sizings, Lookahead's tree budgets) makes one contender of each
-    value, each lossless in float64."""
+def test_bench_times_a_swept_option_as_one_contender_per_value(
+    tmp_path, tiny_model_dir, strategy, sweep, values, extra
+):
+    """A sweep key (prompt lookup's draft sizings, Lookahead's tree budgets, `auto`'s growth, an option
+    directly under `strategy`) makes one contender of each value, each lossless in float64."""
     listed = ",".join(value.split("=")[1] for value in values)
     args, report = _one_prompt_bench(
         tmp_path,
@@ -123,6 +126,7 @@ def test_bench_times_a_swept_option_as_one_contender_per_value(tmp_path, tiny_mo
         f"strategies=[autoregressive,{strategy}]",
         f"{sweep}=[{listed}]",
         "transformers=[]",
+        *extra,
     )
     assert cli(["bench", *args]) == 0
     rows = {r["contender"]: r for r in json.loads(report.read_text())}

@@ -485,7 +485,8 @@ class ScheduleController(AdaptiveController):
         if self.planned < self.first_draft or not names:
             return Plan(AUTOREGRESSIVE, 0, 0)
         name = names[(self.planned - self.first_draft) % len(names)]
-        return Plan(name, self.limits[name].max_depth, self.limits[name].max_nodes)
+        limits = self.limits[name]
+        return Plan(name, limits.start_depth or limits.max_depth, limits.start_nodes or limits.max_nodes)
 
     def worth_learning(self, drafter, batch_size):
         return self.learn

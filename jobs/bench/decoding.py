@@ -54,7 +54,7 @@ class Sweep:
 
     key: str  # the bench's list of values
     strategies: tuple[str, ...]
-    section: str | None  # the option's section, `strategy.<section>`; None: the strategy's own
+    section: str | None  # the option's section, `strategy.<section>`; None: the strategy's own; "": `strategy`
     field: str
     label: str
     allowed: tuple[str, ...] | None = None  # None: any value the option takes
@@ -67,7 +67,24 @@ SWEEPS = (
     Sweep("eagle_trees", ("eagle",), "eagle", "tree", "tree", EAGLE_TREES),
     Sweep("lookahead_nodes", ("lookahead",), "lookahead", "decoding_length", "nodes"),
     Sweep("lookahead_lookup_first", ("lookahead",), "lookahead", "prompt_lookup_first", "lookup_first"),
+    # Only a contender under the controller grows its drafts: `auto`, or one with strategy.adaptive=true.
+    Sweep(
+        "adaptive_growths",
+        (registry.AUTO, "speculative", "specdec", "self_speculative", "blockwise", "eagle", "lookahead"),
+        "",
+        "adaptive_growth",
+        "growth",
+    ),
 )
+
+
+def _swept(options: StrategyOptions, sweep: Sweep, value: object) -> StrategyOptions:
+    """`options` with `sweep`'s option set to `value`."""
+    if sweep.section == "":
+        return dataclasses.replace(options, **{sweep.field: value})
+    section = sweep.section or options.name
+    changed = dataclasses.replace(getattr(options, section), **{sweep.field: value})
+    return dataclasses.replace(options, **{section: changed})
 
 
 @dataclass
@@ -239,13 +256,7 @@ class Bench:
         for sweep in SWEEPS:
             values = getattr(self.config, sweep.key)
             if name in sweep.strategies and values:
-                section = sweep.section or name
-                return {
-                    f"{name} {sweep.label}={v}": dataclasses.replace(
-                        options, **{section: dataclasses.replace(getattr(options, section), **{sweep.field: v})}
-                    )
-                    for v in values
-                }
+                return {f"{name} {sweep.label}={v}": _swept(options, sweep, v) for v in values}
         return {name: options}
 
     def greedy(self, batches: list[list[list[int]]]) -> list[list[int]]:

@@ -50,6 +50,11 @@ class _BenchSettings:
         "With lookahead among the strategies: time it with prompt lookup tried first and without (true, false), one "
         "contender each. Empty: strategy.lookahead.prompt_lookup_first alone.",
     )
+    adaptive_growths: list[float] = option(
+        [],
+        "With auto (or a strategy under strategy.adaptive=true) among the strategies: time it with each of these "
+        "strategy.adaptive_growth values, one contender each. Empty: strategy.adaptive_growth alone.",
+    )
     transformers: list[str] = option(
         ["generate"], "transformers contenders: generate, assisted, prompt_lookup (the last two at batch 1)."
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from strategies.config_bounds import out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection, need
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection, grown, need
 from strategies.proposers.medusa_choices import chain_choices
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, ExactMatch, Relaxed
@@ -34,7 +34,8 @@ def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> 
 
     heads = need(models, "heads", NAME)
     k = min(options.num_speculative_tokens, heads.num_heads)
-    return DraftingMethod(NAME, HeadsProposer(NAME, heads, chain_choices(k)), k, k, rule)
+    bound = min(grown(k, options), heads.num_heads)  # a head drafts one depth
+    return DraftingMethod(NAME, HeadsProposer(NAME, heads, chain_choices(bound)), bound, bound, rule, start_depth=k)
 
 
 def check(options: StrategySection) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from strategies.methods.spec import Models, StrategySection, need
+from strategies.methods.spec import Models, StrategySection, grown, need
 from strategies.verification.drafting import DraftingMethod
 
 if TYPE_CHECKING:
@@ -44,11 +44,13 @@ def check_drafter(method: str, options: StrategySection) -> list[str]:
 
 
 def chain_drafter(method: str, options: StrategySection, models: Models, rule: AcceptanceRule) -> DraftingMethod:
-    """The chosen drafter, drafting `strategy.num_speculative_tokens` tokens per step."""
+    """The chosen drafter, drafting `strategy.num_speculative_tokens` tokens per step (the controller: up to
+    `grown` of them)."""
     from strategies.proposers.cmlm_proposer import CMLMProposer
     from strategies.proposers.draft_model import DraftModelProposer
 
-    k = options.num_speculative_tokens
+    k, bound = options.num_speculative_tokens, grown(options.num_speculative_tokens, options)
     declared = chosen(method, options)
     proposer = {DRAFT_MODEL: DraftModelProposer, CMLM_DRAFTER: CMLMProposer}[declared]
-    return DraftingMethod(method, proposer(need(models, declared.model, method), models.target.vocab_size), k, k, rule)
+    drafter = proposer(need(models, declared.model, method), models.target.vocab_size)
+    return DraftingMethod(method, drafter, bound, bound, rule, start_depth=k)

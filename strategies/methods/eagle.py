@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from strategies.config_bounds import one_of, out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection, need
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection, grown, need
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule
 
@@ -42,9 +42,12 @@ def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> 
 
     o, head = options.eagle, need(models, "eagle", NAME)
     if o.tree == "chain":
-        return DraftingMethod(NAME, EagleProposer(head, top_k=1), o.depth, o.depth, rule)
-    static_nodes = o.nodes if o.tree == "static" else 0
-    return DraftingMethod(NAME, EagleProposer(head, o.top_k, static_nodes), o.depth, o.nodes, rule, trees=True)
+        depth = grown(o.depth, options)
+        return DraftingMethod(NAME, EagleProposer(head, top_k=1), depth, depth, rule, start_depth=o.depth)
+    # The static tree's shape at the bound: a budget of n nodes grows and keeps its first n.
+    nodes = grown(o.nodes, options)
+    proposer = EagleProposer(head, o.top_k, nodes if o.tree == "static" else 0)
+    return DraftingMethod(NAME, proposer, o.depth, nodes, rule, trees=True, start_nodes=o.nodes)
 
 
 def check(options: StrategySection) -> list[str]:

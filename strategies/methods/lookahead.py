@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from strategies.config_bounds import one_of, out_of_bounds
 from strategies.config_option import option
 from strategies.methods.prompt_lookup import lookup_proposer
-from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection
+from strategies.methods.spec import DraftCost, DraftingSpec, Models, StrategySection, grown
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule
 
@@ -43,11 +43,13 @@ def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> 
 
     o = options.lookahead
     lookup = lookup_proposer(options, o.branch_length) if o.prompt_lookup_first else None
+    nodes = grown(o.decoding_length, options)
     proposer = LookaheadProposer(
-        o.decoding_length, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight, lookup
+        nodes, o.branch_length, o.max_query_length, o.mode, o.max_nodes, o.own_prompt_weight, lookup
     )
+    trees = proposer.drafts_trees
     return DraftingMethod(
-        NAME, proposer, o.branch_length, o.decoding_length, rule, trees=proposer.drafts_trees, learns=True
+        NAME, proposer, o.branch_length, nodes, rule, trees=trees, learns=True, start_nodes=o.decoding_length
     )
 
 

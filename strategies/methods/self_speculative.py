@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from strategies.config_bounds import out_of_bounds
 from strategies.config_option import option
-from strategies.methods.spec import Artifacts, DraftCost, DraftingSpec, Models, StrategySection, need
+from strategies.methods.spec import Artifacts, DraftCost, DraftingSpec, Models, StrategySection, grown, need
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.rules import AcceptanceRule, RejectionSampling
 
@@ -40,7 +40,7 @@ def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> 
     k, o = options.num_speculative_tokens, options.self_speculative
     exits = need(models, "exits", NAME)
     proposer = SelfSpeculativeProposer(models.target, exits, o.exit_layer, o.min_confidence)
-    return DraftingMethod(NAME, proposer, k, k, rule)
+    return DraftingMethod(NAME, proposer, grown(k, options), grown(k, options), rule, start_depth=k)
 
 
 def check(options: StrategySection) -> list[str]:

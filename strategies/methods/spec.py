@@ -16,6 +16,7 @@ imports its method's runtime code inside itself.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,16 @@ class StrategySection:
     name: str = option("autoregressive", "Decoding strategy; an unknown name lists the available ones.")
     num_speculative_tokens: int = option(4, "Draft tokens proposed per step (chain length) by drafting strategies.")
     adaptive: bool = option(True, "Let the controller turn speculation off where it does not pay and size drafts.")
+    adaptive_growth: float = option(
+        2.0,
+        "How far beyond its configured size the controller may grow a drafter's drafts where its cost model "
+        "says a wider verify pays (a large target, whose verify forward over 16 tokens costs about a plain "
+        "step): a chain to growth × its length (strategy.num_speculative_tokens; strategy.eagle.depth with "
+        "tree=chain), a tree to growth × its nodes (strategy.eagle.nodes, strategy.lookahead.decoding_length). "
+        "The configured sizes are where the controller starts and what a strategy without it drafts "
+        "(strategy.adaptive=false). Medusa's tree and prompt lookup's max_speculative_tokens are bounds "
+        "already. 1: no growth.",
+    )
     candidates: list[str] = option(
         [], "Drafting strategies `auto` chooses among. Empty: every lossless one whose models exist."
     )
@@ -60,6 +71,13 @@ class StrategySection:
     if TYPE_CHECKING:
 
         def __getattr__(self, section: str) -> Any: ...
+
+
+def grown(size: int, options: StrategySection) -> int:
+    """The largest draft the controller may size one configured at `size` to (`strategy.adaptive_growth`):
+    sizes chosen for a small target, where a wide verify forward costs several plain steps, would hold a
+    large one, where it costs about one, to drafts far shorter than pay."""
+    return max(size, math.ceil(size * options.adaptive_growth))
 
 
 class Models:

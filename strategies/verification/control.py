@@ -35,6 +35,7 @@ class DraftLimits:
     max_nodes: int  # most nodes per row; a chain's are its depth
     trees: bool = False  # it drafts trees (node budgets double or halve), not chains (depth moves)
     start_depth: int | None = None  # a chain's length before the controller sizes it; None: max_depth
+    start_nodes: int | None = None  # a tree's node budget before the controller sizes it; None: max_nodes
     per_depth: bool = False  # its drafting runs a model once per draft depth (`Proposer.drafts_per_depth`)
     sizes_own: bool = False  # it sizes its drafts itself (`Proposer.sizes_own_drafts`): ask for max_depth
     learns: bool = False  # it learns from what every row emits, drafting or not (a Lookahead trie)

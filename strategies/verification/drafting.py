@@ -30,6 +30,8 @@ class DraftingMethod:
     # Chain length without a controller, and its first under one; None: max_depth. A proposer that sizes
     # its own drafts is asked for max_depth, and this is the controller's first guess at its usual length.
     start_depth: int | None = None
+    # A tree's node budget without a controller, and its first under one; None: max_nodes.
+    start_nodes: int | None = None
 
     def limits(self) -> DraftLimits:
         """What the controller may plan of it (`control.DraftLimits`)."""
@@ -39,6 +41,7 @@ class DraftingMethod:
             self.max_nodes,
             self.trees,
             self.start_depth,
+            self.start_nodes,
             p.drafts_per_depth,
             p.sizes_own_drafts,
             self.learns,
