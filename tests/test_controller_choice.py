@@ -164,3 +164,20 @@ def test_a_drafter_gives_way_only_to_a_weighed_estimate_above_the_bar_not_at_it(
     c.current, c.last_used[B] = A, 10
     c._choose(OPTIONS, 4)
     assert (c.current, c.drain_events()) == (A, [])
+
+
+def test_a_drafter_chosen_on_a_few_row_steps_gives_way_on_both_estimates_weighed():
+    """Kills `_choose` weighing only the newcomer's estimate by its evidence, not the current drafter's: one
+    switched on from plain steps after two row steps (1.2 on them) would hold against a fresh drafter
+    measured on eight at 2.0 (weighed 1 + 1.0 x 8 / 72 = 1.11 < 1.2 x 1.05), though its own rests on less
+    (weighed 1 + 0.2 x 2 / 66 = 1.006)."""
+    c = LiteralSpeedups({A: 1.2, B: 2.0})
+    c.current = A
+    c.measured[A] = (2, 2)
+    c.measured[B] = (8, 8)
+    c.last_used[B] = 10
+    c._choose(OPTIONS, 4)
+    assert c.current == B
+    c.current, c.measured[A] = A, (100, 6400)  # weighed 1.198: it holds
+    c._choose(OPTIONS, 4)
+    assert c.current == A

@@ -159,3 +159,17 @@ def test_a_trial_needs_a_raised_estimate_above_the_bar_and_a_weighed_one_at_most
     even.current = B
     even.measured[A] = (8, 64)
     assert even._on_trial(A, 3.0, 1.0)
+
+
+def test_a_drafter_is_written_off_below_one_explored_in_full():
+    """Kills `_written_off` leaving out drafters explored in full from what a drafter's raised estimate must
+    reach, counting one whose exploration has not ended, or one that failed: a drafter plainly behind one
+    already explored would take all its `explore_rows` row steps, each a step the other could have run."""
+    c = _started(LiteralEstimates({A: 1.25, B: 2.0}), a=DraftLimits(4, 4), b=DraftLimits(4, 4))
+    c.measured[A] = (2, 16)  # raised 1.25 x (1 + 0.8 / 4) = 1.5
+    c.measured[B] = (1, 1)
+    assert not c._written_off(A, 1)  # B has not ended its exploration: plain steps are the bar
+    c.measured[B] = (2, 16)
+    assert c._written_off(A, 1)
+    c.failed.add(B)
+    assert not c._written_off(A, 1)

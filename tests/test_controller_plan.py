@@ -191,3 +191,31 @@ def test_a_drafter_that_sizes_its_own_drafts_is_planned_at_its_limits_with_its_s
     assert c.planned_nodes == {A: 8, B: 4}
     assert (c._plan_for(A, 2, exploring=True).drafter, c.exploring) == (A, A)
     assert (c._plan_for(AUTOREGRESSIVE, 2), c.exploring) == (Plan(AUTOREGRESSIVE, 0, 0), None)
+
+
+def test_a_drafter_whose_exploration_ended_on_the_step_just_taken_is_chosen_before_the_next_explores():
+    """Kills `plan` weighing the options only when nothing is to be explored: a drafter whose last exploring
+    step was the step just taken (fresh evidence, `_choose`) would be chosen only at its next probe, and
+    plain steps would run while the budget refills for the next drafter to explore."""
+    c = ScriptedParts({A: DraftLimits(4, 4), B: DraftLimits(3, 3)})
+    c.unexplored = {B}
+    c.speedups = {A: 2.0}
+    c.last_used[A] = c.step
+    assert (c.plan(1), c.exploring) == (Plan(B, 3, 3), B)
+    assert c.current == A
+    c.explore_waits[B] = 5
+    assert (c.plan(1), c.exploring) == (Plan(A, 4, 4), None)  # while the budget refills: the drafter that pays
+
+
+def test_of_the_drafters_whose_exploration_has_begun_the_most_promising_is_explored_first():
+    """Kills `_explore_rank` ordering drafters whose exploration has begun by their step's cost rather than
+    by their estimates raised by their spread, or putting one not yet run before them: a drafter whose first
+    step drafted deep and was accepted is explored in full, and can be chosen, before others."""
+    c = ScriptedParts({A: DraftLimits(4, 4), B: DraftLimits(3, 3), "c": DraftLimits(2, 2)})
+    c.unexplored = {A, B, "c"}
+    c.cheapest = {A: 1.0, B: 2.0, "c": 0.5}
+    c.measured[A] = c.measured[B] = (1, 1)
+    c.speedups = {A: 1.2, B: 3.0}
+    assert (c.plan(1), c.exploring) == (Plan(B, 3, 3), B)
+    c.speedups[B] = 1.1
+    assert (c.plan(1), c.exploring) == (Plan(A, 4, 4), A)

@@ -11,8 +11,10 @@ It follows the best estimate with hysteresis (`_choose`): speculation goes off w
 below 1 − h and comes back above 1 + h, on or over to another drafter only right after that drafter ran
 (fresh evidence: step times drift, and an old measurement of a drafter against a fresh one of plain
 steps would switch on noise); a drafter that pays gives way to another only on that one's estimate
-shrunk toward 1 by the row steps it rests on (`evidence_rows`). Options are weighed before probes
-run, so that a switch rests on the step just taken.
+shrunk toward 1 by the row steps it rests on (`evidence_rows`), against its own shrunk alike: chosen
+from plain steps on a few row steps, a drafter's estimate is as much its prompt's luck as another's.
+Options are weighed before anything else is planned, explorations and probes, so that a switch rests on
+the step just taken.
 """
 
 from __future__ import annotations
@@ -62,24 +64,25 @@ class AdaptiveController(Exploration, Observation):
             self.current = AUTOREGRESSIVE
         if self._unexplored(AUTOREGRESSIVE, b):
             return self._plan_for(AUTOREGRESSIVE, b)
-        # One at a time, cheapest first: the first steps of cheap drafters teach the cost model what dear
-        # ones would cost, and a drafter whose exploration is finished can be chosen while the budget
-        # refills for the next (one that has not run yet, its host time unknown, only looks cheaper). A
-        # narrower one does not cut in while the budget refills: it would spend the budget that lets the
-        # drafter whose exploration has begun, perhaps one that pays, finish it and be chosen.
-        unexplored = sorted(
-            (o for o in options[1:] if self._unexplored(o, b)),
-            key=lambda o: (o not in self.measured, self._step_cost(o, b)),
-        )
+        # Weighed before anything else is planned: a switch rests on the step just taken (`_choose`), which
+        # may have been the last of a drafter's exploration. Weighed after the next exploring step, that
+        # drafter would be chosen only at its next probe, and while the budget refills for the next
+        # drafter to explore, plain steps would run where a drafter known to pay could.
+        self._choose(options, b)
+        # One at a time (`_explore_rank`): a drafter whose exploration has begun before one not yet run, the
+        # most promising first; a drafter whose exploration is finished can be chosen while the budget
+        # refills for the next. One not yet run does not cut in while the budget refills: it would spend
+        # the budget that lets a drafter whose exploration has begun, perhaps one that pays, finish it and
+        # be chosen.
+        unexplored = sorted((o for o in options[1:] if self._unexplored(o, b)), key=lambda o: self._explore_rank(o, b))
         if unexplored and self._explore_wait(unexplored[0], b, batch_size) == 0:
             return self._plan_for(unexplored[0], b, exploring=True)
         unconfirmed = self._unconfirmed_best(options, b)
         if unconfirmed is not None:
             return self._plan_for(unconfirmed, b)
-        # Weighed before probes: a switch rests on the step just taken (`_choose`), and a probe of another
-        # option in between would take that step's freshness away (another drafter's trial, its steps
-        # after each probe of a better one, would keep that one from ever being chosen).
-        self._choose(options, b)
+        # Probes come after the weighing above: a probe of another option in between would take the step
+        # just taken its freshness (another drafter's trial, its steps after each probe of a better one,
+        # would keep that one from ever being chosen).
         due = [o for o in options if o != self.current and o not in unexplored and self._probe_due(o, b)]
         if due:
             return self._plan_for(min(due, key=lambda o: self.last_used.get(o, 0)), b)
@@ -102,13 +105,14 @@ class AdaptiveController(Exploration, Observation):
         best = max(drafters, key=lambda o: self._weighed(o, estimates[o]), default=AUTOREGRESSIVE)
         best_gain = estimates[best] or 1.0
         current_gain = estimates.get(self.current) or 1.0
+        current_weighed = self._weighed(self.current, current_gain)
         if self.current == AUTOREGRESSIVE:
             target = best if best_gain > 1 + h else AUTOREGRESSIVE
             reason = f"estimated speed-up {best_gain:.2f} > {1 + h:.2f}"
         elif current_gain < 1 - h:
             target = best if best_gain > 1 + h else AUTOREGRESSIVE
             reason = f"estimated speed-up {current_gain:.2f} < {1 - h:.2f}"
-        elif best != self.current and self._weighed(best, best_gain) > current_gain * (1 + h):
+        elif best != self.current and self._weighed(best, best_gain) > (1 + h) * current_weighed:
             target, reason = best, f"{best} estimated {best_gain:.2f} vs {current_gain:.2f}"
         else:
             return

@@ -7,9 +7,10 @@ bucket, in an event of scope `explore`.
 
 It explores each option for a few steps (plain steps at every batch size; a drafter once, for
 `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch, or only
-`explore_steps` where even its estimate raised by its spread loses to plain steps and the current
-choice, unless it learns, `_written_off`), cheapest first (its first step teaches the model what a wider
-forward costs there, and drafters whose best case then loses are never tried), and only while what
+`explore_steps` where even its estimate raised by its spread loses to plain steps, the current
+choice and every drafter explored in full, unless it learns, `_written_off`), those begun first, the
+most promising of them first, then the others cheapest first (a first step teaches the model what a
+wider forward costs there, and drafters whose best case then loses are never tried), and only while what
 exploring steps lost against plain steps over the tokens their slower half of rows emitted is at most
 `explore_budget` of the decode time so far (`_explore_wait`): a cold job pays for exploration as it
 decodes. An exploring step is priced at the width it will use (a learning drafter at the width its
@@ -78,14 +79,28 @@ class Exploration(Estimates):
 
     def _written_off(self, drafter: str, b: int) -> bool:
         """Whether `drafter`, after `explore_steps` steps, is explored enough because even its estimate
-        raised by its spread over the row steps behind it (`probe_spread` / √rows) stays below plain steps
-        and the current choice: the rest of its exploring steps could not make it the choice, and
-        probes ask again: at batch 1 a dear drafter that plainly loses would otherwise take all of its
-        `explore_rows` row steps. Not a drafter that learns from every row (a Lookahead trie): its first
-        steps run cold."""
+        raised by its spread over the row steps behind it (`probe_spread` / √rows) stays below plain steps,
+        the current choice and every drafter explored in full: the rest of its exploring steps could not
+        make it the choice, and probes ask again. At batch 1 a drafter that plainly loses, or plainly
+        trails one already explored, would otherwise take all of its `explore_rows` row steps, each a
+        step the better one could have run. Not a drafter that learns from every row (a Lookahead trie):
+        its first steps run cold."""
         if self.measured.get(drafter, (0, 0))[0] < self.settings.explore_steps or self._learns(drafter):
             return False
-        return self._raised(drafter, self.speedup(drafter, b)) < max(1.0, self.speedup(self.current, b) or 1.0)
+        explored = [o for o in self.limits if o != drafter and o not in self.failed and self._measured_enough(o)]
+        bar = max([1.0, self.speedup(self.current, b) or 1.0, *(self.speedup(o, b) or 1.0 for o in explored)])
+        return self._raised(drafter, self.speedup(drafter, b)) < bar
+
+    def _explore_rank(self, drafter: str, b: int) -> tuple[int, float]:
+        """Where `drafter` stands in the exploring order (smallest first): drafters whose exploration has
+        begun, the most promising first (the estimate raised by its spread: one whose first step drafted
+        deep and was accepted is explored in full, and can be chosen, before others that drafted little);
+        then those not yet run, cheapest first: their first steps teach the cost model what dearer ones
+        would cost (one that has not run, its host time unknown, only looks cheaper)."""
+        if drafter not in self.measured:
+            return 1, self._step_cost(drafter, b)
+        estimate = self.speedup(drafter, b)
+        return 0, -self._raised(drafter, estimate) if estimate is not None else 0.0
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
         """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
