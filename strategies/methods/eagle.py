@@ -31,9 +31,10 @@ class EagleOptions:
     top_k: int = option(4, "dynamic: children per expanded node, and nodes expanded per depth; static: ranks below it.")
     nodes: int = option(
         8,
-        "dynamic, static: most draft nodes verified per row and step (the controller may verify fewer "
-        "where its cost model says a wide verify forward does not pay: the dynamic tree keeps the most "
-        "confident, the static tree its first).",
+        "dynamic, static: draft nodes verified per row and step (the controller starts here and may verify "
+        "fewer where its cost model says a wide verify forward does not pay, or up to strategy.adaptive_growth "
+        "times as many where a wider one does: the dynamic tree keeps the most confident, the static tree its "
+        "first).",
     )
 
 

@@ -21,9 +21,10 @@ LOOKAHEAD_MODES = ("hier", "one")
 class LookaheadOptions:
     decoding_length: int = option(
         8,
-        "Most draft tree nodes verified per row and step. 8: the fastest of 2, 4, 8 and 16 at batch 1 "
-        "on a 2-core CPU (bench lookahead_nodes=[2,4,8,16]; docs/benchmarks.md): 16 gained τ but its wider "
-        "verify cost more.",
+        "Draft tree nodes verified per row and step (under the controller: where it starts, and up to "
+        "strategy.adaptive_growth times it). 8: the fastest of 2, 4, 8 and 16 at batch 1 with the shipped "
+        "target on a 2-core CPU (bench lookahead_nodes=[2,4,8,16]; docs/benchmarks.md): 16 gained τ but its "
+        "wider verify cost more.",
     )
     branch_length: int = option(8, "Deepest draft branch (tokens a step can accept).")
     max_query_length: int = option(6, "Longest context suffix matched in the trie (longest match first).")
