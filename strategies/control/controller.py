@@ -43,8 +43,7 @@ class AdaptiveController(Exploration, Observation):
             # Sizes learned under other limits (another job's, `warm_start`) are kept within these.
             self.depth[name] = min(self.depth.get(name, start), limits.max_depth)
             if limits.trees:
-                first = limits.max_nodes if limits.start_nodes is None else limits.start_nodes
-                self.nodes[name] = min(self.nodes.get(name, first), limits.max_nodes)
+                self.nodes[name] = min(self.nodes.get(name, limits.first_nodes), limits.max_nodes)
             else:
                 self.nodes[name] = self.depth[name]
         self.failed = set()

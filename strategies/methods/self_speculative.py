@@ -40,7 +40,8 @@ def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> 
     k, o = options.num_speculative_tokens, options.self_speculative
     exits = need(models, "exits", NAME)
     proposer = SelfSpeculativeProposer(models.target, exits, o.exit_layer, o.min_confidence)
-    return DraftingMethod(NAME, proposer, grown(k, options), grown(k, options), rule, start_depth=k)
+    bound = grown(k, options)
+    return DraftingMethod(NAME, proposer, bound, bound, rule, start_depth=k)
 
 
 def check(options: StrategySection) -> list[str]:

@@ -40,6 +40,11 @@ class DraftLimits:
     sizes_own: bool = False  # it sizes its drafts itself (`Proposer.sizes_own_drafts`): ask for max_depth
     learns: bool = False  # it learns from what every row emits, drafting or not (a Lookahead trie)
 
+    @property
+    def first_nodes(self) -> int:
+        """A tree's node budget before the controller sizes it, and without a controller."""
+        return self.max_nodes if self.start_nodes is None else self.start_nodes
+
 
 @dataclass
 class StepRecord:

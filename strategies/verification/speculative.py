@@ -356,8 +356,7 @@ class SpeculativeStrategy:
         d = next(iter(live.values()))
         longest = d.start_depth is None or d.proposer.sizes_own_drafts  # one that sizes its own may use all
         depth = d.max_depth if longest else d.start_depth
-        nodes = (d.max_nodes if d.start_nodes is None else d.start_nodes) if d.trees else depth
-        return Plan(d.name, depth, nodes)
+        return Plan(d.name, depth, d.limits().first_nodes if d.trees else depth)
 
     def _call(self, run: _Decoding, name: str, fn: Callable[..., object], *args: object) -> bool:
         """Run a proposer callback; on an exception the drafter is off for the batch (a fallback, logged)."""
