@@ -84,6 +84,15 @@ class TracingEagle(EagleProposer):
         return recorded
 
 
+def _tracing(grower, proposer: TracingEagle):
+    """`grower` (`grow`, `grow_static`) with its `expand`, the last positional argument, traced."""
+
+    def traced(*args, **score):
+        return grower(*args[:-1], proposer.traced(args[-1]), **score)
+
+    return traced
+
+
 def _node_paths(levels, row):
     """Per expansion, the token path from the root to each node fed (parents index the previous one)."""
     paths, previous = [], None
@@ -112,8 +121,7 @@ def test_every_eagle_node_predicts_the_feature_of_a_causal_pass_over_its_path(
     head = tiny_eagle(target, tiny_model_dir)
     proposer = TracingEagle(head, top_k, static_nodes)
     for name in ("grow", "grow_static"):
-        grower = getattr(eagle_module, name)
-        monkeypatch.setattr(eagle_module, name, lambda *args, g=grower: g(*args[:-1], proposer.traced(args[-1])))
+        monkeypatch.setattr(eagle_module, name, _tracing(getattr(eagle_module, name), proposer))
     trees = top_k > 1
     drafting = DraftingMethod("eagle", proposer, DEPTH, 12 if trees else DEPTH, trees=trees)
     params = _params(12)

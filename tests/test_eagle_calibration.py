@@ -32,6 +32,7 @@ CONFIDENCES = [0.45, 0.35, 0.4, 0.3, 0.45]
 PARENTS = [-1, -1, 0, 0, 2]
 TOKENS = [10, 11, 20, 21, 30]
 DEPTHS = [1, 1, 2, 2, 3]
+RANKS = [0, 1, 0, 1, 0]
 
 
 def _grown() -> Grown:
@@ -43,51 +44,60 @@ def _grown() -> Grown:
         torch.tensor([PARENTS]),
         torch.tensor([values], dtype=torch.float64),
         torch.tensor([DEPTHS]),
+        torch.tensor([RANKS]),
     )
 
 
 def test_the_calibrated_ranking_on_literal_verdicts_orders_nodes_as_a_hand_computation_does():
-    """Verdicts: at depth 1 the 0.4–0.5 bin accepted 9 of 10, the 0.3–0.4 bin 1 of 10; at depth 2 the
-    0.4–0.5 bin 8 of 10; at depth 3 the 0.4–0.5 bin 9 of 10; depth 2's 0.3–0.4 bin has none. Each chance is
-    the bin's acceptance shrunk toward the confidence by 4 verdicts: (9 + 4·0.45) / 14 = 0.7714 at depth 1,
-    (1 + 4·0.35) / 14 = 0.1714, (8 + 4·0.4) / 14 = 0.6857 at depth 2, 0.3 where there are none, and
-    (9 + 4·0.45) / 14 at depth 3. Paths: 0.7714, 0.1714, 0.7714·0.6857 = 0.5290, 0.7714·0.3 = 0.2314,
-    0.5290·0.7714 = 0.4081. Three nodes: the raw values keep the bushy root (nodes 0, 1, 2), the
+    """Verdicts: at depth 1 the top-1's 0.4–0.5 bin accepted 9 of 10, the second's 0.3–0.4 bin 1 of 10; at
+    depth 2 the top-1's 0.4–0.5 bin 8 of 10; at depth 3 the top-1's 0.4–0.5 bin 9 of 10. Each chance is a
+    bin's acceptance shrunk by 4 verdicts toward the wider bin's above it: the top-1's rank (26 + 4 · 0.6) /
+    34 = 0.8353, its 0.4–0.5 bin over every depth (26 + 4 · 0.8353) / 34 = 0.8630, that bin at depth 1 or
+    3 (9 + 4 · 0.8630) / 14 = 0.8894, at depth 2 (8 + 4 · 0.8630) / 14 = 0.8180; the second's rank (1 + 4 ·
+    0.24) / 14 = 0.14, its 0.3–0.4 bin (1 + 4 · 0.14) / 14 = 0.1114, at depth 1 (1 + 4 · 0.1114) / 14 =
+    0.1033, at depth 2 (no verdicts) 0.1114. Paths: 0.8894, 0.1033, 0.8894 · 0.8180, 0.8894 · 0.1114,
+    0.8894 · 0.8180 · 0.8894. Three nodes: the raw values keep the bushy root (nodes 0, 1, 2), the
     calibrated ones the chain (0, 2, 4)."""
     calibration = Calibration()
-    for depth, confidence, accepted, offered in ((1, 0.45, 9, 10), (1, 0.35, 1, 10), (2, 0.4, 8, 10), (3, 0.45, 9, 10)):
+    verdicts_by_bin = ((1, 0, 0.45, 9, 10), (1, 1, 0.35, 1, 10), (2, 0, 0.4, 8, 10), (3, 0, 0.45, 9, 10))
+    for depth, rank, confidence, accepted, offered in verdicts_by_bin:
         for i in range(offered):
-            calibration.record(depth, confidence, i < accepted)
-    hand = [9 + 4 * 0.45, 1 + 4 * 0.35, 8 + 4 * 0.4]
-    depth_1, depth_1_low, depth_2 = (h / 14 for h in hand)
-    expected = [depth_1, depth_1_low, depth_1 * depth_2, depth_1 * 0.3, depth_1 * depth_2 * depth_1]
+            calibration.record(depth, rank, confidence, i < accepted)
+    top_rank = (26 + 4 * 0.6) / 34
+    top_bin = (26 + 4 * top_rank) / 34
+    top_at_1, top_at_2 = (9 + 4 * top_bin) / 14, (8 + 4 * top_bin) / 14
+    second_bin = (1 + 4 * (1 + 4 * 0.24) / 14) / 14
+    second_at_1 = (1 + 4 * second_bin) / 14
+    expected = [top_at_1, second_at_1, top_at_1 * top_at_2, top_at_1 * second_bin, top_at_1 * top_at_2 * top_at_1]
     values = calibrated_values(_grown(), calibration)
     assert [math.exp(v) for v in values[0]] == pytest.approx(expected)
     assert ranked_nodes(_grown(), [3], 3) == [[0, 1, 2]]
     assert ranked_nodes(_grown(), [3], 3, values) == [[0, 2, 4]]
     order = sorted(range(5), key=lambda n: -values[0][n])
-    assert order == [0, 2, 4, 3, 1]
+    assert order == [0, 2, 4, 1, 3]
 
 
-def test_before_any_verdict_the_calibrated_ranking_is_the_papers():
+def test_before_any_verdict_the_calibrated_ranking_is_the_static_trees():
+    """0.6 for a top-1 and 0.24 for a second, whatever the head's confidence: the paths' chances 0.6, 0.24,
+    0.36, 0.144 and 0.216 rank the nodes as EAGLE-1's static tree does."""
     values = calibrated_values(_grown(), Calibration())
-    assert values[0] == pytest.approx(_grown().values[0].tolist())
+    assert [math.exp(v) for v in values[0]] == pytest.approx([0.6, 0.24, 0.36, 0.144, 0.216])
 
 
 def test_verdicts_judge_the_children_of_every_accepted_node():
     """The row emitted 10, then 21 (the draft's node 3), then the target's own 99: nodes 0 and 3 accepted,
     their siblings 1 and 2 rejected; node 4, below a rejected node, never judged."""
     offered = offered_nodes(_grown(), [[0, 1, 2, 3, 4]])[0]
-    assert [(parent, token, depth) for parent, token, depth, _ in offered] == list(
-        zip(PARENTS, TOKENS, DEPTHS, strict=True)
+    assert [(parent, token, depth, rank) for parent, token, depth, rank, _ in offered] == list(
+        zip(PARENTS, TOKENS, DEPTHS, RANKS, strict=True)
     )
     assert [confidence for *_, confidence in offered] == pytest.approx(CONFIDENCES)
     judged = verdicts(offered, [10, 21, 99])
-    assert [(d, round(c, 2), a) for d, c, a in judged] == [
-        (1, 0.45, True),
-        (1, 0.35, False),
-        (2, 0.4, False),
-        (2, 0.3, True),
+    assert [(d, r, round(c, 2), a) for d, r, c, a in judged] == [
+        (1, 0, 0.45, True),
+        (1, 1, 0.35, False),
+        (2, 0, 0.4, False),
+        (2, 1, 0.3, True),
     ]
 
 

@@ -77,7 +77,7 @@ def test_kept_and_joining_rows_draft_from_a_root_of_their_whole_context(target, 
     # A step where the target rejected each draft at once: each row keeps its pending token's state.
     pending_states = torch.stack([_final_states(target, c)[-1] for c in CONTEXTS[:2]])[:, None]
     proposer.emitted([[8], [6]], TargetStates(pending_states, [[0], [0]]))
-    assert {depth for depth, _ in proposer.calibration.counts} == {1}  # each row's depth-1 node judged
+    assert {depth for depth, _, _ in proposer.calibration.counts} == {1}  # each row's depth-1 node judged
     contexts = [[*CONTEXTS[0], 8], [*CONTEXTS[1], 6]]
     proposer.keep_rows([1])
     proposer.add_rows([list(CONTEXTS[2])], _prefill_states(target, CONTEXTS[2:]))

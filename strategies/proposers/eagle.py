@@ -12,8 +12,8 @@ Drafting then runs in feature space: each drafted node is fed with its parent's 
 attending to the cache and its own ancestors only, and the target's LM head scores its children over
 the head's draft vocabulary (`EagleHead.draft_logits`: the trees' tokens are indices into it, mapped
 to the target's ids for the head's next input and for the draft). The tree is EAGLE-2's
-(`eagle_tree.grow`, reranked to the node budget: at temperature 0 on chances of acceptance calibrated
-on the verifier's verdicts, `eagle_tree.calibrated_values`; above it by the paper's rule) or EAGLE-1's
+(`eagle_tree.grow`, reranked to the node budget: at temperature 0 grown and reranked on chances of
+acceptance calibrated on the verifier's verdicts, `eagle_tree.Calibration`; above it by the paper's rule) or EAGLE-1's
 static shape (`eagle_tree.static_tree`, grown by `eagle_tree.grow_static`, cut to the budget by
 `eagle_tree.first_nodes`). Drafted inputs are made of predicted features, so they are dropped from
 the cache as soon as the draft is built: once the target has verified, its true features for the
@@ -134,8 +134,8 @@ class EagleProposer(Proposer[_EagleRow]):
             row.later.append(_kept_features(states, b))
         if self._offered is not None:  # the verdicts on the last dynamic tree, at temperature 0
             for offered, tokens in zip(self._offered, emitted, strict=True):
-                for depth, confidence, accepted in verdicts(offered, tokens):
-                    self.calibration.record(depth, confidence, accepted)
+                for depth, rank, confidence, accepted in verdicts(offered, tokens):
+                    self.calibration.record(depth, rank, confidence, accepted)
             self._offered = None
 
     @torch.inference_mode()
@@ -237,7 +237,8 @@ class EagleProposer(Proposer[_EagleRow]):
                 shape = static_tree(min(self.static_nodes, nodes), depth, self.top_k)
                 grown = grow_static(self._log_confidence(root), shape, expand)
             else:  # a frontier wider than the nodes kept costs head work for nodes never verified
-                grown = grow(self._log_confidence(root), depth, min(self.top_k, nodes), expand)
+                score = self.calibration.score if self.params.sampling.greedy else None
+                grown = grow(self._log_confidence(root), depth, min(self.top_k, nodes), expand, score=score)
         finally:
             kv.truncate(slots)
         grown.tokens = head.to_target(grown.tokens)  # the trees' tokens are indices into the draft vocabulary

@@ -8,10 +8,14 @@ value are expanded (the frontier), each into its own `top_k` best children, so t
 the draft is sure and stays thin where it is not. Reranking: of every node grown, the `max_nodes` of
 highest value are verified. A child's value is never above its parent's (log-probabilities are at
 most 0), and ties keep the parent first, so the nodes kept always include their ancestors. At
-temperature 0 the reranking is on calibrated values instead (`calibrated_values`): a path's chance of
-acceptance from how often the target accepted nodes of each depth and confidence bin once their parent
-was accepted (`Calibration`, fed by `verdicts` on each draft), the raw confidence until a bin has
-verdicts. Growing keeps the paper's rule.
+temperature 0 both are on calibrated values instead (`calibrated_values`, `Calibration.score`): a path's
+chance of acceptance from how often the target accepted nodes of each depth, rank among their siblings
+and confidence bin once their parent was accepted (`Calibration`, fed by `verdicts` on each draft),
+the static tree's chance by rank until there are verdicts. The head's top-1 is accepted far more often
+than its confidence says, and its other guesses far less: on the paper's rule the tree spends its
+budget on siblings. On the shipped head (48 sample prompts, batch 1, τ at 4 / 8 / 16 / 32 nodes):
+calibrated by depth and confidence 3.66 / 4.40 / 4.87 / 5.16, by rank too 3.98 / 4.72 / 4.99 / 5.22,
+the static tree 3.43 / 4.20 / 4.96 / 5.25 (docs/benchmarks.md, "EAGLE's trees calibrated by rank").
 
 A chain is the tree with `top_k` = 1. The static tree is a fixed list of paths of ranks, as Medusa's
 (`[0, 1]`: the top-1 token below the pending one, then the top-2 below it): `static_tree` picks the
@@ -49,17 +53,26 @@ class Grown:
     parents: torch.Tensor  # [B, N] index of the parent node, -1: the pending token
     values: torch.Tensor  # [B, N] cumulative log-confidence of the path
     depths: torch.Tensor  # [B, N] 1 for the pending token's children
+    ranks: torch.Tensor  # [B, N] its rank among its parent's children (0: the head's top-1 below it)
 
 
-def grow(root: torch.Tensor, depth: int, top_k: int, expand: Expand) -> Grown:
+# (depth, the top_k children's log-probabilities below each frontier node, [B, F, k], in rank order) -> what
+# each child adds to its path's score, [B, F, k]: the frontier of each depth is the children of best score.
+Score = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+def grow(root: torch.Tensor, depth: int, top_k: int, expand: Expand, score: Score | None = None) -> Grown:
     """Grow a tree `depth` levels deep below each row's pending token, whose next-token
     log-probabilities are `root` [B, V]: the `top_k` best children of the `top_k` best nodes of each
-    level (`expand` gives the distributions below a level's frontier)."""
+    level (`expand` gives the distributions below a level's frontier), best by their paths' values, or
+    by `score` summed along the path (`Calibration.log_chances`: the nodes reranking would keep)."""
     b = root.shape[0]
     values, tokens = root.topk(top_k, dim=-1)  # [B, k]
     parents = torch.full_like(tokens, -1)
-    grown = [(tokens, parents, values, torch.ones_like(tokens))]
+    ranks = torch.arange(top_k, device=root.device).expand(b, top_k)  # [B, k]
+    grown = [(tokens, parents, values, torch.ones_like(tokens), ranks)]
     frontier_tokens, frontier_values = tokens, values
+    frontier_scores = values if score is None else score(1, values[:, None])[:, 0]  # [B, F]
     frontier_nodes = torch.arange(top_k, device=root.device).expand(b, top_k)  # [B, F] node indices
     frontier_parents = torch.full_like(tokens, -1)  # [B, F] index in the previous frontier
     count = top_k
@@ -67,13 +80,17 @@ def grow(root: torch.Tensor, depth: int, top_k: int, expand: Expand) -> Grown:
         log_probs = expand(frontier_tokens, frontier_parents, level - 1)  # [B, F, V]
         child_log_probs, child_tokens = log_probs.topk(top_k, dim=-1)  # [B, F, k]
         child_values = (frontier_values[..., None] + child_log_probs).flatten(1)  # [B, F k]
+        added = child_log_probs if score is None else score(level, child_log_probs)
+        child_scores = (frontier_scores[..., None] + added).flatten(1)  # [B, F k]
         child_tokens = child_tokens.flatten(1)
         child_parents = frontier_nodes.repeat_interleave(top_k, dim=1)  # [B, F k]
-        grown.append((child_tokens, child_parents, child_values, torch.full_like(child_tokens, level)))
+        child_ranks = ranks.repeat(1, child_log_probs.shape[1])  # [B, F k]
+        grown.append((child_tokens, child_parents, child_values, torch.full_like(child_tokens, level), child_ranks))
         # Stable: among equal values the earlier child (of the better parent, of higher rank) goes on.
-        best = child_values.argsort(dim=-1, descending=True, stable=True)[:, :top_k]  # [B, k]
+        best = child_scores.argsort(dim=-1, descending=True, stable=True)[:, :top_k]  # [B, k]
         frontier_tokens = child_tokens.gather(1, best)
         frontier_values = child_values.gather(1, best)
+        frontier_scores = child_scores.gather(1, best)
         frontier_parents = best // top_k
         frontier_nodes = count + best
         count += child_tokens.shape[1]
@@ -144,6 +161,7 @@ class StaticTree:
     # each depth's nodes whole and puts them in the tree's order with one gather
     order: torch.Tensor
     depths: torch.Tensor  # [N] per node, its depth (1: the pending token's children)
+    ranks: torch.Tensor  # [N] per node, its rank among its parent's children
 
 
 @lru_cache(maxsize=64)
@@ -189,7 +207,8 @@ def _shape(paths: tuple[tuple[int, ...], ...]) -> StaticTree:
         previous_frontier = {nodes[i]: f for f, i in enumerate(frontier)}
     place = {node: i for i, node in enumerate(laid_out)}
     order = torch.tensor([place[n] for n in range(len(paths))])
-    return StaticTree(paths, parents, tuple(levels), order, torch.tensor([len(path) for path in paths]))
+    depths, ranks = torch.tensor([len(path) for path in paths]), torch.tensor([path[-1] for path in paths])
+    return StaticTree(paths, parents, tuple(levels), order, depths, ranks)
 
 
 def grow_static(root: torch.Tensor, tree: StaticTree, expand: Expand) -> Grown:
@@ -219,6 +238,7 @@ def grow_static(root: torch.Tensor, tree: StaticTree, expand: Expand) -> Grown:
         parents,
         torch.cat(values, dim=1).index_select(1, order),
         tree.depths.to(device).expand(b, -1),
+        tree.ranks.to(device).expand(b, -1),
     )
 
 
@@ -233,56 +253,92 @@ def first_nodes(grown: Grown, budgets: list[int], max_nodes: int) -> list[Draft]
 
 @dataclass
 class Calibration:
-    """How often the target accepts a drafted node whose parent it accepted, by the node's depth and the
-    head's confidence in it (its probability below its parent), learned from the verifier's verdicts at
-    temperature 0. The head's raw confidences undervalue its guesses (a top-1 at 0.45 may be the target's
-    choice nine times in ten): products of them undervalue deep paths, and the dynamic tree keeps bushy
-    shallow nodes that are rejected where a deeper path would have been accepted."""
+    """How often the target accepts a drafted node whose parent it accepted, by the node's depth, its rank
+    among its parent's children and the head's confidence in it (its probability below its parent),
+    learned from the verifier's verdicts at temperature 0. The head's raw confidences undervalue its
+    top-1 guesses (a top-1 at 0.15 is the target's choice seven times in ten) and overvalue the others (a
+    second at 0.15, once in twenty): products of them undervalue deep paths, and the paper's tree keeps
+    bushy shallow nodes that are rejected where a deeper path would have been accepted. The rank is a bin
+    of its own because a confidence says different things at different ranks: pooled, a bin's acceptance
+    would rank a second guess at the top-1's rate.
+
+    A bin's acceptance is shrunk toward a wider bin's (`log_chances`), and before any verdict a node's
+    chance is the static tree's by rank (`static_rank_prior`), not its confidence: a new proposer drafts
+    EAGLE-1's shape until verdicts say otherwise, where the paper's rule would keep its worst trees for
+    the steps it takes to learn (on eight HumanEval prompts, the whole of a short job's life)."""
 
     bins: int = 10  # confidence bins of equal width
-    prior: float = 4.0  # verdicts the raw confidence counts as in a bin: before any, the paper's rule
-    counts: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (depth, bin) -> [accepted, offered]
+    ranks: int = 3  # rank bins: the top-1, the second, and every rank below them together
+    prior: float = 4.0  # verdicts the wider bin's acceptance counts as in a bin
+    # (depth, rank bin, confidence bin) -> [accepted, offered]
+    counts: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)
+    # `counts` as a tensor [deepest + 2, ranks, bins, 2], built at the first look after new verdicts
+    _table: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
-    def _bin(self, confidence: float) -> int:
-        return min(self.bins - 1, int(confidence * self.bins))
-
-    def record(self, depth: int, confidence: float, accepted: bool) -> None:
-        counts = self.counts.setdefault((depth, self._bin(confidence)), [0, 0])
+    def record(self, depth: int, rank: int, confidence: float, accepted: bool) -> None:
+        key = (depth, min(self.ranks - 1, rank), min(self.bins - 1, int(confidence * self.bins)))
+        counts = self.counts.setdefault(key, [0, 0])
         counts[0] += accepted
         counts[1] += 1
+        self._table = None
 
-    def chance(self, depth: int, confidence: float) -> float:
-        """The chance a node at `depth` of head confidence `confidence` is accepted once its parent is: its
-        bin's acceptance, shrunk toward the confidence by `prior` verdicts (at most 1)."""
-        accepted, offered = self.counts.get((depth, self._bin(confidence)), (0, 0))
-        return (accepted + self.prior * confidence) / (offered + self.prior)
+    def log_chances(self, depths: torch.Tensor, ranks: torch.Tensor, log_confidences: torch.Tensor) -> torch.Tensor:
+        """log of the chance that a node at each of `depths`, `ranks` (among its parent's children) and head
+        log-confidences below its parent `log_confidences` (all of one shape) is accepted once its parent is:
+        its bin's acceptance, shrunk by `prior` verdicts toward the wider bin's above it. float64."""
+        if self._table is None:
+            deepest = max((depth for depth, _, _ in self.counts), default=0)
+            # The row past the deepest stays empty: deeper nodes have no verdicts.
+            self._table = torch.zeros(deepest + 2, self.ranks, self.bins, 2, dtype=torch.float64)
+            if self.counts:
+                depth, rank, confidence_bin = torch.tensor(list(self.counts)).unbind(1)
+                self._table[depth, rank, confidence_bin] = torch.tensor(list(self.counts.values()), dtype=torch.float64)
+        table = self._table.to(depths.device)
+        confidences = log_confidences.double().exp()
+        confidence_bins = (confidences * self.bins).long().clamp(max=self.bins - 1)
+        ranks = ranks.clamp(max=self.ranks - 1)
+        # Each level's acceptance shrunk toward the one above by `prior` verdicts: before any, the static tree's
+        # chance by rank; then the rank's over every depth and confidence, the rank and confidence bin's over
+        # every depth, and the bin's at this depth.
+        chances = static_rank_prior(ranks.double())
+        for counts in (
+            table.sum((0, 2))[ranks],
+            table.sum(0)[ranks, confidence_bins],
+            table[depths.clamp(max=len(table) - 1), ranks, confidence_bins],
+        ):  # [..., 2]
+            chances = (counts[..., 0] + self.prior * chances) / (counts[..., 1] + self.prior)
+        return chances.clamp(min=1e-9).log()
+
+    def score(self, depth: int, log_probs: torch.Tensor) -> torch.Tensor:
+        """`grow`'s `Score`: `log_chances` of the children at `depth` whose head log-probabilities below their
+        parents are `log_probs` [..., k], ranks 0 to k − 1 along the last dimension."""
+        ranks = torch.arange(log_probs.shape[-1], device=log_probs.device).expand(log_probs.shape)
+        depths = torch.full_like(ranks, depth)
+        return self.log_chances(depths, ranks, log_probs).to(log_probs.dtype)
 
 
 def calibrated_values(grown: Grown, calibration: Calibration) -> list[list[float]]:
     """Per row and grown node, the log of the calibrated chance that its whole path is accepted: the sum
-    over the path of log `Calibration.chance`, each node's confidence its value less its parent's. Never
+    over the path of `Calibration.log_chances`, each node's confidence its value less its parent's. Never
     above a parent's (a chance is at most 1), so the nodes `ranked_nodes` keeps include their ancestors."""
-    values, parents, depths = grown.values.tolist(), grown.parents.tolist(), grown.depths.tolist()
-    ranked = []
-    for row_values, row_parents, row_depths in zip(values, parents, depths, strict=True):
-        mine: list[float] = []
-        for value, parent, depth in zip(row_values, row_parents, row_depths, strict=True):
-            above, base = (row_values[parent], mine[parent]) if parent >= 0 else (0.0, 0.0)
-            chance = calibration.chance(depth, math.exp(value - above))
-            mine.append(base + math.log(max(chance, 1e-9)))
-        ranked.append(mine)
-    return ranked
+    has_parent, parents = grown.parents >= 0, grown.parents.clamp(min=0)  # [B, N]
+    above = torch.where(has_parent, grown.values.gather(1, parents), 0.0)
+    chances = calibration.log_chances(grown.depths, grown.ranks, grown.values - above)  # [B, N]
+    paths = chances
+    for _ in range(int(grown.depths.max()) - 1):  # each pass adds one more ancestor's chance
+        paths = chances + torch.where(has_parent, paths.gather(1, parents), 0.0)
+    return paths.tolist()
 
 
 # A drafted node as the verdicts need it: (its parent's index in the draft, -1: the pending token; its
-# token; its depth; the head's confidence in it below its parent).
-Offered = tuple[int, int, int, float]
+# token; its depth; its rank among its parent's children grown; the head's confidence in it below its parent).
+Offered = tuple[int, int, int, int, float]
 
 
 def offered_nodes(grown: Grown, kept: list[list[int]]) -> list[list[Offered]]:
     """Per row, its draft's nodes (`ranked_nodes`' `kept`, in draft order) as `Offered`."""
     tokens, parents = grown.tokens.tolist(), grown.parents.tolist()
-    values, depths = grown.values.tolist(), grown.depths.tolist()
+    values, depths, ranks = grown.values.tolist(), grown.depths.tolist(), grown.ranks.tolist()
     offered = []
     for row, nodes in enumerate(kept):
         index = {node: i for i, node in enumerate(nodes)} | {-1: -1}
@@ -293,6 +349,7 @@ def offered_nodes(grown: Grown, kept: list[list[int]]) -> list[list[Offered]]:
                     index[row_parents[n]],
                     tokens[row][n],
                     depths[row][n],
+                    ranks[row][n],
                     math.exp(row_values[n] - (row_values[row_parents[n]] if row_parents[n] >= 0 else 0.0)),
                 )
                 for n in nodes
@@ -301,8 +358,8 @@ def offered_nodes(grown: Grown, kept: list[list[int]]) -> list[list[Offered]]:
     return offered
 
 
-def verdicts(offered: list[Offered], emitted: list[int]) -> list[tuple[int, float, bool]]:
-    """(depth, confidence, accepted) of each node of a row's draft whose parent was accepted, from the
+def verdicts(offered: list[Offered], emitted: list[int]) -> list[tuple[int, int, float, bool]]:
+    """(depth, rank, confidence, accepted) of each node of a row's draft whose parent was accepted, from the
     tokens the row emitted after it (the accepted path, then the target's own token): at temperature 0
     the emitted token below an accepted node is the target's choice, and the child drafting it, if any,
     was accepted; its siblings were not. Nodes below a rejected one were never judged."""
@@ -310,7 +367,7 @@ def verdicts(offered: list[Offered], emitted: list[int]) -> list[tuple[int, floa
     for token in emitted:
         children = [i for i, node in enumerate(offered) if node[0] == parent]
         match = next((i for i in children if offered[i][1] == token), None)
-        judged += [(offered[i][2], offered[i][3], i == match) for i in children]
+        judged += [(*offered[i][2:], i == match) for i in children]
         if match is None:
             break
         parent = match
