@@ -13,6 +13,7 @@ from strategies.proposers.eagle_tree import (
     Grown,
     _draft,
     calibrated_values,
+    drafts_of,
     grow,
     offered_nodes,
     ranked_nodes,
@@ -213,3 +214,29 @@ def test_a_frontier_keeps_the_best_children_of_the_whole_level_and_counts_nodes_
     assert grown.parents[0].tolist()[6:] == [4, 4, 2, 2]
     assert grown.values[0, 6].exp().item() == pytest.approx(0.4 * 0.6 * 0.7)
     assert vocab == table.shape[1]
+
+
+def test_a_tree_grown_for_the_nodes_kept_expands_fewer_nodes_and_keeps_the_same():
+    """Kills `grow`'s `keep` leaving out a frontier node that has a kept descendant (the drafts differ), and
+    not leaving out those that cannot (as many nodes fed as without it). A peaked table: one sure child per
+    token, so most of each frontier falls below the kept nodes' floor."""
+    torch.manual_seed(0)
+    table = torch.log_softmax(torch.randn(32, 32, dtype=torch.float64) * 4, dim=-1)  # next token's by token
+    fed = []
+
+    def expand(tokens, parents, depth):
+        fed.append(tokens.shape[1])
+        return table[tokens]
+
+    root = table[torch.tensor([1, 7, 12])]
+    for keep in (1, 3, 5, 8, 20):
+        fed.clear()
+        whole = grow(root, 5, 4, expand)
+        fed_whole = sum(fed)
+        fed.clear()
+        pruned = grow(root, 5, 4, expand, keep=keep)
+        kept = ranked_nodes(whole, [5, 5, 3], keep)
+        kept_pruned = ranked_nodes(pruned, [5, 5, 3], keep)
+        drafts = [(d.tokens, d.parents) for d in drafts_of(whole, kept)]
+        assert drafts == [(d.tokens, d.parents) for d in drafts_of(pruned, kept_pruned)], keep
+        assert sum(fed) < fed_whole or keep == 20, (keep, fed)

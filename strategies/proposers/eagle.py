@@ -238,7 +238,7 @@ class EagleProposer(Proposer[_EagleRow]):
                 grown = grow_static(self._log_confidence(root), shape, expand)
             else:  # a frontier wider than the nodes kept costs head work for nodes never verified
                 score = self.calibration.score if self.params.sampling.greedy else None
-                grown = grow(self._log_confidence(root), depth, min(self.top_k, nodes), expand, score=score)
+                grown = grow(self._log_confidence(root), depth, min(self.top_k, nodes), expand, score=score, keep=nodes)
         finally:
             kv.truncate(slots)
         grown.tokens = head.to_target(grown.tokens)  # the trees' tokens are indices into the draft vocabulary

@@ -61,11 +61,18 @@ class Grown:
 Score = Callable[[int, torch.Tensor], torch.Tensor]
 
 
-def grow(root: torch.Tensor, depth: int, top_k: int, expand: Expand, score: Score | None = None) -> Grown:
+def grow(
+    root: torch.Tensor, depth: int, top_k: int, expand: Expand, score: Score | None = None, keep: int | None = None
+) -> Grown:
     """Grow a tree `depth` levels deep below each row's pending token, whose next-token
     log-probabilities are `root` [B, V]: the `top_k` best children of the `top_k` best nodes of each
     level (`expand` gives the distributions below a level's frontier), best by their paths' values, or
-    by `score` summed along the path (`Calibration.log_chances`: the nodes reranking would keep)."""
+    by `score` summed along the path (`Calibration.score`: the nodes reranking would keep).
+
+    `keep`: the nodes reranking will keep. A frontier node whose score is below the `keep`-th best of the
+    nodes grown so far can have no kept descendant (a child's score is at most its parent's), so it is not
+    expanded: where the draft is sure, the deeper levels expand one or two nodes instead of `top_k`, and a
+    head pass costs by the nodes it feeds. The nodes kept are the same."""
     b = root.shape[0]
     values, tokens = root.topk(top_k, dim=-1)  # [B, k]
     parents = torch.full_like(tokens, -1)
@@ -75,13 +82,26 @@ def grow(root: torch.Tensor, depth: int, top_k: int, expand: Expand, score: Scor
     frontier_scores = values if score is None else score(1, values[:, None])[:, 0]  # [B, F]
     frontier_nodes = torch.arange(top_k, device=root.device).expand(b, top_k)  # [B, F] node indices
     frontier_parents = torch.full_like(tokens, -1)  # [B, F] index in the previous frontier
+    scores = [frontier_scores]  # per level, every node's
     count = top_k
     for level in range(2, depth + 1):
+        if keep is not None and count >= keep:
+            floor = torch.cat(scores, dim=1).topk(keep, dim=1).values[:, -1:]  # [B, 1] the keep-th best
+            live = int((frontier_scores >= floor).sum(dim=1).max())  # in the row that has the most
+            if live == 0:
+                break
+            if live < frontier_scores.shape[1]:
+                best = frontier_scores.argsort(dim=-1, descending=True, stable=True)[:, :live]  # [B, F']
+                frontier_tokens, frontier_values, frontier_scores, frontier_nodes, frontier_parents = (
+                    t.gather(1, best)
+                    for t in (frontier_tokens, frontier_values, frontier_scores, frontier_nodes, frontier_parents)
+                )
         log_probs = expand(frontier_tokens, frontier_parents, level - 1)  # [B, F, V]
         child_log_probs, child_tokens = log_probs.topk(top_k, dim=-1)  # [B, F, k]
         child_values = (frontier_values[..., None] + child_log_probs).flatten(1)  # [B, F k]
         added = child_log_probs if score is None else score(level, child_log_probs)
         child_scores = (frontier_scores[..., None] + added).flatten(1)  # [B, F k]
+        scores.append(child_scores)
         child_tokens = child_tokens.flatten(1)
         child_parents = frontier_nodes.repeat_interleave(top_k, dim=1)  # [B, F k]
         child_ranks = ranks.repeat(1, child_log_probs.shape[1])  # [B, F k]
