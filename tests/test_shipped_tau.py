@@ -40,7 +40,7 @@ TAU = {
     "blockwise heads": ("blockwise", {}, 1.82, 1.64),
     "EAGLE chain": ("eagle", {"eagle.tree": "chain"}, 3.22, 2.9),
     "EAGLE static": ("eagle", {"eagle.tree": "static"}, 3.4, 3.06),
-    "EAGLE dynamic": ("eagle", {"eagle.tree": "dynamic"}, 3.26, 2.93),
+    "EAGLE dynamic": ("eagle", {"eagle.tree": "dynamic"}, 3.4, 3.06),
     "exit heads": ("self_speculative", {}, 1.96, 1.76),
 }
 
