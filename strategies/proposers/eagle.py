@@ -13,12 +13,12 @@ attending to the cache and its own ancestors only, and the target's LM head scor
 the head's draft vocabulary (`EagleHead.draft_logits`: the trees' tokens are indices into it, mapped
 to the target's ids for the head's next input and for the draft). The tree is EAGLE-2's
 (`eagle_tree.grow`, reranked to the node budget: at temperature 0 grown and reranked on chances of
-acceptance calibrated on the verifier's verdicts, `eagle_tree.Calibration`; above it by the paper's rule) or EAGLE-1's
-static shape (`eagle_tree.static_tree`, grown by `eagle_tree.grow_static`, cut to the budget by
-`eagle_tree.first_nodes`). Drafted inputs are made of predicted features, so they are dropped from
-the cache as soon as the draft is built: once the target has verified, its true features for the
-accepted positions take their place. The cache after a step is thus exactly what a fresh head would
-hold over the accepted tokens.
+acceptance calibrated on the verifier's verdicts, `eagle_tree.Calibration`; above it by the paper's
+rule) or EAGLE-1's static shape (`eagle_tree.static_tree`, grown by `eagle_tree.grow_static`, cut to
+the budget by `eagle_tree.first_nodes`). Drafted inputs are made of predicted features, so they are
+dropped from the cache as soon as the draft is built: once the target has verified, its true features
+for the accepted positions take their place. The cache after a step is thus exactly what a fresh head
+would hold over the accepted tokens.
 
 A head started after its batch (a controller turned it on late) has only the features of the
 target's forwards from then on: its drafts are still verified exactly, only guessed with less context.

@@ -284,7 +284,7 @@ class Calibration:
 
     A bin's acceptance is shrunk toward a wider bin's (`log_chances`), and before any verdict a node's
     chance is the static tree's by rank (`static_rank_prior`), not its confidence: a new proposer drafts
-    EAGLE-1's shape until verdicts say otherwise, where the paper's rule would keep its worst trees for
+    about EAGLE-1's shape until verdicts say otherwise, where the paper's rule would keep its worst trees for
     the steps it takes to learn (on eight HumanEval prompts, the whole of a short job's life)."""
 
     bins: int = 10  # confidence bins of equal width
