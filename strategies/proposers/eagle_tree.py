@@ -293,7 +293,7 @@ class Calibration:
     # (depth, rank bin, confidence bin) -> [accepted, offered]
     counts: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)
     # `counts` as a tensor [deepest + 2, ranks, bins, 2], built at the first look after new verdicts
-    _table: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    _table: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def record(self, depth: int, rank: int, confidence: float, accepted: bool) -> None:
         key = (depth, min(self.ranks - 1, rank), min(self.bins - 1, int(confidence * self.bins)))
