@@ -292,28 +292,30 @@ class Calibration:
     prior: float = 4.0  # verdicts the wider bin's acceptance counts as in a bin
     # (depth, rank bin, confidence bin) -> [accepted, offered]
     counts: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)
-    # `counts` as a tensor [deepest + 2, ranks, bins, 2], built at the first look after new verdicts
-    _table: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    # `counts` as tensors on the device the chances are asked on, built at the first look after new verdicts:
+    # per rank [ranks, 2], per rank and confidence bin [ranks, bins, 2], per depth too [deepest + 2, ranks, bins, 2]
+    _levels: tuple[torch.Tensor, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def record(self, depth: int, rank: int, confidence: float, accepted: bool) -> None:
         key = (depth, min(self.ranks - 1, rank), min(self.bins - 1, int(confidence * self.bins)))
         counts = self.counts.setdefault(key, [0, 0])
         counts[0] += accepted
         counts[1] += 1
-        self._table = None
+        self._levels = None
 
     def log_chances(self, depths: torch.Tensor, ranks: torch.Tensor, log_confidences: torch.Tensor) -> torch.Tensor:
         """log of the chance that a node at each of `depths`, `ranks` (among its parent's children) and head
         log-confidences below its parent `log_confidences` (all of one shape) is accepted once its parent is:
         its bin's acceptance, shrunk by `prior` verdicts toward the wider bin's above it. float64."""
-        if self._table is None:
+        if self._levels is None or self._levels[0].device != depths.device:
             deepest = max((depth for depth, _, _ in self.counts), default=0)
             # The row past the deepest stays empty: deeper nodes have no verdicts.
-            self._table = torch.zeros(deepest + 2, self.ranks, self.bins, 2, dtype=torch.float64)
+            table = torch.zeros(deepest + 2, self.ranks, self.bins, 2, dtype=torch.float64)
             if self.counts:
                 depth, rank, confidence_bin = torch.tensor(list(self.counts)).unbind(1)
-                self._table[depth, rank, confidence_bin] = torch.tensor(list(self.counts.values()), dtype=torch.float64)
-        table = self._table.to(depths.device)
+                table[depth, rank, confidence_bin] = torch.tensor(list(self.counts.values()), dtype=torch.float64)
+            self._levels = tuple(t.to(depths.device) for t in (table.sum((0, 2)), table.sum(0), table))
+        by_rank, by_bin, by_depth = self._levels
         confidences = log_confidences.double().exp()
         confidence_bins = (confidences * self.bins).long().clamp(max=self.bins - 1)
         ranks = ranks.clamp(max=self.ranks - 1)
@@ -322,9 +324,9 @@ class Calibration:
         # every depth, and the bin's at this depth.
         chances = static_rank_prior(ranks.double())
         for counts in (
-            table.sum((0, 2))[ranks],
-            table.sum(0)[ranks, confidence_bins],
-            table[depths.clamp(max=len(table) - 1), ranks, confidence_bins],
+            by_rank[ranks],
+            by_bin[ranks, confidence_bins],
+            by_depth[depths.clamp(max=len(by_depth) - 1), ranks, confidence_bins],
         ):  # [..., 2]
             chances = (counts[..., 0] + self.prior * chances) / (counts[..., 1] + self.prior)
         return chances.clamp(min=1e-9).log()
