@@ -227,6 +227,20 @@ def test_tau_is_the_slower_half_of_the_rows():
     assert c.speedup(LOOKUP, 1) == pytest.approx(4.0)  # τ 4 at the cost of a plain step
 
 
+def test_tau_is_every_rows_mean_once_rows_join_the_batch():
+    """Where finished rows' places are filled (a job's engine), no tail waits for the slow rows: gains
+    of 1 and 4 count as their mean, 2.5, until the next batch starts without joining rows."""
+    c = _controller(smoothing=1.0)
+    _step(c, AUTOREGRESSIVE, 0.010, [0, 0], drafted=(0, 0))
+    c.keep_rows([0])
+    c.add_rows(1)
+    c.observe(StepRecord(LOOKUP, 2, 0.010, [4, 4], [0, 3]))
+    assert c.speedup(LOOKUP, 2) == pytest.approx(2.5) and c.plan(2).drafter == LOOKUP
+    c.start_batch({LOOKUP: DraftLimits(4, 4)}, 2)
+    c.observe(StepRecord(LOOKUP, 2, 0.010, [4, 4], [0, 3]))
+    assert c.speedup(LOOKUP, 2) == 1.0
+
+
 def _probe_steps(settings: ControllerSettings, lookup_wall_s: float, steps: int = 40) -> list[int]:
     """Steps at which a lookup drafter that gains nothing (τ = 1) is tried, its steps taking `lookup_wall_s`
     against 0.01 s for a plain step."""

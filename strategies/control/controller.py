@@ -50,6 +50,7 @@ class AdaptiveController(Exploration, Observation):
         if self.current not in self.limits:
             self.current = AUTOREGRESSIVE
         self.rows = [RowDrafting() for _ in range(batch_size)]
+        self.refilled = False
 
     def plan(self, batch_size: int) -> Plan:
         b = bucket(batch_size)
@@ -163,3 +164,4 @@ class AdaptiveController(Exploration, Observation):
 
     def add_rows(self, count: int) -> None:
         self.rows += [RowDrafting() for _ in range(count)]
+        self.refilled = True

@@ -11,7 +11,7 @@ It explores each option for a few steps (plain steps at every batch size; a draf
 choice and every drafter explored in full, unless it learns, `_written_off`), those begun first, the
 most promising of them first, then the others cheapest first (a first step teaches the model what a
 wider forward costs there, and drafters whose best case then loses are never tried), and only while what
-exploring steps lost against plain steps over the tokens their slower half of rows emitted is at most
+exploring steps lost against plain steps over the tokens their rows gained (as τ counts them) is at most
 `explore_budget` of the decode time so far (`_explore_wait`): a cold job pays for exploration as it
 decodes. An exploring step is priced at the width it will use (a learning drafter at the width its
 steps have had), beyond the widest timed forward at the cost model's extrapolation and

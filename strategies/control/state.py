@@ -79,6 +79,7 @@ class ControllerState:
         self.events: list[dict] = []
         self.failed: set[str] = set()
         self.rows: list[RowDrafting] = []  # per batch row, in batch order (`keep_rows`, `add_rows`)
+        self.refilled = False  # whether rows joined the batch after its start (`add_rows`): `_step_gain`
         self.forward = ForwardCosts(self.settings.time_window)  # the target's forward by bucket and width
         # (drafter, bucket, width) -> step − forward, per row, over a plain step's time there when it ran
         # (as the cost model keeps wide forwards: the machine's speed drifts, ratios hold).
