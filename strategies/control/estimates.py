@@ -42,8 +42,9 @@ class Estimates(DraftSizing):
         """τ of `drafter` at bucket `b` and the node budget it would be planned at there (None: it has not
         drafted): its τ there at that budget, shrunk toward its τ at `b` over every budget by the row steps
         behind it (`evidence_rows`), that one shrunk alike toward its τ over every bucket. A batch's rows
-        gain what its slower half gains (`_step_gain`), and a deeper draft gains more: one τ for every batch size and
-        size weighed a draft at batch 8 on what it gained at batch 1."""
+        gain what its slower half gains (or, where rows join it, every row's mean: `_step_gain`), and a
+        deeper draft gains more: one τ for every batch size and size weighed a draft at batch 8 on what it
+        gained at batch 1."""
         overall = self.tau.get(drafter)
         if not overall:
             return None
