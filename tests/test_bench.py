@@ -304,6 +304,18 @@ def test_job_vllm_without_its_python_is_a_row_that_says_how_to_measure_it():
     assert row["not_measured"].startswith("give vllm_python=")
 
 
+def test_job_vllm_decodes_in_the_dtype_the_bench_decodes_in():
+    from jobs.bench.vllm_peer import peer_command
+
+    class Config:
+        vllm_python, model, max_new_tokens, repeats = "/venv/bin/python", "/models/twin", 64, 2
+        dtype = "bfloat16"
+
+    assert "--dtype=bfloat16" in peer_command(Config(), Path("p.json"), Path("r.json"), "plain")
+    Config.dtype = "auto"  # float32 on CPU, as our contenders load it
+    assert "--dtype=float32" in peer_command(Config(), Path("p.json"), Path("r.json"), "ngram")
+
+
 def test_device_check_counts_a_junit_report_and_names_each_failure():
     from jobs.device_check import junit_summary
 

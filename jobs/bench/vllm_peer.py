@@ -11,6 +11,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from workers.model_loading import resolve_dtype
+
 PEER_SCRIPT = Path(__file__).resolve().parents[1] / "peers" / "vllm_offline.py"
 VLLM_PLAIN, VLLM_NGRAM = "vllm.generate", "vllm.ngram"
 VLLM_PEERS = {"plain": VLLM_PLAIN, "ngram": VLLM_NGRAM}  # `vllm=[...]` -> contender
@@ -26,16 +30,7 @@ def vllm_runs(config: Any, texts: list[str], work: Path, method: str) -> dict[st
     prompts = work / "vllm_prompts.json"
     prompts.write_text(json.dumps(texts))
     result = work / f"vllm_{method}.json"
-    command = [
-        config.vllm_python,
-        str(PEER_SCRIPT),
-        f"--model={config.model}",
-        f"--prompts={prompts}",
-        f"--max-tokens={config.max_new_tokens}",
-        f"--repeats={config.repeats}",
-        f"--method={method}",
-        f"--out={result}",
-    ]
+    command = peer_command(config, prompts, result, method)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     log = work / f"vllm_{method}.log"
     with log.open("w") as out:
@@ -44,6 +39,24 @@ def vllm_runs(config: Any, texts: list[str], work: Path, method: str) -> dict[st
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         return {"not_measured": f"{' '.join(command)} exited with {code}: {tail.strip()[-600:]}"}
     return json.loads(result.read_text())
+
+
+def peer_command(config: Any, prompts: Path, result: Path, method: str) -> list[str]:
+    """The peer script's command line: the bench's model, length and rounds, in the dtype our own
+    contenders decode in on CPU (`resolve_dtype`: `auto` is float32 there), so that a bfloat16 bench
+    does not set vLLM's float32 beside it."""
+    dtype = str(resolve_dtype(config.dtype, torch.device("cpu"))).removeprefix("torch.")
+    return [
+        config.vllm_python,
+        str(PEER_SCRIPT),
+        f"--model={config.model}",
+        f"--prompts={prompts}",
+        f"--max-tokens={config.max_new_tokens}",
+        f"--repeats={config.repeats}",
+        f"--method={method}",
+        f"--dtype={dtype}",
+        f"--out={result}",
+    ]
 
 
 def vllm_row(batch_size: int, name: str, result: dict[str, Any]) -> dict[str, Any]:
