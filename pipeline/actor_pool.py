@@ -33,6 +33,7 @@ from strategies.control.controller import Learned
 from workers.actor import GeneratorActor
 from workers.common import faults
 from workers.common.controller_stats import StatsKey
+from workers.common.model_files import local_weights_bytes
 from workers.common.spec import UnitInputError, UnitResult, WorkerSpec, WorkUnit
 
 # CPUs of the cluster that no actor may reserve: Ray's own tasks need somewhere to run.
@@ -89,7 +90,7 @@ class ActorPool:
                 "workers.num_actors"
             )
         if not use_gpus and spec.workers.torch_threads == 0:
-            threads = default_torch_threads(cpus, n)
+            threads = default_torch_threads(cpus, n, local_weights_bytes(config.model.target))
             spec = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, torch_threads=threads))
         options: dict[str, Any] = {
             "num_cpus": w.num_cpus_per_actor,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.threads import default_torch_threads
+from pipeline.threads import LARGE_TARGET_BYTES, default_torch_threads
+from workers.common.model_files import local_weights_bytes
 
 
 @pytest.mark.parametrize(
@@ -21,6 +22,29 @@ from pipeline.threads import default_torch_threads
 )
 def test_one_core_is_left_to_the_driver_and_ray_and_the_rest_shared(cpus, actors, threads):
     assert default_torch_threads(cpus, actors) == threads
+
+
+@pytest.mark.parametrize(
+    ("cpus", "actors", "threads"),
+    [
+        (2, 1, 2),  # the 2-core machine: a large target's steps leave the driver's work small beside them
+        (16, 3, 5),  # 16 cores shared, rounded down
+        (1, 1, 1),
+    ],
+)
+def test_actors_of_a_large_target_share_every_core(cpus, actors, threads):
+    assert default_torch_threads(cpus, actors, LARGE_TARGET_BYTES) == threads
+    assert default_torch_threads(cpus, actors, LARGE_TARGET_BYTES - 1) == default_torch_threads(cpus, actors)
+
+
+def test_a_local_folders_weights_are_its_safetensors_files(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 300)
+    (tmp_path / "more.safetensors").write_bytes(b"x" * 20)
+    (tmp_path / "config.json").write_text("{}")
+    assert local_weights_bytes(str(tmp_path)) == 320
+    assert local_weights_bytes(f"file://{tmp_path}") == 320
+    assert local_weights_bytes("s3://bucket/model") is None  # not read: the rule without it
+    assert local_weights_bytes(str(tmp_path / "empty")) is None
 
 
 def test_the_job_bench_decodes_in_process_with_the_threads_of_a_jobs_actor():

@@ -55,6 +55,7 @@ from pipeline.config import load_config
 from pipeline.errors import JobError
 from pipeline.prompt_files import read_prompts
 from pipeline.threads import default_torch_threads
+from workers.common.model_files import local_weights_bytes
 from workers.common.model_kinds import KINDS
 
 
@@ -213,7 +214,10 @@ def job_torch_threads(config: Any) -> int:
     """The torch threads of the bench's jobs' CPU actors (`pipeline.threads` unless `job_overrides` set them)."""
     keys = [*job_overrides(config, Path("."), "autoregressive", 1), "output.url=."]  # read for its workers alone
     job = load_config(default_job_config(), None, keys)
-    return job.workers.torch_threads or default_torch_threads(os.cpu_count() or 1, job.workers.num_actors or 1)
+    target_bytes = local_weights_bytes(job.model.target)
+    return job.workers.torch_threads or default_torch_threads(
+        os.cpu_count() or 1, job.workers.num_actors or 1, target_bytes
+    )
 
 
 def main(config: Any) -> int:

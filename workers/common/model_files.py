@@ -98,6 +98,15 @@ def has_chat_template(url: str, storage_options: dict[str, Any] | None = None) -
     return fs.exists(config) and bool(json.loads(fs.cat_file(config)).get("chat_template"))
 
 
+def local_weights_bytes(url: str) -> int | None:
+    """The bytes of the `*.safetensors` weights of the model folder at `url`, if it is local (None
+    otherwise, or where it holds none): what a decode step reads, up to the dtype's width."""
+    if not is_local(url):
+        return None
+    files = list(Path(url.removeprefix("file://")).expanduser().glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) or None
+
+
 def weights_sha256(model_dir: Path) -> str:
     """sha256 over a local model folder's `*.safetensors` files (names and contents): the weights'
     identity wherever the folder was copied, which heads record as the target they were trained for."""
