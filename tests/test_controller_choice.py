@@ -3,6 +3,8 @@ estimates, and the events it tells of each switch; each test names the mutants i
 
 from __future__ import annotations
 
+from literal_times import times
+
 from strategies.control.controller import AdaptiveController, ControllerSettings
 from strategies.verification.control import AUTOREGRESSIVE, DraftLimits
 
@@ -181,3 +183,37 @@ def test_a_drafter_chosen_on_a_few_row_steps_gives_way_on_both_estimates_weighed
     c.current, c.measured[A] = A, (100, 6400)  # weighed 1.198: it holds
     c._choose(OPTIONS, 4)
     assert c.current == A
+
+
+class BucketSpeedups(AdaptiveController):
+    """A controller with one drafter whose estimates are a literal table by batch bucket, plain steps
+    measured at each bucket and the drafter explored: what `plan` chooses rests on the table alone."""
+
+    def __init__(self, speedups: dict[int, float]) -> None:
+        super().__init__(ControllerSettings())
+        self.speedups = speedups
+        self.start_batch({A: DraftLimits(4, 4)}, 8)
+        self.step = 10
+        for b in speedups:
+            self.row_time[(AUTOREGRESSIVE, b)] = times(0.01, 0.01)
+        self.measured[A] = (100, 6400)
+        self.last_used[A] = 9  # it ran a step ago: no probe is due, and it is not known only from statistics
+
+    def speedup(self, drafter: str, b: int) -> float | None:
+        return 1.0 if drafter == AUTOREGRESSIVE else self.speedups[b]
+
+
+def test_the_choice_is_kept_per_bucket_so_a_batchs_tail_leaves_the_next_full_batch_its_drafter():
+    """A drafter chosen at batch 8 that loses at batch 4 (0.9 there: a batch's tail as its rows finish) is
+    turned off there, and the next batch of 8 drafts with it at once, where one choice for every bucket
+    ran plain steps until its next probe (`_choose` turns a drafter on only on a step of it just taken).
+    A bucket met for the first time starts from the choice left. Kills `_enter_bucket` doing nothing,
+    restoring before saving, or a new bucket starting from plain steps."""
+    c = BucketSpeedups({8: 1.5, 4: 0.9})
+    c.current = A
+    assert c.plan(8).drafter == A
+    assert c.plan(4).drafter == AUTOREGRESSIVE
+    assert [(e["from"], e["to"], e["batch_bucket"]) for e in c.drain_events()] == [(A, AUTOREGRESSIVE, 4)]
+    c.start_batch({A: DraftLimits(4, 4)}, 8)
+    assert c.plan(8).drafter == A
+    assert c.plan(4).drafter == AUTOREGRESSIVE and c.drain_events() == []

@@ -54,6 +54,7 @@ class AdaptiveController(Exploration, Observation):
 
     def plan(self, batch_size: int) -> Plan:
         b = bucket(batch_size)
+        self._enter_bucket(b)
         if self.standing is not None and self.standing[0] == batch_size and self.step < self.standing[1]:
             # Its sizes too: weighing them again costs about what weighing the options does.
             return dataclasses.replace(self.standing[2], rows_off=self._rows_off())
@@ -95,6 +96,19 @@ class AdaptiveController(Exploration, Observation):
             waits += [self._explore_wait(o, b, batch_size) for o in unexplored[:1]]
             plan.steps = max(1, min(waits)) if waits else None
         return plan
+
+    def _enter_bucket(self, b: int) -> None:
+        """The choice is kept per batch bucket: entering bucket `b`, the option chosen there last time is
+        current again (a new bucket starts from the one left). A batch decoded to its end passes through
+        its smaller buckets as rows finish, where a drafter may lose that pays at the full batch; with one
+        choice for all, plain steps chosen in a batch's tail carried into the next full batch, which ran
+        them until the drafter's next probe (`_choose` turns a drafter on only on a fresh step of it)."""
+        if b == self.planned_bucket:
+            return
+        if self.planned_bucket is not None:
+            self.chosen_at[self.planned_bucket] = self.current
+        self.current = self.chosen_at.get(b, self.current)
+        self.planned_bucket = b
 
     def _choose(self, options: list[str], b: int) -> None:
         h = self.settings.hysteresis

@@ -70,7 +70,10 @@ class ControllerState:
         # Estimates by (what, option, bucket), until the next measurement: a plan asks for them many times.
         self.memo: dict[tuple[str, str, int], object] = {}
         self.limits: dict[str, DraftLimits] = {}
-        self.current = AUTOREGRESSIVE
+        self.current = AUTOREGRESSIVE  # the option chosen at the bucket planned last
+        # bucket -> the option chosen there when another bucket was last planned (`_enter_bucket`)
+        self.chosen_at: dict[int, str] = {}
+        self.planned_bucket: int | None = None
         self.step = 0  # steps observed
         self.row_steps = 0  # row steps observed, of every option
         # A learning drafter -> the row steps its estimate rests on (`_evidence`), and `row_steps` then.
