@@ -6,6 +6,7 @@ measurement replaced."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import ClassVar
 
@@ -76,11 +77,18 @@ def test_the_first_actor_measures_each_dtype_and_decodes_in_the_jobs_choice(
     import workers.generator
 
     monkeypatch.setattr("workers.generator.bf16_matrix_flags", lambda: ["avx512_bf16"])
-    monkeypatch.setattr("workers.generator.decode_step_seconds", lambda runner, _: faster[str(runner.dtype)[6:]])
+    threads = set()  # where the models were readied and timed: the engine's thread (`workers.engine`)
+
+    def timed(runner, _):
+        threads.add(threading.current_thread().name)
+        return faster[str(runner.dtype)[6:]]
+
+    monkeypatch.setattr("workers.generator.decode_step_seconds", timed)
     readied = []
     prepare = workers.generator.prepare_target
 
     def spy(runner, spec, plain_steps_only=False):
+        threads.add(threading.current_thread().name)
         readied.append((str(runner.dtype)[6:], plain_steps_only))
         prepare(runner, spec, plain_steps_only)
 
@@ -99,6 +107,7 @@ def test_the_first_actor_measures_each_dtype_and_decodes_in_the_jobs_choice(
     assert generator.stats_key.dtype == choice
     assert generator.ready("job", choice)["dtype"] == choice and "dtype_seconds" not in generator.ready("job", choice)
     assert readied == [("float32", True), ("bfloat16", True), (choice, False)]
+    assert threads == {"decode"}
 
 
 def _input(tmp_path: Path) -> None:

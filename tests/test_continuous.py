@@ -255,3 +255,18 @@ def test_a_fault_fails_the_units_in_its_batch_and_the_engine_goes_on():
         bad.wait()
     assert len(other_group.wait()) == 1
     assert len(engine.submit("later", 1, _rows(1)).wait()) == 1
+
+
+def test_work_handed_to_the_engine_runs_on_its_decoding_thread_and_answers_the_caller():
+    """`run` is how the actor's start readies its models on the thread that decodes (workers/engine.py:
+    the CPU's OpenMP workers of another thread's parallel regions slow this one's): the result comes
+    back, an exception is raised to the caller, and the engine decodes on after either."""
+    engine = _engine([])
+    assert engine.run(lambda: threading.current_thread().name) == "decode"
+
+    def broken():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        engine.run(broken)
+    assert len(engine.submit("after", 1, _rows(1)).wait()) == 1

@@ -65,35 +65,11 @@ class Generator:
         self.init_began = time.time()
         self.spec = spec = as_read(spec)
         self.actor = actor_name or f"{socket.gethostname()}:{os.getpid()}"
-        # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
-        torch.set_num_threads(spec.workers.torch_threads if spec.workers.torch_threads > 0 else os.cpu_count() or 1)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        # `model.dtype=auto` on CPU: a bfloat16 load measured for the driver's choice.
-        self._candidate: LoadedModels | None = None
-        loaded = self._load_models(resolve_dtype(spec.model.dtype, self.device, spec.auto_dtype))
-        # Where the job's dtype is still to be chosen by timing a step in each, only a plain step's kernels
-        # are readied until then: readying every row count of both dtypes would cost the actor's start
-        # twice what the dtype chosen needs (some 20 s for a 0.5B model on one core).
-        self._choosing = self._auto_on_cpu() and not spec.auto_dtype and bool(bf16_matrix_flags())
-        prepare_target(loaded.models.target, spec, plain_steps_only=self._choosing)
-        self._start(loaded)
-        load_output_modules()
-        g = spec.generation
-        self.params = GenerationParams(
-            max_new_tokens=g.max_new_tokens,
-            sampling=SamplingParams(g.temperature, g.top_k, g.top_p, g.seed),
-            eos_token_ids=frozenset(_eos_ids(loaded.target, self.tokenizer)),
-            ignore_eos=g.ignore_eos,
-            logprobs=spec.scores,
-        )
-        self.job_settings = job_row_settings(g)
-        self._grammars: GrammarCache | None = None  # built when a row first asks for a response_format
-        self._job_grammar()
-        self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.faults = faults.plan()
         self._lock = threading.Lock()
         self._rows_done = 0
         self._generated = 0
+        # Started first: every torch operation runs on its thread (`workers.engine`, on the CPU's threads).
         self.engine = DecodeEngine(
             self._open_decoding,
             spec.workers.batch_size,
@@ -101,7 +77,37 @@ class Generator:
             self._before_join,
             self._row_done,
         )
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # `model.dtype=auto` on CPU: a bfloat16 load measured for the driver's choice.
+        self._candidate: LoadedModels | None = None
+        # Where the job's dtype is still to be chosen by timing a step in each, only a plain step's kernels
+        # are readied until then: readying every row count of both dtypes would cost the actor's start
+        # twice what the dtype chosen needs (some 20 s for a 0.5B model on one core).
+        self._choosing = self._auto_on_cpu() and not spec.auto_dtype and bool(bf16_matrix_flags())
+        self.engine.run(self._load_target)
+        load_output_modules()
+        g = spec.generation
+        self.params = GenerationParams(
+            max_new_tokens=g.max_new_tokens,
+            sampling=SamplingParams(g.temperature, g.top_k, g.top_p, g.seed),
+            eos_token_ids=frozenset(_eos_ids(self._loaded.target, self.tokenizer)),
+            ignore_eos=g.ignore_eos,
+            logprobs=spec.scores,
+        )
+        self.job_settings = job_row_settings(g)
+        self._grammars: GrammarCache | None = None  # built when a row first asks for a response_format
+        self._job_grammar()
+        self._stops: dict[tuple[str, ...], StopStrings] = {}
         freeze_loaded()  # last: the modules, models and the strategy loaded above are never scanned again
+
+    def _load_target(self) -> None:
+        """The target loaded, prepared (`prepare_target`) and started (`_start`), on the engine's thread."""
+        spec = self.spec
+        # Ray sets OMP_NUM_THREADS to the actor's CPU reservation; the decode speed wants the cores.
+        torch.set_num_threads(spec.workers.torch_threads if spec.workers.torch_threads > 0 else os.cpu_count() or 1)
+        loaded = self._load_models(resolve_dtype(spec.model.dtype, self.device, spec.auto_dtype))
+        prepare_target(loaded.models.target, spec, plain_steps_only=self._choosing)
+        self._start(loaded)
 
     def _start(self, loaded: LoadedModels) -> None:
         """Decode with `loaded`, its target prepared (`prepare_target`): its controller, its strategies."""
@@ -160,9 +166,9 @@ class Generator:
         `auto_dtype` is the job's choice, which the actor decodes in from then on."""
         if job_id is not None:
             self.spec = dataclasses.replace(self.spec, job_id=job_id)
-        measured = self._measure_dtypes() if measure_dtypes else None
+        measured = self.engine.run(self._measure_dtypes) if measure_dtypes else None
         if auto_dtype is not None:
-            self._use_auto_dtype(auto_dtype)
+            self.engine.run(lambda: self._use_auto_dtype(auto_dtype))
         return {
             "actor": self.actor,
             "device": str(self.device),
