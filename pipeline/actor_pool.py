@@ -90,7 +90,7 @@ class ActorPool:
                 "workers.num_actors"
             )
         if not use_gpus and spec.workers.torch_threads == 0:
-            threads = default_torch_threads(cpus, n, local_weights_bytes(config.model.target))
+            threads = default_torch_threads(cpus, n, local_weights_bytes(config.model.target), w.batch_size)
             spec = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, torch_threads=threads))
         options: dict[str, Any] = {
             "num_cpus": w.num_cpus_per_actor,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from jobs.bench.bookkeeping import BookkeepingBench, _write_input, run_driver, run_verify
@@ -401,8 +402,10 @@ def test_a_scale_bench_prints_its_usage_names_a_wrong_key_and_runs_with_the_keys
     assert len(ran) == 1 and (ran[0].shards, ran[0].ids, ran[0].rows_per_shard) == (3, False, 100)
 
 
-def test_job_mode_times_in_process_the_jobs_rows_never_a_batch_filled_beyond_them(tmp_path, tiny_model_dir):
-    from jobs.bench.decoding import Bench
+def test_job_mode_times_in_process_the_jobs_rows_never_a_batch_filled_beyond_them(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from jobs.bench.decoding import Bench, Run
     from jobs.bench.job import in_process_contenders
     from jobs.bench.settings import BenchConfig
 
@@ -418,8 +421,19 @@ def test_job_mode_times_in_process_the_jobs_rows_never_a_batch_filled_beyond_the
     bench = Bench(config)
     assert [len(b) for b in bench.batches(4)] == [4]  # in-process alone: a batch size decodes full batches
     assert [len(b) for b in bench.batches(4, fill=False)] == [3] and [len(b) for b in bench.batches(2, False)] == [2, 1]
-    # A job of 3 rows at batch size 4 decodes 3 rows of 4 tokens: so does its in-process contender.
-    assert in_process_contenders(bench)(4)["autoregressive"]().tokens == 3 * 4
+    # A job of 3 rows at batch size 4 decodes 3 rows of 4 tokens: so does its in-process contender, on the
+    # torch threads a job's actor runs at that batch size, whatever ran in between.
+    before, seen = torch.get_num_threads(), []
+    try:
+        by_batch = in_process_contenders(bench, lambda batch_size: batch_size // 2)
+        four, two = by_batch(4)["autoregressive"], by_batch(2)["autoregressive"]
+        assert four().tokens == 3 * 4
+        monkeypatch.setattr(bench, "ours", lambda strategy, b: seen.append(torch.get_num_threads()) or Run(0.0, []))
+        four()
+        two()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [2, 1]
 
 
 def test_job_mode_hands_an_in_process_pass_s_freed_heap_back_before_the_next_job(monkeypatch):

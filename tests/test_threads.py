@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.threads import LARGE_TARGET_BYTES, default_torch_threads
+from pipeline.threads import LARGE_STEP_BYTES, default_torch_threads
 from workers.common.model_files import local_weights_bytes
 
 
@@ -27,14 +27,18 @@ def test_one_core_is_left_to_the_driver_and_ray_and_the_rest_shared(cpus, actors
 @pytest.mark.parametrize(
     ("cpus", "actors", "threads"),
     [
-        (2, 1, 2),  # the 2-core machine: a large target's steps leave the driver's work small beside them
+        (2, 1, 2),  # the 2-core machine: long steps leave the driver's work small beside them
         (16, 3, 5),  # 16 cores shared, rounded down
         (1, 1, 1),
     ],
 )
-def test_actors_of_a_large_target_share_every_core(cpus, actors, threads):
-    assert default_torch_threads(cpus, actors, LARGE_TARGET_BYTES) == threads
-    assert default_torch_threads(cpus, actors, LARGE_TARGET_BYTES - 1) == default_torch_threads(cpus, actors)
+def test_actors_whose_steps_read_much_share_every_core(cpus, actors, threads):
+    """A step's weight bytes times its rows: a large target at batch 1, or a small one at a batch of 8."""
+    assert default_torch_threads(cpus, actors, LARGE_STEP_BYTES) == threads
+    assert default_torch_threads(cpus, actors, LARGE_STEP_BYTES // 8, batch_size=8) == threads
+    assert default_torch_threads(cpus, actors, LARGE_STEP_BYTES - 1) == default_torch_threads(cpus, actors)
+    small = default_torch_threads(cpus, actors, LARGE_STEP_BYTES // 8 - 1, batch_size=8)
+    assert small == default_torch_threads(cpus, actors)
 
 
 def test_a_local_folders_weights_are_its_safetensors_files(tmp_path):
@@ -54,7 +58,12 @@ def test_the_job_bench_decodes_in_process_with_the_threads_of_a_jobs_actor():
     from jobs.bench.job import job_torch_threads
     from jobs.bench.settings import BenchConfig
 
-    assert job_torch_threads(BenchConfig(job_overrides=["workers.torch_threads=3"])) == 3
-    assert job_torch_threads(BenchConfig()) == default_torch_threads(os.cpu_count() or 1, 1)
+    cpus, shipped = os.cpu_count() or 1, local_weights_bytes(BenchConfig().model)
+    assert job_torch_threads(BenchConfig(job_overrides=["workers.torch_threads=3"]), 1) == 3
+    for batch_size in (1, 16):  # the shipped target: one core left to the driver at batch 1, not at 16
+        expected = default_torch_threads(cpus, 1, shipped, batch_size)
+        assert job_torch_threads(BenchConfig(), batch_size) == expected
+    assert default_torch_threads(cpus, 1, shipped, 1) == default_torch_threads(cpus, 1)
+    assert default_torch_threads(cpus, 1, shipped, 16) == default_torch_threads(cpus, 1, LARGE_STEP_BYTES)
     two = BenchConfig(job_overrides=["workers.num_actors=2"])
-    assert job_torch_threads(two) == default_torch_threads(os.cpu_count() or 1, 2)
+    assert job_torch_threads(two, 1) == default_torch_threads(cpus, 2, shipped, 1)

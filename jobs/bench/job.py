@@ -46,6 +46,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from jobs.bench.decoding import Bench
 from jobs.bench.job_table import LEGEND, Timed, aims, print_header, print_rows, rate_over_autoregressive, summarize
@@ -180,20 +181,30 @@ def _cold_then_warm(
     return [("cold", cold), ("warm", warm)]
 
 
-def in_process_contenders(bench: Bench) -> Callable[[int], dict[str, Callable[[], Timed]]]:
+def in_process_contenders(
+    bench: Bench, threads: Callable[[int], int]
+) -> Callable[[int], dict[str, Callable[[], Timed]]]:
     """The in-process bench's contenders (`Bench.contenders`: transformers' and our strategies) as timed
     passes over the job's rows, each warmed up on one batch first: the `num_prompts` rows, never cycled
     on to fill a batch larger than them, as the job has no more (a batch filled beyond the job's rows
-    decodes more tokens per second than the job's rows can)."""
+    decodes more tokens per second than the job's rows can), on the torch threads `threads(batch_size)`."""
 
     def contenders(batch_size: int) -> dict[str, Callable[[], Timed]]:
+        count = threads(batch_size)
+        torch.set_num_threads(count)
         batches = bench.batches(batch_size, fill=False)
         found = bench.contenders(batch_size)
         for fn in found.values():
             fn(batches[:1])  # first calls allocate and pick kernels
-        return {name: lambda fn=fn: _released(_timed(fn(batches))) for name, fn in found.items()}
+        return {name: lambda fn=fn: _released(_timed(_on_threads(count, fn, batches))) for name, fn in found.items()}
 
     return contenders
+
+
+def _on_threads(count: int, fn: Callable[[list], Any], batches: list) -> Any:
+    """`fn(batches)` on `count` torch threads: the passes of other batch sizes run on their own."""
+    torch.set_num_threads(count)
+    return fn(batches)
 
 
 def _released(timed: Timed) -> Timed:
@@ -210,13 +221,14 @@ def _timed(run: Any) -> Timed:
     return Timed(run.wall_s, run.wall_s, sum(len(t) for t in run.tokens))
 
 
-def job_torch_threads(config: Any) -> int:
-    """The torch threads of the bench's jobs' CPU actors (`pipeline.threads` unless `job_overrides` set them)."""
-    keys = [*job_overrides(config, Path("."), "autoregressive", 1), "output.url=."]  # read for its workers alone
+def job_torch_threads(config: Any, batch_size: int) -> int:
+    """The torch threads of the bench's jobs' CPU actors at `batch_size` (`pipeline.threads` unless
+    `job_overrides` set them)."""
+    keys = [*job_overrides(config, Path("."), "autoregressive", batch_size), "output.url=."]  # for its workers
     job = load_config(default_job_config(), None, keys)
     target_bytes = local_weights_bytes(job.model.target)
     return job.workers.torch_threads or default_torch_threads(
-        os.cpu_count() or 1, job.workers.num_actors or 1, target_bytes
+        os.cpu_count() or 1, job.workers.num_actors or 1, target_bytes, job.workers.batch_size
     )
 
 
@@ -229,15 +241,17 @@ def main(config: Any) -> int:
     if unknown:
         raise JobError(f"vllm: unknown {unknown}; use {', '.join(VLLM_PEERS)}")
     # Jobs decode whole prompts: so does the in-process bench (no cut to max_prompt_tokens), with the
-    # threads a job's actor runs (x bench compares the job with its own code, not with more threads).
-    threads = config.torch_threads or job_torch_threads(config)
+    # threads a job's actor runs at each batch size (x bench compares the job with its own code, not with
+    # more threads).
+
+    def threads(batch_size: int) -> int:
+        return config.torch_threads or job_torch_threads(config, batch_size)
+
     # A cold job's actor starts with a controller that has learnt nothing: so does each in-process pass.
     # With one carried over from the passes before, the in-process auto would have its choices settled
     # while the cold job still explores, and x bench would compare the two unlike for like.
-    bench = Bench(
-        dataclasses.replace(config, max_prompt_tokens=sys.maxsize, torch_threads=threads, new_controllers=True)
-    )
-    rows = run(config, texts, in_process_contenders(bench))
+    bench = Bench(dataclasses.replace(config, max_prompt_tokens=sys.maxsize, new_controllers=True))
+    rows = run(config, texts, in_process_contenders(bench, threads))
     print(LEGEND)
     for line in aims(rows, config.num_prompts):
         print(f"aim: {line}")

@@ -226,8 +226,8 @@ class WorkersConfig:
     )
     torch_threads: int = option(
         0,
-        "torch intra-op threads per actor. 0: the cluster's cores less one for the driver and Ray (every core for a "
-        "local target of 256 MiB of weights or more), shared among the actors (at least one).",
+        "torch intra-op threads per actor. 0: the cluster's cores less one for the driver and Ray (every core where "
+        "a local target's weights times workers.batch_size reach 128 MiB), shared among the actors (at least one).",
     )
     actor_start_timeout_s: float = option(
         300.0, "Fail the job when the actors are not scheduled and loaded within this many seconds."
