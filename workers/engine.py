@@ -11,9 +11,9 @@ Every torch operation of the actor runs on this thread: its start (loading and r
 and the dtype measurement are handed to it (`run`) like rows. The CPU's OpenMP runtime (libgomp) keeps
 a pool of worker threads for each thread that has run a parallel region; while another thread's pool
 lives, this thread's workers stop spinning between the forward's many short parallel regions and sleep
-instead, and every region then waits for them to wake. Measured on a 2-core CPU, a 0.5B model's
-one-row bfloat16 matmuls took 25-35% longer on a thread other than the one that loaded the weights,
-and as long as there when the loading thread was this one.
+instead, and every region then waits for them to wake. Measured on a 2-core CPU, one-row bfloat16
+matmuls of a 0.5B model's shapes took 25-35% longer on a thread other than the one that made the
+weights, and as long as there when no other thread had run torch.
 
 A unit's rows are done as soon as its last row finishes: its ticket wakes the thread that submitted
 it, which stages the unit's part while the others decode on. Exactly-once commits are unchanged: a
