@@ -217,3 +217,17 @@ def test_the_choice_is_kept_per_bucket_so_a_batchs_tail_leaves_the_next_full_bat
     c.start_batch({A: DraftLimits(4, 4)}, 8)
     assert c.plan(8).drafter == A
     assert c.plan(4).drafter == AUTOREGRESSIVE and c.drain_events() == []
+
+
+def test_a_drafter_that_failed_is_not_brought_back_as_another_buckets_choice():
+    """Chosen at batch 8, then failed in the batch's tail at 4: the full bucket's kept choice is plain
+    steps too, and the failure is told once, not again as a best case that loses. Kills `drafter_failed`
+    leaving the drafter as the choice kept at other buckets."""
+    c = BucketSpeedups({8: 1.5, 4: 0.9})
+    c.current = A
+    assert c.plan(8).drafter == A
+    c.plan(4)
+    c.drain_events()
+    c.drafter_failed(A, "its proposer raised")
+    assert c.plan(8).drafter == AUTOREGRESSIVE
+    assert [e["reason"] for e in c.drain_events()] == ["its proposer raised"]

@@ -171,6 +171,8 @@ class AdaptiveController(Exploration, Observation):
         self.standing = None
         if self.current == drafter:
             self.current = AUTOREGRESSIVE
+        # Nor is it the choice kept at another bucket: told once, here, not again as a bucket is entered.
+        self.chosen_at = {b: AUTOREGRESSIVE if o == drafter else o for b, o in self.chosen_at.items()}
         self._event("batch", drafter, AUTOREGRESSIVE, reason)
 
     def keep_rows(self, rows: list[int]) -> None:
