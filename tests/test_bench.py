@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from jobs.bench.bookkeeping import BookkeepingBench, _write_input, run_driver, run_verify
-from jobs.bench.decoding import HF_GENERATE
+from jobs.bench.decoding import HF_GENERATE, Run, _in_turns
 from jobs.bench.planning import PlanningBench
 from jobs.bench.rounds import paired, per_round
 from jobs.bench.scale import bench_main
@@ -31,6 +31,40 @@ def test_paired_speedup_follows_each_round_and_drops_an_outlier():
     assert paired(reference, contender) == pytest.approx(1.25)
     # The table's range shows the outlier round the median dropped.
     assert per_round(reference, contender) == pytest.approx([1.25, 1.25, 1.25, 1.25, 1 / 3])
+
+
+def test_contenders_take_turns_batch_by_batch_each_round_a_new_pass_of_each():
+    """A machine whose speed drifts within a round weighs on every contender alike: kills whole passes in
+    turn, an order that does not reverse after each batch, a pass shared by two rounds, and a pass's parts
+    joined out of order or not summed."""
+    calls: list[tuple[str, int, int]] = []  # (contender, its pass, the batch's first prompt)
+
+    def starter(name: str):
+        started = []
+
+        def start():
+            started.append(len(started))
+            number = started[-1]
+
+            def decode(batches: list) -> Run:
+                (batch,) = batches
+                calls.append((name, number, batch[0]))
+                return Run(batch[0] + 1.0, [[batch[0]]], [{"batch": batch[0]}])
+
+            return decode
+
+        return start
+
+    runs = _in_turns({"a": starter("a"), "b": starter("b")}, [[10], [20], [30]], repeats=2)
+    order = [(name, first) for name, _, first in calls]
+    first_round = [("a", 10), ("b", 10), ("b", 20), ("a", 20), ("a", 30), ("b", 30)]
+    second_round = [("b", 10), ("a", 10), ("a", 20), ("b", 20), ("b", 30), ("a", 30)]  # the order went on reversing
+    assert order == [*first_round, *second_round]
+    assert {(name, number) for name, number, _ in calls[:6]} == {("a", 0), ("b", 0)}
+    assert {(name, number) for name, number, _ in calls[6:]} == {("a", 1), ("b", 1)}
+    for name in "ab":
+        assert [r.wall_s for r in runs[name]] == [63.0, 63.0]
+        assert all(r.tokens == [[10], [20], [30]] and [s["batch"] for s in r.stats] == [10, 20, 30] for r in runs[name])
 
 
 def test_bench_times_every_contender_on_a_tiny_model(tmp_path, tiny_model_dir, tiny_draft_dir, capsys):

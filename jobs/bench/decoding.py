@@ -2,8 +2,11 @@
 
 Every contender decodes the same prompts (the first `num_prompts`, cycled to fill a batch) in
 batches of each batch size, for the same fixed length (EOS ignored; `min_new_tokens` for
-transformers). Repeats are interleaved, in alternating order, so drift on a noisy machine and the
-position in a round hit all contenders alike, and the table reports medians, ratios to
+transformers). Repeats are interleaved, and within a round the contenders take turns batch by batch
+in alternating order, so drift on a noisy machine and the position in a round hit all contenders
+alike: a 2-core machine's speed moved by a tenth between whole passes seconds apart, which at batch 1
+(a batch per prompt) decided a pass-against-pass ratio more than the strategies did. The table reports
+medians, ratios to
 `transformers.generate` and to our `autoregressive`, τ and acceptance by position
 (`strategies/verification/metrics.py`), and the share of rows whose tokens equal `generate`'s greedy output in the
 working dtype (docs/design.md, "Determinism": a different matmul shape can flip a near-tie).
@@ -13,12 +16,14 @@ transformers' assisted generation and prompt lookup run at batch 1 only: it refu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -43,6 +48,7 @@ from workers.model_loading import LoadedModels, load_models, resolve_dtype
 from workers.rows import repetition_rate
 from workers.warm_up import timed_forwards
 
+T = TypeVar("T")
 HF_GENERATE, HF_ASSISTED, HF_LOOKUP = "transformers.generate", "transformers.assisted", "transformers.prompt_lookup"
 JACOBI_COUNTS = ("iterations", "blocks", "committed", "fast_forwarded", "stationary")
 
@@ -78,6 +84,11 @@ SWEEPS = (
 )
 
 
+# A contender's timed pass: it decodes the batches it is given, in turn, and returns what it took (`Run`).
+Pass = Callable[[list], "Run"]
+Starter = Callable[[], Pass]  # starts a new pass of a contender
+
+
 def _swept(options: StrategyOptions, sweep: Sweep, value: object) -> StrategyOptions:
     """`options` with `sweep`'s option set to `value`."""
     if sweep.section == "":
@@ -94,6 +105,15 @@ class Run:
     wall_s: float
     tokens: list[list[int]]
     stats: list[dict] = field(default_factory=list)  # ours only: each batch's speculation metrics
+
+    @classmethod
+    def joined(cls, parts: list[Run]) -> Run:
+        """One pass of the parts, each a pass over some of its batches, in order."""
+        return cls(
+            sum(p.wall_s for p in parts),
+            [t for p in parts for t in p.tokens],
+            [s for p in parts for s in p.stats],
+        )
 
     def tau(self) -> float | None:
         """Tokens per verify step over the pass (`strategies.verification.metrics`); None without verify steps."""
@@ -219,32 +239,38 @@ class Bench:
                 controller.time_forwards(batch_size, timed_forwards(self.models.target, batch_size))
         return registry.create(options, self.models, controller)
 
-    def with_f_linear(self, run: Callable[[list], Run]) -> Callable[[list], Run]:
-        """`run` with packed weights off for its duration (`compare_f_linear`)."""
+    def with_f_linear(self, start: Starter) -> Starter:
+        """`start`, its pass made and run with packed weights off (`compare_f_linear`)."""
 
-        def unpacked(batches: list) -> Run:
+        def unpacked(fn: Callable[[], T]) -> T:
             linear.set_packing(False)
             try:
-                return run(batches)
+                return fn()
             finally:
                 linear.set_packing(self.config.pack_weights)
 
-        return unpacked
+        def started() -> Pass:
+            decode = unpacked(start)
+            return lambda batches: unpacked(lambda: decode(batches))
 
-    def contenders(self, batch_size: int) -> dict[str, Callable[[list], Run]]:
+        return started
+
+    def contenders(self, batch_size: int) -> dict[str, Starter]:
+        """Each contender's start of a timed pass (`Starter`): transformers' passes keep nothing between
+        batches; ours make a new strategy (`fresh`) for each pass, which then decodes its batches in turn."""
         config = self.config
         self.models.target.warm_up(batch_size)  # as a job's actor does before its first batch
-        found: dict[str, Callable[[list], Run]] = {}
+        found: dict[str, Starter] = {}
         if "generate" in config.transformers:
-            found[HF_GENERATE] = self.hf
+            found[HF_GENERATE] = lambda: self.hf
         if batch_size == 1 and "assisted" in config.transformers:
-            found[HF_ASSISTED] = lambda b: self.hf(b, assistant_model=self.draft_model)
+            found[HF_ASSISTED] = lambda: lambda b: self.hf(b, assistant_model=self.draft_model)
         if batch_size == 1 and "prompt_lookup" in config.transformers:
             tokens = config.lookup_tokens or config.strategy.num_speculative_tokens
-            found[HF_LOOKUP] = lambda b: self.hf(b, prompt_lookup_num_tokens=tokens)
+            found[HF_LOOKUP] = lambda: lambda b: self.hf(b, prompt_lookup_num_tokens=tokens)
         for name in config.strategies:
             for label, variant in self.variants(name).items():
-                found[label] = lambda b, o=variant: self.ours(self.fresh(o, batch_size), b)
+                found[label] = lambda o=variant: functools.partial(self.ours, self.fresh(o, batch_size))
                 if config.compare_f_linear and linear.packing():
                     found[f"{label} F.linear"] = self.with_f_linear(found[label])
         return found
@@ -270,17 +296,9 @@ class Bench:
         for batch_size in self.config.batch_sizes:
             batches = self.batches(batch_size)
             contenders = self.contenders(batch_size)
-            for fn in contenders.values():  # warm-up: first calls allocate and pick kernels
-                fn(batches[:1])
-            runs: dict[str, list[Run]] = {name: [] for name in contenders}
-            order = list(contenders.items())
-            for _ in range(self.config.repeats):
-                for name, fn in order:
-                    # A pass starts with no garbage of earlier ones: a Lookahead pass leaves a large trie
-                    # whose collection would otherwise land in the next pass's time.
-                    gc.collect()
-                    runs[name].append(fn(batches))
-                order.reverse()  # rounds alternate their order: a contender is not always first or last
+            for start in contenders.values():  # warm-up: first calls allocate and pick kernels
+                start()(batches[:1])
+            runs = _in_turns(contenders, batches, self.config.repeats)
             done = self._rows(batch_size, runs, self.greedy(batches))
             on_rows(done)
             rows.extend(done)
@@ -325,6 +343,27 @@ class Bench:
             }
             rows.append(row)
         return rows
+
+
+def _in_turns(contenders: dict[str, Starter], batches: list, repeats: int) -> dict[str, list[Run]]:
+    """`repeats` passes of every contender over `batches`, a new pass of each per round, the contenders
+    taking turns batch by batch in an order that reverses after every batch: a contender is not always
+    first or last, and the machine's drift over a round weighs on all alike."""
+    runs: dict[str, list[Run]] = {name: [] for name in contenders}
+    order = list(contenders)
+    for _ in range(repeats):
+        # A round starts with no garbage of earlier ones: a Lookahead pass leaves a large trie whose
+        # collection would otherwise land in whichever contender's batch came next.
+        gc.collect()
+        passes = {name: start() for name, start in contenders.items()}
+        parts: dict[str, list[Run]] = {name: [] for name in contenders}
+        for batch in batches:
+            for name in order:
+                parts[name].append(passes[name]([batch]))
+            order.reverse()
+        for name in contenders:
+            runs[name].append(Run.joined(parts[name]))
+    return runs
 
 
 def _median_or_none(values: list[float | None]) -> float | None:

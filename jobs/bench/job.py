@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from jobs.bench.decoding import Bench
+from jobs.bench.decoding import Bench, Run, Starter
 from jobs.bench.job_table import LEGEND, Timed, aims, print_header, print_rows, rate_over_autoregressive, summarize
 from jobs.bench.vllm_peer import VLLM_PEERS, vllm_row, vllm_runs
 from jobs.shipped import default_job_config
@@ -194,17 +194,21 @@ def in_process_contenders(
         torch.set_num_threads(count)
         batches = bench.batches(batch_size, fill=False)
         found = bench.contenders(batch_size)
-        for fn in found.values():
-            fn(batches[:1])  # first calls allocate and pick kernels
-        return {name: lambda fn=fn: _released(_timed(_on_threads(count, fn, batches))) for name, fn in found.items()}
+        for start in found.values():
+            start()(batches[:1])  # first calls allocate and pick kernels
+        return {
+            name: lambda start=start: _released(_timed(_on_threads(count, start, batches)))
+            for name, start in found.items()
+        }
 
     return contenders
 
 
-def _on_threads(count: int, fn: Callable[[list], Any], batches: list) -> Any:
-    """`fn(batches)` on `count` torch threads: the passes of other batch sizes run on their own."""
+def _on_threads(count: int, start: Starter, batches: list) -> Run:
+    """A new pass of a contender (`start`) over `batches`, made and run on `count` torch threads: the
+    passes of other batch sizes run on their own."""
     torch.set_num_threads(count)
-    return fn(batches)
+    return start()(batches)
 
 
 def _released(timed: Timed) -> Timed:

@@ -61,7 +61,9 @@ class _BenchSettings:
     batch_sizes: list[int] = option([1, 32], "Batch sizes to time.")
     max_new_tokens: int = option(64, "Tokens generated per row (fixed length).")
     max_prompt_tokens: int = option(256, "Prompts are cut to their last this many tokens.")
-    repeats: int = option(3, "Interleaved repeats per configuration; the table shows medians.")
+    repeats: int = option(
+        3, "Rounds per configuration, the contenders taking turns batch by batch in each; the table shows medians."
+    )
     torch_threads: int = option(
         0, "torch threads; 0: all cores (job=true: as many as a job's actor runs, `workers.torch_threads`)."
     )
