@@ -3,13 +3,11 @@
 Every contender decodes the same prompts (the first `num_prompts`, cycled to fill a batch) in
 batches of each batch size, for the same fixed length (EOS ignored; `min_new_tokens` for
 transformers). Repeats are interleaved, and within a round the contenders take turns batch by batch
-in alternating order, so drift on a noisy machine and the position in a round hit all contenders
-alike: a 2-core machine's speed moved by a tenth between whole passes seconds apart, which at batch 1
-(a batch per prompt) decided a pass-against-pass ratio more than the strategies did. The table reports
-medians, ratios to
-`transformers.generate` and to our `autoregressive`, τ and acceptance by position
-(`strategies/verification/metrics.py`), and the share of rows whose tokens equal `generate`'s greedy output in the
-working dtype (docs/design.md, "Determinism": a different matmul shape can flip a near-tie).
+in alternating order (`_in_turns`), so drift on a noisy machine and the position in a round hit all
+contenders alike. The table reports medians, ratios to `transformers.generate` and to our
+`autoregressive`, τ and acceptance by position (`strategies/verification/metrics.py`), and the share
+of rows whose tokens equal `generate`'s greedy output in the working dtype (docs/design.md,
+"Determinism": a different matmul shape can flip a near-tie).
 transformers' assisted generation and prompt lookup run at batch 1 only: it refuses larger batches.
 """
 
@@ -84,8 +82,7 @@ SWEEPS = (
 )
 
 
-# A contender's timed pass: it decodes the batches it is given, in turn, and returns what it took (`Run`).
-Pass = Callable[[list], "Run"]
+Pass = Callable[[list], "Run"]  # a contender's timed pass: it decodes the batches it is given, in turn
 Starter = Callable[[], Pass]  # starts a new pass of a contender
 
 
@@ -109,11 +106,8 @@ class Run:
     @classmethod
     def joined(cls, parts: list[Run]) -> Run:
         """One pass of the parts, each a pass over some of its batches, in order."""
-        return cls(
-            sum(p.wall_s for p in parts),
-            [t for p in parts for t in p.tokens],
-            [s for p in parts for s in p.stats],
-        )
+        tokens = [t for p in parts for t in p.tokens]
+        return cls(sum(p.wall_s for p in parts), tokens, [s for p in parts for s in p.stats])
 
     def tau(self) -> float | None:
         """Tokens per verify step over the pass (`strategies.verification.metrics`); None without verify steps."""
@@ -348,7 +342,8 @@ class Bench:
 def _in_turns(contenders: dict[str, Starter], batches: list, repeats: int) -> dict[str, list[Run]]:
     """`repeats` passes of every contender over `batches`, a new pass of each per round, the contenders
     taking turns batch by batch in an order that reverses after every batch: a contender is not always
-    first or last, and the machine's drift over a round weighs on all alike."""
+    first or last, and the machine's drift over a round weighs on all alike (a 2-core machine's speed moved
+    by a tenth between whole passes seconds apart: at batch 1 that decided a ratio more than the strategies)."""
     runs: dict[str, list[Run]] = {name: [] for name in contenders}
     order = list(contenders)
     for _ in range(repeats):
