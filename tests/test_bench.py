@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from jobs.bench.bookkeeping import BookkeepingBench, _write_input, run_driver, run_verify
-from jobs.bench.decoding import HF_GENERATE, Run, _in_turns
+from jobs.bench.decoding import HF_GENERATE, Run, _runs_in_turns
 from jobs.bench.planning import PlanningBench
 from jobs.bench.rounds import paired, per_round
 from jobs.bench.scale import bench_main
@@ -55,7 +55,7 @@ def test_contenders_take_turns_batch_by_batch_each_round_a_new_pass_of_each():
 
         return start
 
-    runs = _in_turns({"a": starter("a"), "b": starter("b")}, [[10], [20], [30]], repeats=2)
+    runs = _runs_in_turns({"a": starter("a"), "b": starter("b")}, [[10], [20], [30]], repeats=2)
     order = [(name, first) for name, _, first in calls]
     first_round = [("a", 10), ("b", 10), ("b", 20), ("a", 20), ("a", 30), ("b", 30)]
     second_round = [("b", 10), ("a", 10), ("a", 20), ("b", 20), ("b", 30), ("a", 30)]  # the order went on reversing

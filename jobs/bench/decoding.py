@@ -3,7 +3,7 @@
 Every contender decodes the same prompts (the first `num_prompts`, cycled to fill a batch) in
 batches of each batch size, for the same fixed length (EOS ignored; `min_new_tokens` for
 transformers). Repeats are interleaved, and within a round the contenders take turns batch by batch
-in alternating order (`_in_turns`), so drift on a noisy machine and the position in a round hit all
+in alternating order (`rounds.in_turns`), so drift on a noisy machine and the position in a round hit all
 contenders alike. The table reports medians, ratios to `transformers.generate` and to our
 `autoregressive`, τ and acceptance by position (`strategies/verification/metrics.py`), and the share
 of rows whose tokens equal `generate`'s greedy output in the working dtype (docs/design.md,
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import json
 import statistics
 import time
@@ -26,7 +25,7 @@ from typing import TypeVar
 import torch
 
 from jobs.bench.agreement import agreement
-from jobs.bench.rounds import format_range, paired, per_round, spread
+from jobs.bench.rounds import format_range, in_turns, paired, per_round, spread
 from jobs.bench.settings import BenchConfig
 from pipeline.errors import JobError
 from pipeline.prompt_files import read_prompts
@@ -292,7 +291,7 @@ class Bench:
             contenders = self.contenders(batch_size)
             for start in contenders.values():  # warm-up: first calls allocate and pick kernels
                 start()(batches[:1])
-            runs = _in_turns(contenders, batches, self.config.repeats)
+            runs = _runs_in_turns(contenders, batches, self.config.repeats)
             done = self._rows(batch_size, runs, self.greedy(batches))
             on_rows(done)
             rows.extend(done)
@@ -339,26 +338,18 @@ class Bench:
         return rows
 
 
-def _in_turns(contenders: dict[str, Starter], batches: list, repeats: int) -> dict[str, list[Run]]:
-    """`repeats` passes of every contender over `batches`, a new pass of each per round, the contenders
-    taking turns batch by batch in an order that reverses after every batch: a contender is not always
-    first or last, and the machine's drift over a round weighs on all alike (a 2-core machine's speed moved
-    by a tenth between whole passes seconds apart: at batch 1 that decided a ratio more than the strategies)."""
-    runs: dict[str, list[Run]] = {name: [] for name in contenders}
-    order = list(contenders)
-    for _ in range(repeats):
-        # A round starts with no garbage of earlier ones: a Lookahead pass leaves a large trie whose
-        # collection would otherwise land in whichever contender's batch came next.
-        gc.collect()
-        passes = {name: start() for name, start in contenders.items()}
-        parts: dict[str, list[Run]] = {name: [] for name in contenders}
-        for batch in batches:
-            for name in order:
-                parts[name].append(passes[name]([batch]))
-            order.reverse()
-        for name in contenders:
-            runs[name].append(Run.joined(parts[name]))
-    return runs
+def _runs_in_turns(contenders: dict[str, Starter], batches: list, repeats: int) -> dict[str, list[Run]]:
+    """`repeats` passes of every contender over `batches`, taking turns batch by batch (`rounds.in_turns`)."""
+
+    def by_batch(start: Starter) -> Callable[[], Callable[[int], Run]]:
+        def started() -> Callable[[int], Run]:
+            decode = start()
+            return lambda i: decode([batches[i]])
+
+        return started
+
+    turns = in_turns({name: by_batch(start) for name, start in contenders.items()}, len(batches), repeats)
+    return {name: [Run.joined(parts) for parts in rounds] for name, rounds in turns.items()}
 
 
 def _median_or_none(values: list[float | None]) -> float | None:

@@ -14,22 +14,24 @@
   the two differently; this pair holds the text fixed and leaves only the grammar's work.
 
 Each contender decodes every row `repeats` times, a new strategy each round; within a round the contenders
-take turns batch by batch, in alternating order, so that a drift of the machine's speed over a pass
-weighs on all of them alike. Times are medians over rounds. Grammars are compiled before timing, as an
-actor compiles each distinct format once.
+take turns batch by batch, in alternating order (`rounds.in_turns`), so that a drift of the machine's
+speed over a pass weighs on all of them alike. Times are medians over rounds. Grammars are compiled
+before timing, as an actor compiles each distinct format once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
+import functools
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 from jobs.bench.decoding import Bench
+from jobs.bench.rounds import in_turns
 from jobs.bench.settings import BenchConfig
 from jobs.bench.structured_set import SCHEMAS, response_format, synthesis_rows
 from strategies import registry
@@ -99,30 +101,25 @@ def measure(bench: Bench) -> dict[str, Any]:
     bench.models.target.warm_up(config.batch_sizes[0])
     for name, kind in CONTENDERS:  # warm-up: first calls allocate and pick kernels
         _decode(bench, name, requests(kind)[: config.batch_sizes[0]], params)
-    seconds: dict[str, list[float]] = {label(*c): [] for c in CONTENDERS}
-    outputs: dict[str, list[RowOutput]] = {}
-    batch_size, order = config.batch_sizes[0], list(CONTENDERS)
-    for _ in range(config.repeats):
+    batch_size = config.batch_sizes[0]
+
+    def start(contender: tuple[str, str]) -> Callable[[int], tuple[float, list[RowOutput]]]:
         # A new strategy per contender each round, as `_decode` makes one per pass, and a controller per
-        # contender (one would otherwise rank and size drafters for one text on what it saw of another);
-        # the contenders take turns batch by batch, so a machine's drift over a pass weighs on all alike.
-        strategies = {
-            c: bench.fresh(dataclasses.replace(config.strategy, name=c[0]), batch_size, owner=c[1]) for c in CONTENDERS
-        }
-        pending = {c: requests(c[1]) for c in CONTENDERS}
-        spent = dict.fromkeys(CONTENDERS, 0.0)
-        decoded: dict[tuple[str, str], list[RowOutput]] = {c: [] for c in CONTENDERS}
-        gc.collect()
-        for first in range(0, len(prompts), batch_size):
-            for contender in order:
-                batch = pending[contender][first : first + batch_size]
-                began = time.perf_counter()
-                decoded[contender] += strategies[contender].generate(batch, params).rows
-                spent[contender] += time.perf_counter() - began
-            order.reverse()
-        for contender in CONTENDERS:
-            seconds[label(*contender)].append(spent[contender])
-            outputs[label(*contender)] = decoded[contender]
+        # contender (one would otherwise rank and size drafters for one text on what it saw of another).
+        strategy = bench.fresh(dataclasses.replace(config.strategy, name=contender[0]), batch_size, owner=contender[1])
+        pending = requests(contender[1])
+
+        def batch(i: int) -> tuple[float, list[RowOutput]]:
+            began = time.perf_counter()
+            decoded = strategy.generate(pending[i * batch_size : (i + 1) * batch_size], params).rows
+            return time.perf_counter() - began, decoded
+
+        return batch
+
+    count = math.ceil(len(prompts) / batch_size)
+    turns = in_turns({c: functools.partial(start, c) for c in CONTENDERS}, count, config.repeats)
+    seconds = {label(*c): [sum(s for s, _ in parts) for parts in rounds] for c, rounds in turns.items()}
+    outputs = {label(*c): [row for _, rows in rounds[-1] for row in rows] for c, rounds in turns.items()}
     report = _report(tokenizer, rows, {k: statistics.median(v) for k, v in seconds.items()}, outputs)
     return {**report, "seconds_by_round": seconds}  # the spread behind each median
 
