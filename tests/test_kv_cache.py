@@ -270,3 +270,40 @@ def test_provisional_columns_are_kept_per_count_and_dropped_by_every_other_chang
     _write_provisional(joining, 1, [[41]])
     kv.extend(joining)  # the joining side's provisional columns go too
     assert joining.provisional is None and _codes(kv)[-1] == [0, 9]
+
+
+def test_finished_rows_leave_and_new_rows_join_in_the_storage_held():
+    """A continuous batch: rows finish one by one and others join in their places. Neither copies the
+    rows that stay into a new storage, and the next forward appends without growing it."""
+    cpu = torch.device("cpu")
+    kv = RaggedKV(num_layers=2, batch_size=4, device=cpu)
+    _forward(kv, [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
+    storage = [(layer._k.data_ptr(), layer._v.data_ptr()) for layer in kv.layers]
+    kv.layers[0]._k[0, 0, 0, 0] = -1.0  # a row in place is not copied: a mark there stays
+    kv.select_rows(torch.tensor([0, 2, 3]))  # row 1 finished: rows 2 and 3 move up a place each
+    assert kv.layers[0]._k[0, 0, 0, 0] == -1.0
+    kv.layers[0]._k[0, 0, 0, 0] = 1.0
+    assert _codes(kv) == [[1, 2, 3], [7, 8, 9], [10, 11, 12]] and kv.next_pos.tolist() == [3, 3, 3]
+    joining = RaggedKV(num_layers=2, batch_size=1, device=cpu)
+    _forward(joining, [[20, 21]])
+    kv.extend(joining)  # into the place row 3 left, after a zero pad: that place held row 3's slots
+    assert _codes(kv) == [[1, 2, 3], [7, 8, 9], [10, 11, 12], [0, 20, 21]]
+    assert kv.valid.tolist()[3] == [F, T, T] and kv.next_pos.tolist() == [3, 3, 3, 2]
+    _forward(kv, [[30], [31], [32], [33]])
+    assert [row[-1] for row in _codes(kv)] == [30, 31, 32, 33]
+    assert [(layer._k.data_ptr(), layer._v.data_ptr()) for layer in kv.layers] == storage
+    kv.select_rows(torch.tensor([3, 0]))  # out of order: gathered, still into the same storage
+    assert _codes(kv) == [[0, 20, 21, 33], [1, 2, 3, 30]]
+    assert [(layer._k.data_ptr(), layer._v.data_ptr()) for layer in kv.layers] == storage
+
+
+def test_a_wider_joining_side_pads_the_rows_there_and_more_rows_than_held_get_a_new_storage():
+    cpu = torch.device("cpu")
+    kv = RaggedKV(num_layers=2, batch_size=1, device=cpu)
+    _forward(kv, [[1]])
+    wide = RaggedKV(num_layers=2, batch_size=1, device=cpu)
+    _forward(wide, [[5, 6, 7]])
+    kv.extend(wide)  # this side is the narrower: its row moves right behind two zero slots
+    assert _codes(kv) == [[0, 0, 1], [5, 6, 7]] and kv.next_pos.tolist() == [1, 3]
+    kv.select_rows(torch.tensor([1, 1, 0]))  # a row's lanes side by side: more rows than the storage held
+    assert _codes(kv) == [[5, 6, 7], [5, 6, 7], [0, 0, 1]] and kv.layers[0]._k.shape[0] == 3

@@ -22,6 +22,7 @@ forward, row selection or compaction drops them, so every layer again holds `num
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,13 @@ COMPACT_WASTE = 0.5  # compact when more than this share of the slots is dead
 
 
 class SlotLayer(CacheLayerMixin):
-    """One decoder layer's keys and values in growable storage `[B, H, capacity, D]`."""
+    """One decoder layer's keys and values: rows `[:rows]` and slots `[:length]` of growable storage
+    `[row capacity, H, slot capacity, D]`.
+
+    Dropping rows and joining rows write into the storage held wherever it is large enough: in a job's
+    continuous batch rows finish one by one and others join in their places, and a fresh tensor of
+    exactly the rows and slots kept (as a gather or a concatenation gives) was copied once more by the
+    next forward's append, which found no room in it."""
 
     is_sliding = False
     is_compileable = False
@@ -39,8 +46,9 @@ class SlotLayer(CacheLayerMixin):
     def __init__(self) -> None:
         # The mixin's __init__ would assign `keys`/`values`, which are views of the storage here.
         self.is_initialized = False
-        self._k: torch.Tensor | None = None  # [B, H, capacity, D]
+        self._k: torch.Tensor | None = None  # [row capacity, H, slot capacity, D]
         self._v: torch.Tensor | None = None
+        self.rows = 0
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -48,17 +56,19 @@ class SlotLayer(CacheLayerMixin):
         self.dtype = key_states.dtype
         self.is_initialized = True
 
-    def _reserve(self, needed: int, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
-        capacity = 0 if self._k is None else self._k.shape[2]
-        if needed <= capacity:
+    def _reserve(self, rows: int, slots: int, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
+        """Room for `rows` rows of `slots` slots, what is held kept: slots grow by doubling, rows to `rows`
+        (a batch's rows are its size, known when it opens)."""
+        have_rows, have_slots = (0, 0) if self._k is None else (self._k.shape[0], self._k.shape[2])
+        if rows <= have_rows and slots <= have_slots:
             return
-        new_capacity = max(needed, 2 * capacity, 64)
-        b, h, _, d = like_k.shape
-        k = like_k.new_empty(b, h, new_capacity, d)
-        v = like_v.new_empty(b, h, new_capacity, like_v.shape[-1])
+        new_slots = have_slots if slots <= have_slots else max(slots, 2 * have_slots, 64)
+        new_rows = max(rows, have_rows)
+        k = like_k.new_empty(new_rows, like_k.shape[1], new_slots, like_k.shape[3])
+        v = like_v.new_empty(new_rows, like_v.shape[1], new_slots, like_v.shape[3])
         if self.length:
-            k[:, :, : self.length] = self._k[:, :, : self.length]
-            v[:, :, : self.length] = self._v[:, :, : self.length]
+            k[: self.rows, :, : self.length] = self.keys
+            v[: self.rows, :, : self.length] = self.values
         self._k, self._v = k, v
 
     def update(
@@ -66,20 +76,21 @@ class SlotLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n = key_states.shape[-2]
-        self._reserve(self.length + n, key_states, value_states)
-        self._k[:, :, self.length : self.length + n] = key_states
-        self._v[:, :, self.length : self.length + n] = value_states
+        b, n = key_states.shape[0], key_states.shape[-2]
+        self._reserve(b, self.length + n, key_states, value_states)
+        self._k[:b, :, self.length : self.length + n] = key_states
+        self._v[:b, :, self.length : self.length + n] = value_states
+        self.rows = b
         self.length += n
         return self.keys, self.values
 
     @property
     def keys(self) -> torch.Tensor:
-        return self._k[:, :, : self.length]
+        return self._k[: self.rows, :, : self.length]
 
     @property
     def values(self) -> torch.Tensor:
-        return self._v[:, :, : self.length]
+        return self._v[: self.rows, :, : self.length]
 
     def get_seq_length(self) -> int:
         return self.length
@@ -92,18 +103,36 @@ class SlotLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
 
+    @torch.inference_mode()  # the storage, made by forwards, is an inference tensor: written in place here
     def join(self, other: SlotLayer, rows: int, other_rows: int, pad: int, other_pad: int) -> None:
         """Append `other`'s `other_rows` rows after this layer's `rows`, each side's slots shifted right
-        by its pad of empty slots so that both hold as many: a copy of both. A side that has run no
-        forward yet holds no storage; its rows are empty slots only."""
+        by its pad of empty slots so that both hold as many. Where this side needs no pad, its rows stay
+        where they are and only `other`'s are copied; otherwise both are. A side that has run no forward
+        yet holds no storage; its rows are empty slots only."""
         like = self if self._k is not None else other
         if like._k is None:
             return
-        k, v = self._held(rows, like)
+        width = self.length + pad
         other_k, other_v = other._held(other_rows, like)
-        self._k = torch.cat([_pad_slots(k, pad), _pad_slots(other_k, other_pad)])
-        self._v = torch.cat([_pad_slots(v, pad), _pad_slots(other_v, other_pad)])
-        self.length = self._k.shape[2]
+        if pad == 0 and self._k is not None:
+            self._reserve(rows + other_rows, width, like._k, like._v)
+        else:
+            k, v = self._held(rows, like)
+            capacity = width if self._k is None else max(width, self._k.shape[2])
+            self._k = like._k.new_empty(rows + other_rows, like._k.shape[1], capacity, like._k.shape[3])
+            self._v = like._v.new_empty(rows + other_rows, like._v.shape[1], capacity, like._v.shape[3])
+            self._write(0, k, v, pad)
+        self._write(rows, other_k, other_v, other_pad)
+        self.rows, self.length = rows + other_rows, width
+
+    def _write(self, first: int, k: torch.Tensor, v: torch.Tensor, pad: int) -> None:
+        """Rows `k`, `v` [n, H, S, D] into storage rows `first` on, after `pad` zero slots: a padding slot
+        is masked, and a masked score is the key's dot product plus the mask (stale storage could be NaN)."""
+        end, width = first + k.shape[0], pad + k.shape[2]
+        self._k[first:end, :, :pad] = 0
+        self._v[first:end, :, :pad] = 0
+        self._k[first:end, :, pad:width] = k
+        self._v[first:end, :, pad:width] = v
 
     def keep_block(self, first: int, width: int, index: torch.Tensor | None) -> None:
         """Keep `width` slots from `first` on and drop the rest: per row, slots `first + index[b]`
@@ -113,10 +142,10 @@ class SlotLayer(CacheLayerMixin):
         if index is not None:
             at = index[:, None, :, None]  # [B, 1, width, 1]
             for storage in (self._k, self._v):
-                block = storage[:, :, first : self.length]  # [B, H, W, D]
+                block = storage[: self.rows, :, first : self.length]  # [B, H, W, D]
                 # Gathered into a new tensor before the write: the slots written may be among those read.
                 moved = block.gather(2, at.expand(-1, block.shape[1], -1, block.shape[3]))  # [B, H, width, D]
-                storage[:, :, first : first + width] = moved
+                storage[: self.rows, :, first : first + width] = moved
         self.length = first + width
 
     def _held(self, rows: int, like: SlotLayer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,17 +154,42 @@ class SlotLayer(CacheLayerMixin):
             return self.keys, self.values
         return tuple(t.new_zeros(rows, t.shape[1], 0, t.shape[3]) for t in (like._k, like._v))
 
-    def select(self, rows: torch.Tensor, slots: torch.Tensor | None) -> None:
-        """Keep `rows` [B'] (and, per kept row, slot indices `slots` [B', S'] in order) — a copy."""
+    @torch.inference_mode()
+    def select(self, rows: list[int], first: int = 0) -> None:
+        """Keep `rows` (indices) and their slots from `first` on, written over the storage's first rows where
+        it holds them all. Rows that only move up (finished rows dropped, every slot kept) are copied one by
+        one, each over an earlier or its own place, and those already in place not at all: a finished row's
+        followers move up one place each."""
         if self._k is None:
             return
-        k, v = self.keys[rows], self.values[rows]  # [B', H, S, D]
-        if slots is not None:
-            index = slots[:, None, :, None]  # [B', 1, S', 1]
-            k = k.gather(2, index.expand(-1, k.shape[1], -1, k.shape[3]))
-            v = v.gather(2, index.expand(-1, v.shape[1], -1, v.shape[3]))
-        self._k, self._v = k.contiguous(), v.contiguous()
-        self.length = k.shape[2]
+        kept = len(rows)
+        if first == 0 and all(a < b for a, b in itertools.pairwise(rows)):
+            for place, row in enumerate(rows):
+                if row != place:
+                    self._k[place, :, : self.length] = self._k[row, :, : self.length]
+                    self._v[place, :, : self.length] = self._v[row, :, : self.length]
+            self.rows = kept
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=self._k.device)
+        k, v = self.keys[index, :, first:], self.values[index, :, first:]  # gathered copies [B', H, S, D]
+        if kept > self._k.shape[0]:  # more rows than held (a row's lanes, side by side): a new storage
+            self._k = k.new_empty(kept, k.shape[1], self._k.shape[2], k.shape[3])
+            self._v = v.new_empty(kept, v.shape[1], self._v.shape[2], v.shape[3])
+        self._k[:kept, :, : k.shape[2]] = k
+        self._v[:kept, :, : v.shape[2]] = v
+        self.rows, self.length = kept, k.shape[2]
+
+    @torch.inference_mode()
+    def gather_slots(self, order: torch.Tensor) -> None:
+        """Keep, per row, the slots `order` [B, S'] names, in that order, at the storage's front: one row at a
+        time (a one-dimensional index per row is cheaper than one four-dimensional gather)."""
+        if self._k is None:
+            return
+        width = order.shape[1]
+        for row, slots in enumerate(order):
+            for storage in (self._k, self._v):
+                storage[row, :, :width] = storage[row, :, : self.length].index_select(1, slots)
+        self.length = width
 
 
 @dataclass
@@ -266,12 +320,11 @@ class RaggedKV:
         valid = self.valid[rows]  # [B', S]
         used = valid.any(dim=0)
         first = int(used.int().argmax()) if bool(used.any()) else valid.shape[1]
-        slots = None
         if first > 0:
-            slots = torch.arange(first, valid.shape[1], device=valid.device).expand(len(rows), -1)
             valid = valid[:, first:]
+        kept = rows.tolist()
         for layer in self.layers:
-            layer.select(rows, slots)
+            layer.select(kept, first)
         self.valid = valid
         self.next_pos = self.next_pos[rows]
 
@@ -292,9 +345,8 @@ class RaggedKV:
         keep = int(self.valid.sum(dim=1).max()) if self.valid.numel() else 0
         # A stable sort of "invalid" puts valid slots first and keeps their order.
         order = torch.sort((~self.valid).int(), dim=1, stable=True).indices[:, :keep]  # [B, keep]
-        rows = torch.arange(self.valid.shape[0], device=self.valid.device)
         for layer in self.layers:
-            layer.select(rows, order)
+            layer.gather_slots(order)
         self.valid = self.valid.gather(1, order)
 
 
