@@ -874,24 +874,30 @@ def test_a_drafter_whose_exploration_has_begun_is_explored_before_a_narrower_one
     assert planned.index("narrow") > wide[c.settings.explore_rows - 1]
 
 
-@pytest.mark.parametrize(("per_depth", "final_depth"), [(True, (1, 2, 3)), (False, (5,))])
-def test_a_chain_whose_drafting_runs_a_model_per_token_is_shortened_as_its_host_time_says(per_depth, final_depth):
+@pytest.mark.parametrize(("per_depth", "shortened"), [(True, True), (False, False)])
+def test_a_chain_whose_drafting_runs_a_model_per_token_is_shortened_as_its_host_time_says(per_depth, shortened):
     """At batch 1 (forward 2.5 ms + 0.18 ms per extra token) a drafter whose drafting costs 0.5 ms plus
     0.9 ms per draft token (a draft model, EAGLE's head), and whose first two tokens are always accepted
     and the third never. Declared `per_depth`, its measured host time at 5 tokens is taken to shrink
-    in proportion for shorter chains until measured there, and the chain moves down among 1 to 3 tokens
-    (the acceptance model, one α per position, sees 2/3 at 3 tokens and 1 below: it moves between
-    them); undeclared, a shorter chain is taken to cost as much besides the forward, and it stays at 5."""
+    in proportion for shorter chains until measured there, and the chain moves down to 1 to 3 tokens;
+    undeclared, a shorter chain is taken to cost as much besides the forward, and it stays at 5.
+    Shortened, it does not stay there: at 2 tokens every draft is accepted, so acceptance per position
+    reads 1.0 and the modelled depth is the longest again, where it reads 2/3 (the sizing swings between
+    2 and 5 tokens, about half its drafting steps at each, in whatever phase the steps before left it)."""
     c = AdaptiveController(ControllerSettings(resize_rows=16))  # a step toward the best every 16 drafts
     limits = {"draft": DraftLimits(5, 5, per_depth=per_depth)}
     c.start_batch(limits, batch_size=1)
+    depths = []
     for _ in range(1500):
         plan = c.plan(1)
         k = 0 if plan.drafter == AUTOREGRESSIVE else plan.depth
         forward = (2.5 + 0.18 * k) / 1000
         host = (0.5 + 0.9 * k) / 1000 if k else 0.0
         c.observe(StepRecord(plan.drafter, 1, forward + host, [k], [min(k, 2)], 1 + k, forward))
-    assert c.draft_size("draft", 1)[0] in final_depth
+        depths.append(k)
+    drafted = [k for k in depths[-400:] if k]
+    short = sum(1 for k in drafted if k <= 3)
+    assert drafted and (short >= len(drafted) / 3 if shortened else short == 0)
 
 
 def test_a_drafter_measured_while_the_machine_was_loaded_keeps_its_best_case_once_it_is_quiet():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 from literal_times import linear_forwards, times
 
 from strategies.control.controller import AdaptiveController, ControllerSettings
@@ -173,3 +174,29 @@ def test_a_drafter_is_written_off_below_one_explored_in_full():
     assert c._written_off(A, 1)
     c.failed.add(B)
     assert not c._written_off(A, 1)
+
+
+def test_a_drafter_not_yet_run_is_worth_its_cards_tau_over_its_modelled_step():
+    """Kills `_card_speedup` ignoring the card's τ, pricing the step at other than its planned width (1 + 4
+    nodes) by the cost model, or weighing it against other than the forward at width 1. Forwards of 0.01
+    (1 + 0.5 (w - 1)) s per row: 5 wide, 0.03 s; a card's τ of 4.5 gives 4.5 x 0.01 / 0.03 = 1.5. None
+    without a card's τ, or where plain steps have not run."""
+    c = _started(AdaptiveController(ControllerSettings()), a=DraftLimits(4, 4, card_tau=4.5), b=DraftLimits(4, 4))
+    assert c._card_speedup(A, 1) is None  # plain steps not run yet
+    linear_forwards(c, 1, range(1, 6))
+    assert c._card_speedup(A, 1) == pytest.approx(1.5)
+    assert c._card_speedup(B, 1) is None
+
+
+def test_an_exploring_step_of_a_drafter_that_has_run_may_lose_what_its_estimate_says():
+    """Kills `_explore_wait` pricing a drafter whose exploration has begun at a token a row (as one not yet
+    run) rather than at its estimate, or at its estimate before it has run. Forwards of 0.01 (1 + 0.5 (w -
+    1)) s per row: a 5-wide step 0.03 s. Not yet run, it may lose 0.02 s: 0.667 s of decoding at 3%, less
+    its own 0.03 s, 64 plain steps; at an estimate of 0.5, half its step: 47; at 2.0, nothing: now."""
+    c = _started(LiteralEstimates({A: 0.5}), a=DraftLimits(4, 4))
+    linear_forwards(c, 1, range(1, 6))
+    assert c._explore_wait(A, 1, 1) == 64
+    c.measured[A] = (1, 1)
+    assert c._explore_wait(A, 1, 1) == 47
+    c.speedups[A] = 2.0
+    assert c._explore_wait(A, 1, 1) == 0

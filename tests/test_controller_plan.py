@@ -26,6 +26,7 @@ class ScriptedParts(AdaptiveController):
         self.explore_waits: dict[str, int] = {}
         self.probe_waits = dict.fromkeys((AUTOREGRESSIVE, *drafters), 100)
         self.cheapest: dict[str, float] = {}
+        self.carded: dict[str, float] = {}
 
     def _asked(self, b: int) -> None:
         if b != bucket(self.size):
@@ -60,6 +61,10 @@ class ScriptedParts(AdaptiveController):
     def _step_cost(self, drafter: str, b: int) -> float:
         self._asked(b)
         return self.cheapest.get(drafter, 0.0)
+
+    def _card_speedup(self, drafter: str, b: int) -> float | None:
+        self._asked(b)
+        return self.carded.get(drafter)
 
     def _step_costs(self, drafter: str, b: int) -> list[float] | None:
         self._asked(b)
@@ -219,3 +224,23 @@ def test_of_the_drafters_whose_exploration_has_begun_the_most_promising_is_explo
     assert (c.plan(1), c.exploring) == (Plan(B, 3, 3), B)
     c.speedups[B] = 1.1
     assert (c.plan(1), c.exploring) == (Plan(A, 4, 4), A)
+
+
+def test_of_the_drafters_not_yet_run_those_their_cards_say_pay_go_first_the_most_promising_first():
+    """Kills `_explore_rank` ordering drafters not yet run by their step's cost alone, ranking those whose
+    card says they would pay by the card's speed-up ascending, putting them before a drafter whose
+    exploration has begun, or ranking one whose card's speed-up does not beat plain steps by the hysteresis
+    (1.05) among them rather than cheapest first with the drafters without a card."""
+    c = ScriptedParts({A: DraftLimits(4, 4), B: DraftLimits(3, 3), "c": DraftLimits(2, 2), "d": DraftLimits(5, 5)})
+    c.unexplored = {A, B, "c", "d"}
+    c.cheapest = {A: 1.0, B: 2.0, "c": 3.0, "d": 0.5}
+    c.carded = {B: 1.5, "c": 2.5, "d": 1.05}
+    assert (c.plan(1), c.exploring) == (Plan("c", 2, 2), "c")
+    c.unexplored.discard("c")
+    assert (c.plan(1), c.exploring) == (Plan(B, 3, 3), B)
+    c.unexplored.discard(B)
+    assert (c.plan(1), c.exploring) == (Plan("d", 5, 5), "d")  # 1.05 does not pay: cheapest first
+    c.measured[A] = (1, 1)
+    c.speedups[A] = 1.0
+    c.unexplored = {A, "c"}
+    assert (c.plan(1), c.exploring) == (Plan(A, 4, 4), A)  # begun first

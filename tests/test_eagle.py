@@ -21,6 +21,7 @@ from strategies.artifacts.draft_vocab import DRAFT_VOCAB_FILE, save_draft_vocab
 from strategies.artifacts.eagle import EagleHead, load_eagle
 from strategies.base import GenerationParams, RowRequest
 from strategies.decoders.autoregressive import AutoregressiveStrategy
+from strategies.methods import eagle as eagle_method
 from strategies.options import StrategyOptions
 from strategies.proposers.eagle import EagleProposer
 from strategies.proposers.eagle_tree import first_nodes, grow, grow_static, rerank, static_tree
@@ -30,6 +31,7 @@ from strategies.runtime.sampling import SamplingParams
 from strategies.runtime.target_states import TargetStates
 from strategies.verification.drafting import DraftingMethod
 from strategies.verification.proposer import ProposalContext
+from strategies.verification.rules import ExactMatch
 from strategies.verification.speculative import SpeculativeStrategy
 from workers.common.model_files import weights_sha256
 from workers.model_loading import load_models
@@ -486,3 +488,17 @@ def test_a_proposer_fuses_the_heads_weights_once_and_again_only_after_they_chang
     assert proposer.weights is not first
     q_rows = head.q_proj.weight.shape[0]
     assert torch.equal(proposer.weights.w_qkv[:q_rows], head.q_proj.weight)
+
+
+def test_the_drafting_method_carries_the_held_out_tau_the_heads_card_records_for_its_tree(target, tiny_model_dir):
+    """The controller orders exploration by it (`DraftLimits.card_tau`); a tree the card did not measure,
+    or a card without the record, gives none."""
+    head = tiny_eagle(target, tiny_model_dir)
+    head.config.training = {"heldout_acceptance": {"static": {"tau": 4.39}, "chain": {"tau": 3.77}}}
+    models = registry.Models(target, eagle=head)
+    for tree, expected in (("static", 4.39), ("chain", 3.77), ("dynamic", None)):
+        options = StrategyOptions(name="eagle")
+        options.eagle.tree = tree
+        assert eagle_method.drafting(options, models, ExactMatch()).limits().card_tau == expected
+    head.config.training = {}
+    assert eagle_method.drafting(StrategyOptions(name="eagle"), models, ExactMatch()).limits().card_tau is None

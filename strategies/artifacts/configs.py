@@ -97,7 +97,13 @@ class EagleConfig:
     draft_vocab_size: int = 0  # tokens in draft_vocab.safetensors; 0: drafts score the whole vocabulary
     target_path: str = ""  # where the target was when the head was trained (informative)
     target_weights_sha256: str = ""  # `model_files.weights_sha256` of that target
-    training: dict[str, Any] = field(default_factory=dict)  # what produced the head (informative)
+    training: dict[str, Any] = field(default_factory=dict)  # what produced the head, held-out τ by tree
+
+    def heldout_tau(self, tree: str) -> float | None:
+        """τ of the `tree` drafts (chain, static, dynamic) that training measured on held-out text at the
+        default sizes (`jobs/train/eagle.heldout_acceptance`); None where the card has none."""
+        tau = self.training.get("heldout_acceptance", {}).get(tree, {}).get("tau")
+        return float(tau) if isinstance(tau, (int, float)) else None
 
     @staticmethod
     def of_target(target: torch.nn.Module, **trained_for: str) -> EagleConfig:

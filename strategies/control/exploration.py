@@ -9,8 +9,9 @@ It explores each option for a few steps (plain steps at every batch size; a draf
 `explore_steps` steps and `explore_rows` row steps, or one step holding both, at a large batch, or only
 `explore_steps` where even its estimate raised by its spread loses to plain steps, the current
 choice and every drafter explored in full, unless it learns, `_written_off`), those begun first, the
-most promising of them first, then the others cheapest first (a first step teaches the model what a
-wider forward costs there, and drafters whose best case then loses are never tried), and only while what
+most promising of them first, then those whose card's τ says they would pay (EAGLE's), then the others
+cheapest first (a first step teaches the model what a wider forward costs there, and drafters whose
+best case then loses are never tried), and only while what
 exploring steps lost against plain steps over the tokens their rows gained (as τ counts them) is at most
 `explore_budget` of the decode time so far (`_explore_wait`): a cold job pays for exploration as it
 decodes. An exploring step is priced at the width it will use (a learning drafter at the width its
@@ -95,19 +96,37 @@ class Exploration(Estimates):
         """Where `drafter` stands in the exploring order (smallest first): drafters whose exploration has
         begun, the most promising first (the estimate raised by its spread: one whose first step drafted
         deep and was accepted is explored in full, and can be chosen, before others that drafted little);
-        then those not yet run, cheapest first: their first steps teach the cost model what dearer ones
-        would cost (one that has not run, its host time unknown, only looks cheaper)."""
+        then those not yet run that would pay at the τ their card records (`_card_speedup`), the most
+        promising first: cheapest first, a drafter that pays several times plain decoding on a large target
+        (EAGLE on the 0.5B twin at batch 8) waited while four that do not were explored, and a cold batch of
+        64 steps ended first; then the others, cheapest first: their first steps teach the cost model what
+        dearer ones would cost (one that has not run, its host time unknown, only looks cheaper)."""
         if drafter not in self.measured:
-            return 1, self._step_cost(drafter, b)
+            carded = self._card_speedup(drafter, b)
+            if carded is not None and carded > 1 + self.settings.hysteresis:
+                return 1, -carded
+            return 2, self._step_cost(drafter, b)
         estimate = self.speedup(drafter, b)
         return 0, -self._raised(drafter, estimate) if estimate is not None else 0.0
+
+    def _card_speedup(self, drafter: str, b: int) -> float | None:
+        """The speed-up of `drafter`, not yet run, at bucket `b` if it reached the τ its card records
+        (`DraftLimits.card_tau`), over a step of its planned size by the cost model (its host time unknown:
+        none); None without a card τ, or where plain steps or the cost model do not cover `b`. It orders
+        exploration only: the card's text is not the job's."""
+        tau = self.limits[drafter].card_tau
+        plain = self._plain_row_s(b)
+        if tau is None or not plain:
+            return None
+        step = self._step_row_s(drafter, b, 1 + self.draft_size(drafter, b)[1])
+        return None if step is None else tau * plain / step
 
     def _explore_wait(self, drafter: str, b: int, batch_size: int) -> int:
         """Plain steps to run before a step exploring `drafter` fits in `explore_budget` of the decode time:
         what exploring steps lost against plain steps (`exploring_lost_s`) and what this one may lose (its
-        time beyond the plain step that emits each row's own token, and its start as `_resume_cost` has
-        seen it), against all steps' time; 0: it fits now, or its cost is unknown. Probes are not counted
-        here: `probe_budget` bounds what they lose."""
+        time beyond the plain step that emits each row's own token, or once it has run beyond what its
+        estimate says it emits, and its start as `_resume_cost` has seen it), against all steps' time; 0: it
+        fits now, or its cost is unknown. Probes are not counted here: `probe_budget` bounds what they lose."""
         budget = self.settings.explore_budget
         width = self._explore_width(drafter, b)
         step = self._priced_row_s(drafter, b, width)
@@ -119,7 +138,12 @@ class Exploration(Estimates):
             bound = self.forward.row_seconds(b, widest) * math.ceil(width / widest)
             step = max(step, bound + (self._host_row_s(drafter, b, width) or 0.0))
         step *= batch_size
-        may_lose = max(0.0, step - plain * batch_size) + self._resume_cost(drafter, b) * plain * batch_size
+        # Its time beyond the plain steps that would emit what its rows emit: a token each before it has run;
+        # once it has, what its estimate says. Priced at a token a row, a drafter whose first step paid
+        # several times over (EAGLE on the 0.5B twin at batch 8) waited 18 plain steps for its second.
+        estimate = self.speedup(drafter, b) if drafter in self.measured else None
+        beyond = step * (1 - estimate) if estimate is not None else step - plain * batch_size
+        may_lose = max(0.0, beyond) + self._resume_cost(drafter, b) * plain * batch_size
         deficit = (self.exploring_lost_s + may_lose) / budget - step - self.decode_s
         if deficit <= 0:
             return 0

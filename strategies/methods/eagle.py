@@ -42,13 +42,15 @@ def drafting(options: StrategySection, models: Models, rule: AcceptanceRule) -> 
     from strategies.proposers.eagle import EagleProposer
 
     o, head = options.eagle, need(models, "eagle", NAME)
+    card_tau = head.config.heldout_tau(o.tree)
     if o.tree == "chain":
         depth = grown(o.depth, options)
-        return DraftingMethod(NAME, EagleProposer(head, top_k=1), depth, depth, rule, start_depth=o.depth)
+        proposer = EagleProposer(head, top_k=1)
+        return DraftingMethod(NAME, proposer, depth, depth, rule, start_depth=o.depth, card_tau=card_tau)
     # The static tree's shape at the bound: a budget of n nodes grows and keeps its first n.
     nodes = grown(o.nodes, options)
     proposer = EagleProposer(head, o.top_k, nodes if o.tree == "static" else 0)
-    return DraftingMethod(NAME, proposer, o.depth, nodes, rule, trees=True, start_nodes=o.nodes)
+    return DraftingMethod(NAME, proposer, o.depth, nodes, rule, trees=True, start_nodes=o.nodes, card_tau=card_tau)
 
 
 def check(options: StrategySection) -> list[str]:

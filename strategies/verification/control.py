@@ -39,6 +39,9 @@ class DraftLimits:
     per_depth: bool = False  # its drafting runs a model once per draft depth (`Proposer.drafts_per_depth`)
     sizes_own: bool = False  # it sizes its drafts itself (`Proposer.sizes_own_drafts`): ask for max_depth
     learns: bool = False  # it learns from what every row emits, drafting or not (a Lookahead trie)
+    # τ its model's card records on held-out text (EAGLE's `heldout_acceptance`); None: none recorded.
+    # It orders exploration only (`Exploration._explore_rank`): every choice rests on steps measured here.
+    card_tau: float | None = None
 
     @property
     def first_nodes(self) -> int:

@@ -32,6 +32,7 @@ class DraftingMethod:
     start_depth: int | None = None
     # A tree's node budget without a controller, and its first under one; None: max_nodes.
     start_nodes: int | None = None
+    card_tau: float | None = None  # τ its model's card records on held-out text (`DraftLimits.card_tau`)
 
     def limits(self) -> DraftLimits:
         """What the controller may plan of it (`control.DraftLimits`)."""
@@ -45,4 +46,5 @@ class DraftingMethod:
             p.drafts_per_depth,
             p.sizes_own_drafts,
             self.learns,
+            self.card_tau,
         )
