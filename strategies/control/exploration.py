@@ -140,7 +140,8 @@ class Exploration(Estimates):
         step *= batch_size
         # Its time beyond the plain steps that would emit what its rows emit: a token each before it has run;
         # once it has, what its estimate says. Priced at a token a row, a drafter whose first step paid
-        # several times over (EAGLE on the 0.5B twin at batch 8) waited 18 plain steps for its second.
+        # waited for its second as long as for its first (EAGLE on the 0.5B twin at batch 8: some 20 plain
+        # steps of a 64-step batch, by the cost model).
         estimate = self.speedup(drafter, b) if drafter in self.measured else None
         beyond = step * (1 - estimate) if estimate is not None else step - plain * batch_size
         may_lose = max(0.0, beyond) + self._resume_cost(drafter, b) * plain * batch_size
